@@ -1,0 +1,269 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"gorm.io/gorm"
+)
+
+// AfterCommit registers fn to run once the transaction tx belongs to has
+// committed: the outermost real commit, never a savepoint release. fn is
+// dropped if that transaction rolls back, or if the savepoint it was
+// registered in is rolled back to. Outside a transaction fn runs at once.
+//
+// fn runs synchronously in the goroutine that commits, after the commit has
+// succeeded; a panic in it is recovered and logged, and never turns the
+// commit into an error. fn must not use tx, which is finished by then: use
+// the root *gorm.DB.
+//
+// On a transaction the plugin cannot track, such as one begun inside
+// db.Connection, AfterCommit adds [ErrUntrackedTransaction] to tx instead of
+// risking a silent loss of fn.
+func AfterCommit(tx *gorm.DB, fn func()) {
+	if tx == nil || fn == nil {
+		return
+	}
+	t, inTx := trackedTx(tx.Statement.ConnPool)
+	switch {
+	case t != nil:
+		t.st.add(fn)
+	case inTx:
+		_ = tx.AddError(ErrUntrackedTransaction)
+	default:
+		fn()
+	}
+}
+
+// connPool wraps the database's connection pool so that every transaction
+// GORM begins on it carries its own after-commit state. The pool object is
+// the one thing shared by every clone of a *gorm.DB inside one transaction
+// (Session, WithContext, nested Transaction), so the state lives there.
+type connPool struct {
+	gorm.ConnPool
+	o *Outbox
+}
+
+// hookConnPool installs connPool under db, inside GORM's prepared-statement
+// wrapper when PrepareStmt is on so that GORM's own type checks still work.
+// It is idempotent, as plugins such as dbresolver re-run Initialize.
+func hookConnPool(db *gorm.DB, o *Outbox) {
+	wrap := func(p gorm.ConnPool) gorm.ConnPool {
+		if _, ok := p.(*connPool); ok {
+			return p
+		}
+		return &connPool{ConnPool: p, o: o}
+	}
+	old := db.Config.ConnPool
+	if ps, ok := old.(*gorm.PreparedStmtDB); ok {
+		ps.ConnPool = wrap(ps.ConnPool)
+	} else {
+		db.Config.ConnPool = wrap(old)
+	}
+	if db.Statement != nil && db.Statement.ConnPool == old {
+		db.Statement.ConnPool = db.Config.ConnPool
+	}
+}
+
+// BeginTx implements gorm.ConnPoolBeginner.
+func (p *connPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
+	var inner gorm.ConnPool
+	switch b := p.ConnPool.(type) {
+	case gorm.TxBeginner:
+		tx, err := b.BeginTx(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		inner = tx
+	case gorm.ConnPoolBeginner:
+		tx, err := b.BeginTx(ctx, opts)
+		if err != nil {
+			return nil, err
+		}
+		inner = tx
+	default:
+		return nil, gorm.ErrInvalidTransaction
+	}
+	tx, ok := inner.(gorm.Tx)
+	if !ok {
+		return inner, nil // not a transaction we can wrap; hooks fail closed on it
+	}
+	return &txPool{Tx: tx, pool: p, ctx: ctx}, nil
+}
+
+// GetDBConn implements gorm.GetDBConnector, so db.DB() keeps working.
+func (p *connPool) GetDBConn() (*sql.DB, error) {
+	switch c := p.ConnPool.(type) {
+	case *sql.DB:
+		return c, nil
+	case gorm.GetDBConnector:
+		return c.GetDBConn()
+	}
+	return nil, gorm.ErrInvalidDB
+}
+
+// Ping lets GORM and users ping through the wrapper.
+func (p *connPool) Ping() error {
+	db, err := p.GetDBConn()
+	if err != nil {
+		return err
+	}
+	return db.Ping()
+}
+
+// txPool is one transaction begun through connPool. It deliberately has no
+// BeginTx method: GORM recognises "already in a transaction" by its absence.
+type txPool struct {
+	gorm.Tx
+	pool *connPool
+	ctx  context.Context
+	st   txState
+}
+
+// GetDBConn implements gorm.GetDBConnector, so tx.DB() works inside a
+// transaction.
+func (t *txPool) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
+
+// ExecContext watches the savepoint statements GORM issues for nested
+// transactions, so that work attached after a savepoint that is rolled back
+// to is dropped with it.
+func (t *txPool) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	res, err := t.Tx.ExecContext(ctx, query, args...)
+	if err == nil && len(args) == 0 {
+		t.st.savepointSQL(query)
+	}
+	return res, err
+}
+
+// Commit commits and then, only if the commit succeeded and only once, runs
+// the after-commit work. Its error is the commit's alone: the data is
+// committed whatever the hooks do.
+func (t *txPool) Commit() error {
+	err := t.Tx.Commit()
+	work := t.st.finish()
+	if err != nil {
+		return err
+	}
+	for _, fn := range work {
+		t.pool.o.runHook(fn)
+	}
+	return nil
+}
+
+// Rollback drops the after-commit work and rolls back.
+func (t *txPool) Rollback() error {
+	t.st.finish()
+	return t.Tx.Rollback()
+}
+
+// dispatchContext is the context after-commit work runs with: the
+// transaction's values without its cancellation, which has no meaning once
+// the data is committed.
+func (t *txPool) dispatchContext() context.Context {
+	if t.ctx == nil {
+		return context.Background()
+	}
+	return context.WithoutCancel(t.ctx)
+}
+
+func (o *Outbox) runHook(fn func()) {
+	defer func() {
+		if r := recover(); r != nil {
+			o.logger.Error("outbox: after-commit hook panicked", slog.String("panic", fmt.Sprint(r)))
+		}
+	}()
+	fn()
+}
+
+// txState is the after-commit work of one transaction and the savepoints
+// that can still roll part of it back.
+type txState struct {
+	mu    sync.Mutex
+	work  []func()
+	marks []savepoint
+	done  bool
+}
+
+type savepoint struct {
+	name string
+	n    int // len(work) when the savepoint was set
+}
+
+func (s *txState) add(fn func()) {
+	s.mu.Lock()
+	if !s.done {
+		s.work = append(s.work, fn)
+	}
+	s.mu.Unlock()
+}
+
+func (s *txState) finish() []func() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.work
+	s.work, s.marks, s.done = nil, nil, true
+	return w
+}
+
+func (s *txState) savepointSQL(query string) {
+	q := strings.TrimSpace(query)
+	var verb, name string
+	switch {
+	case hasPrefixFold(q, "SAVEPOINT "):
+		verb, name = "set", q[len("SAVEPOINT "):]
+	case hasPrefixFold(q, "ROLLBACK TO SAVEPOINT "):
+		verb, name = "rollback", q[len("ROLLBACK TO SAVEPOINT "):]
+	case hasPrefixFold(q, "RELEASE SAVEPOINT "):
+		verb, name = "release", q[len("RELEASE SAVEPOINT "):]
+	default:
+		return
+	}
+	name = strings.Trim(strings.TrimSpace(name), `"`)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if verb == "set" {
+		s.marks = append(s.marks, savepoint{name: name, n: len(s.work)})
+		return
+	}
+	// The newest savepoint of that name is the one affected; savepoints set
+	// after it are destroyed either way.
+	for i := len(s.marks) - 1; i >= 0; i-- {
+		if s.marks[i].name != name {
+			continue
+		}
+		if verb == "rollback" {
+			clear(s.work[s.marks[i].n:])
+			s.work = s.work[:s.marks[i].n]
+			s.marks = s.marks[:i+1] // the savepoint itself survives ROLLBACK TO
+		} else {
+			s.marks = s.marks[:i]
+		}
+		return
+	}
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// trackedTx finds the transaction behind a statement's connection pool. t is
+// nil when pool is not a transaction the plugin tracks; inTx reports whether
+// pool is a transaction at all.
+func trackedTx(pool gorm.ConnPool) (t *txPool, inTx bool) {
+	switch p := pool.(type) {
+	case *txPool:
+		return p, true
+	case *gorm.PreparedStmtTX:
+		if tp, ok := p.Tx.(*txPool); ok {
+			return tp, true
+		}
+		return nil, true
+	case gorm.TxCommitter:
+		return nil, true
+	}
+	return nil, false
+}

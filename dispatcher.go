@@ -1,0 +1,121 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+)
+
+// Handler delivers one event: pushes it to a websocket, calls a webhook,
+// publishes it to a broker. It receives the payload as json.RawMessage.
+//
+// Delivery is at least once: in persistent mode a handler can see the same
+// event again (after a crash, a lost lease, or a failed "mark sent"), so it
+// must be idempotent or deduplicate by [Event.ID]. Return an error to have
+// the relay retry later, or wrap it with [Permanent] to fail the event at
+// once. ctx carries a deadline that ends before the relay's claim on the
+// event does.
+type Handler func(ctx context.Context, e Event) error
+
+// AnyEvent is the event type whose handlers receive every event.
+const AnyEvent = "*"
+
+type route struct {
+	eventType string
+	h         Handler
+}
+
+// Handle registers h for events of type eventType, or for every event when
+// eventType is "*" ([AnyEvent]). Handlers of an event run in registration
+// order. Register handlers before events can be dispatched (before starting
+// a relay, or before the first commit in memory mode); handlers registered
+// later apply to later deliveries only.
+func (o *Outbox) Handle(eventType string, h Handler) {
+	if h == nil {
+		panic("outbox: Handle called with a nil Handler")
+	}
+	if eventType == "" {
+		panic("outbox: Handle called with an empty event type (use \"*\" for every event)")
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	old := *o.handlers.Load()
+	next := make([]route, len(old), len(old)+1)
+	copy(next, old)
+	next = append(next, route{eventType: eventType, h: h})
+	o.handlers.Store(&next)
+}
+
+// deliver runs every handler that matches e, in registration order, and
+// returns their errors joined (nil if all succeeded). A panic is recovered
+// and becomes an error. An event no handler matches fails with ErrNoHandler
+// so that it is never silently counted as delivered.
+func (o *Outbox) deliver(ctx context.Context, e Event) error {
+	var errs []error
+	matched := false
+	for _, r := range *o.handlers.Load() {
+		if r.eventType != e.Type && r.eventType != AnyEvent {
+			continue
+		}
+		matched = true
+		if err := callHandler(ctx, r.h, e); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if !matched {
+		return fmt.Errorf("%w %q", ErrNoHandler, e.Type)
+	}
+	return errors.Join(errs...)
+}
+
+// errHandlerPanic is wrapped by the error a recovered handler panic becomes.
+var errHandlerPanic = errors.New("handler panicked")
+
+func callHandler(ctx context.Context, h Handler, e Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v\n%s", errHandlerPanic, r, debug.Stack())
+		}
+	}()
+	return h(ctx, e)
+}
+
+// dispatchMemory hands committed memory-mode events to their handlers. A
+// handler's error or panic is logged and affects neither the committed
+// transaction nor the other handlers.
+func (o *Outbox) dispatchMemory(ctx context.Context, events []encoded) {
+	for i := range events {
+		e := events[i].event()
+		matched := false
+		for _, r := range *o.handlers.Load() {
+			if r.eventType != e.Type && r.eventType != AnyEvent {
+				continue
+			}
+			matched = true
+			if err := callHandler(ctx, r.h, e); err != nil {
+				o.logger.ErrorContext(ctx, "outbox: handler failed", eventAttrs(e, err)...)
+			}
+		}
+		if !matched {
+			o.logger.WarnContext(ctx, "outbox: no handler for event; dropped (memory mode)", eventAttrs(e, nil)...)
+		}
+	}
+}
+
+// eventAttrs are the log attributes of an event: identifiers only, never the
+// payload or headers, which may hold personal data.
+func eventAttrs(e Event, err error) []any {
+	attrs := []any{
+		slog.String("event_id", e.ID),
+		slog.String("event_type", e.Type),
+	}
+	if e.AggregateType != "" || e.AggregateID != "" {
+		attrs = append(attrs, slog.String("aggregate_type", e.AggregateType), slog.String("aggregate_id", e.AggregateID))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.Any("error", err))
+	}
+	return attrs
+}

@@ -1,0 +1,64 @@
+package outbox
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Sentinel errors. Callers test for them with [errors.Is]; the errors this
+// package returns wrap them with the event or table involved.
+var (
+	// ErrInvalidEvent is wrapped by every validation or encoding failure of an
+	// [Event]. Such an event is rejected before the database is touched, so the
+	// caller's transaction is still usable and can roll back cleanly.
+	ErrInvalidEvent = errors.New("outbox: invalid event")
+
+	// ErrInvalidConfig is wrapped by errors about a [Config] or [RelayConfig]
+	// value, such as an unsafe table name or a negative batch size.
+	ErrInvalidConfig = errors.New("outbox: invalid config")
+
+	// ErrNotInstalled is returned by [Publish] when the *gorm.DB it is given
+	// has no outbox plugin: install it with db.Use(outbox.Plugin(...)).
+	ErrNotInstalled = errors.New("outbox: plugin not installed on this *gorm.DB (call db.Use(outbox.Plugin(cfg)) first)")
+
+	// ErrUntrackedTransaction is added to a transaction the plugin cannot see
+	// commit, such as one begun inside db.Connection, when an after-commit hook
+	// or a memory-mode event is attached to it. Failing closed keeps the
+	// commit from silently dropping the hook.
+	ErrUntrackedTransaction = errors.New("outbox: transaction not tracked by the outbox plugin (was it begun inside db.Connection, or before db.Use?); after-commit hooks cannot run on it")
+
+	// ErrUnsupportedDialect is returned by db.Use for a database other than
+	// PostgreSQL or SQLite.
+	ErrUnsupportedDialect = errors.New("outbox: unsupported database dialect")
+
+	// ErrMemoryMode is returned by relay operations on an outbox in [Memory]
+	// mode, which keeps no table.
+	ErrMemoryMode = errors.New("outbox: operation needs Persistent mode (Memory mode keeps no table)")
+
+	// ErrNoHandler is the failure recorded for an event no handler was
+	// registered for. The relay retries such events rather than mark them
+	// sent, so registering the handler later still delivers them.
+	ErrNoHandler = errors.New("outbox: no handler registered for event type")
+)
+
+// Permanent wraps err to tell the relay that retrying cannot help: the event
+// goes straight to the failed status instead of being retried. A nil err
+// yields nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err (or an error it wraps) was marked with
+// [Permanent].
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return fmt.Sprintf("permanent: %v", e.err) }
+func (e *permanentError) Unwrap() error { return e.err }

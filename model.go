@@ -1,0 +1,76 @@
+package outbox
+
+import (
+	_ "embed"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Status values of an outbox row.
+const (
+	// StatusPending: waiting for delivery, including a scheduled retry and a
+	// row currently claimed by a relay.
+	StatusPending = "pending"
+	// StatusSent: delivered to every handler of its type.
+	StatusSent = "sent"
+	// StatusFailed: gave up after RelayConfig.MaxAttempts attempts (or a
+	// [Permanent] error). It stays for a human; [Outbox.Replay] retries it.
+	StatusFailed = "failed"
+)
+
+// Record is one row of the outbox table, for reading it with GORM:
+//
+//	var failed []outbox.Record
+//	db.Table(ob.Table()).Where("status = ?", outbox.StatusFailed).Find(&failed)
+//
+// The library itself writes the table with plain SQL; the column names are
+// fixed and documented in schema/postgres.sql and schema/sqlite.sql.
+type Record struct {
+	ID             string `gorm:"primaryKey;size:255"`
+	EventType      string `gorm:"size:255;not null"`
+	AggregateType  string `gorm:"size:255;not null;default:''"`
+	AggregateID    string `gorm:"size:255;not null;default:''"`
+	IdempotencyKey string `gorm:"size:255;not null;uniqueIndex"`
+	Payload        string `gorm:"not null"`
+	Headers        *string
+	Status         string `gorm:"size:16;not null;default:pending"`
+	Attempts       int    `gorm:"not null;default:0"`
+	LastError      *string
+	AvailableAt    time.Time `gorm:"not null"`
+	LockedUntil    *time.Time
+	OccurredAt     time.Time `gorm:"not null"`
+	CreatedAt      time.Time `gorm:"not null"`
+	UpdatedAt      time.Time `gorm:"not null"`
+	SentAt         *time.Time
+}
+
+// TableName is the default table name; use db.Table(ob.Table()) when
+// Config.Table is set.
+func (Record) TableName() string { return DefaultTable }
+
+var (
+	//go:embed schema/postgres.sql
+	schemaPostgres string
+	//go:embed schema/sqlite.sql
+	schemaSQLite string
+)
+
+// SchemaSQL returns the DDL that creates the outbox table named table on the
+// given dialect ("postgres" or "sqlite"), for teams that run their own
+// migrations. It is the same SQL db.Use runs.
+func SchemaSQL(dialect, table string) (string, error) {
+	if !identRE.MatchString(table) {
+		return "", fmt.Errorf("%w: Table %q is not a plain SQL identifier", ErrInvalidConfig, table)
+	}
+	var ddl string
+	switch dialect {
+	case "postgres":
+		ddl = schemaPostgres
+	case "sqlite":
+		ddl = schemaSQLite
+	default:
+		return "", fmt.Errorf("%w: %q", ErrUnsupportedDialect, dialect)
+	}
+	return strings.ReplaceAll(ddl, DefaultTable, table), nil
+}

@@ -1,0 +1,196 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Mode selects where events live between Publish and delivery.
+type Mode int
+
+const (
+	// Persistent writes every event to the outbox table in the publishing
+	// transaction; a [Relay] delivers it after the commit, at least once,
+	// surviving crashes. This is the zero value.
+	Persistent Mode = iota
+	// Memory keeps no table: events are handed to the handlers synchronously
+	// right after the transaction commits, and lost if the process dies
+	// before that. Meant for development on SQLite and for tests.
+	Memory
+)
+
+// String returns "persistent" or "memory".
+func (m Mode) String() string {
+	switch m {
+	case Persistent:
+		return "persistent"
+	case Memory:
+		return "memory"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// DefaultTable is the outbox table's name when [Config.Table] is empty.
+const DefaultTable = "outbox_events"
+
+// Config configures the plugin. Its zero value is usable: persistent mode, the
+// table outbox_events created at db.Use, logging to slog.Default().
+type Config struct {
+	// Mode selects persistent (table + relay) or memory (synchronous,
+	// after-commit) delivery. Defaults to Persistent.
+	Mode Mode
+
+	// Table is the outbox table's name. It must be a plain SQL identifier
+	// (letters, digits and underscores, not starting with a digit, at most
+	// 63 bytes); anything else is an error from db.Use. Defaults to
+	// "outbox_events".
+	Table string
+
+	// Logger receives the plugin's and the relay's logs. Payloads are never
+	// logged. Defaults to slog.Default().
+	Logger *slog.Logger
+
+	// DisableAutoMigrate stops db.Use from creating the outbox table and its
+	// indexes. Teams that run their own migrations apply schema/postgres.sql
+	// or schema/sqlite.sql (or [SchemaSQL]) instead. Defaults to false.
+	DisableAutoMigrate bool
+
+	// MaxPayloadBytes bounds an event's encoded payload; a larger one is
+	// rejected with [ErrInvalidEvent]. Defaults to 1 MiB.
+	MaxPayloadBytes int
+}
+
+// Outbox is the GORM plugin. Create it with [Plugin], install it with
+// db.Use, register handlers with [Outbox.Handle]. It is safe for concurrent
+// use.
+type Outbox struct {
+	mode       Mode
+	table      string
+	logger     *slog.Logger
+	migrate    bool
+	maxPayload int
+	cfgErr     error
+
+	mu      sync.Mutex // serialises Handle and Initialize
+	dialect string     // "postgres" or "sqlite", fixed by the first Initialize
+	sql     *statements
+
+	handlers atomic.Pointer[[]route] // copy-on-write, read without locks
+
+	// clock is replaced by tests to move time without sleeping.
+	clock func() time.Time
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Plugin returns the outbox plugin configured by cfg. Install it with
+// db.Use, which validates cfg and, unless disabled, creates the table.
+func Plugin(cfg Config) *Outbox {
+	o := &Outbox{
+		mode:       cfg.Mode,
+		table:      cmp.Or(cfg.Table, DefaultTable),
+		logger:     cfg.Logger,
+		migrate:    !cfg.DisableAutoMigrate,
+		maxPayload: cmp.Or(cfg.MaxPayloadBytes, defaultMaxPayload),
+		clock:      time.Now,
+	}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	switch {
+	case cfg.Mode != Persistent && cfg.Mode != Memory:
+		o.cfgErr = fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(cfg.Mode))
+	case !identRE.MatchString(o.table):
+		o.cfgErr = fmt.Errorf("%w: Table %q is not a plain SQL identifier (use letters, digits and underscores, not starting with a digit, at most 63 bytes)", ErrInvalidConfig, o.table)
+	case cfg.MaxPayloadBytes < 0:
+		o.cfgErr = fmt.Errorf("%w: MaxPayloadBytes is negative (%d); use 0 for the 1 MiB default", ErrInvalidConfig, cfg.MaxPayloadBytes)
+	}
+	o.handlers.Store(&[]route{})
+	return o
+}
+
+// Name returns "outbox", the key under which GORM registers the plugin.
+func (o *Outbox) Name() string { return "outbox" }
+
+// Mode returns the mode the outbox was configured with.
+func (o *Outbox) Mode() Mode { return o.mode }
+
+// Table returns the outbox table's name.
+func (o *Outbox) Table() string { return o.table }
+
+// Initialize implements gorm.Plugin; db.Use calls it. It checks the
+// configuration, hooks the connection pool so that after-commit work runs on
+// the outermost commit, registers the model callbacks and, in persistent mode,
+// creates the table unless Config.DisableAutoMigrate is set.
+//
+// Install the plugin before other plugins that wrap the connection pool or
+// re-initialize plugins (such as dbresolver), and before creating sessions
+// from db: sessions made earlier keep the unhooked pool.
+func (o *Outbox) Initialize(db *gorm.DB) error {
+	if o.cfgErr != nil {
+		return o.cfgErr
+	}
+	dialect := db.Dialector.Name()
+	switch dialect {
+	case "postgres", "sqlite":
+	default:
+		return fmt.Errorf("%w: %q (supported: postgres, sqlite)", ErrUnsupportedDialect, dialect)
+	}
+	o.mu.Lock()
+	switch {
+	case o.dialect == "":
+		o.dialect = dialect
+		o.sql = buildStatements(dialect, o.table)
+	case o.dialect != dialect:
+		o.mu.Unlock()
+		return fmt.Errorf("%w: this Outbox is already installed on a %s database; create one Outbox per database", ErrInvalidConfig, o.dialect)
+	}
+	o.mu.Unlock()
+
+	hookConnPool(db, o)
+	if err := registerCallbacks(db); err != nil {
+		return fmt.Errorf("outbox: register callbacks: %w", err)
+	}
+	if o.mode == Persistent && o.migrate {
+		if err := o.Migrate(db.Statement.Context, db); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Migrate creates the outbox table and its indexes if they do not exist. It
+// is what db.Use runs unless Config.DisableAutoMigrate is set.
+func (o *Outbox) Migrate(ctx context.Context, db *gorm.DB) error {
+	ddl, err := SchemaSQL(db.Dialector.Name(), o.table)
+	if err != nil {
+		return err
+	}
+	if err := db.WithContext(ctx).Exec(ddl).Error; err != nil {
+		return fmt.Errorf("outbox: create table %s: %w", o.table, err)
+	}
+	return nil
+}
+
+func (o *Outbox) now() time.Time { return o.clock().UTC().Truncate(time.Microsecond) }
+
+// fromDB returns the plugin installed on db, or nil.
+func fromDB(db *gorm.DB) *Outbox {
+	if db.Config == nil {
+		return nil
+	}
+	p, ok := db.Config.Plugins["outbox"]
+	if !ok {
+		return nil
+	}
+	o, _ := p.(*Outbox)
+	return o
+}

@@ -1,0 +1,331 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+)
+
+// Field limits. They match the column sizes of the shipped schema, so an
+// event that passes validation never fails its INSERT for length.
+const (
+	maxFieldLen       = 255      // id, type, aggregate type/id, idempotency key, header keys
+	maxHeadersBytes   = 64 << 10 // all headers, JSON encoded
+	defaultMaxPayload = 1 << 20
+)
+
+// Event is a fact about the domain, written to the outbox in the transaction
+// that made it true and delivered to handlers after that transaction commits.
+//
+// Only Type is required. The zero values of the other fields are filled in by
+// [Publish]: ID becomes a new UUIDv7, IdempotencyKey becomes ID, and
+// OccurredAt becomes the current time.
+type Event struct {
+	// ID identifies this event; consumers deduplicate deliveries by it.
+	// Defaults to a new UUIDv7, which is time ordered (good index locality).
+	ID string
+	// Type names the event, for example "order.created". Handlers are
+	// registered per type. Required.
+	Type string
+	// AggregateType and AggregateID name the entity the event is about, for
+	// example "order" and "42". Optional.
+	AggregateType string
+	AggregateID   string
+	// IdempotencyKey makes publishing idempotent: of several events with the
+	// same key, the first one written wins and the others are no-ops, across
+	// transactions too. Defaults to ID.
+	IdempotencyKey string
+	// Payload is encoded with encoding/json when the event is published. A
+	// []byte or json.RawMessage holding valid JSON is stored as it is.
+	// Handlers always receive it as a json.RawMessage, in both modes; use
+	// [Event.DecodePayload] to decode it. On PostgreSQL the payload is stored
+	// as jsonb, so handlers receive equal JSON, not necessarily equal bytes
+	// (key order and whitespace may change).
+	Payload any
+	// Headers carry metadata such as trace context. Optional.
+	Headers map[string]string
+	// OccurredAt is when the event happened, kept in UTC at microsecond
+	// precision. Defaults to the time of publishing.
+	OccurredAt time.Time
+}
+
+// DecodePayload decodes the event's JSON payload into v.
+func (e Event) DecodePayload(v any) error {
+	var raw []byte
+	switch p := e.Payload.(type) {
+	case json.RawMessage:
+		raw = p
+	case []byte:
+		raw = p
+	default:
+		// An Event that was never published still has its Go payload: encode
+		// it so callers get the same result either way.
+		b, err := json.Marshal(p)
+		if err != nil {
+			return fmt.Errorf("%w: encode payload: %w", ErrInvalidEvent, err)
+		}
+		raw = b
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return fmt.Errorf("outbox: decode payload of event %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// Publish attaches events to the transaction tx runs in.
+//
+// In [Persistent] mode the events are INSERTed on tx: they become visible to
+// relays only when tx commits and disappear if it rolls back. An event whose
+// idempotency key is already in the table is skipped without error (the first
+// write wins). Outside a transaction each call inserts at once.
+//
+// In [Memory] mode the events are handed to the handlers synchronously right
+// after the outermost commit of tx, and dropped if tx (or the savepoint they
+// were published in) rolls back. Outside a transaction they are dispatched at
+// once.
+//
+// Every event is validated and encoded before anything is written, so an
+// error wrapping [ErrInvalidEvent] leaves tx untouched: return it from the
+// transaction function and the business writes roll back with it. tx must
+// come from a *gorm.DB on which the plugin is installed, otherwise the error
+// is [ErrNotInstalled].
+func Publish(tx *gorm.DB, events ...Event) error {
+	if tx == nil {
+		return ErrNotInstalled
+	}
+	o := fromDB(tx)
+	if o == nil {
+		return ErrNotInstalled
+	}
+	if tx.Error != nil {
+		return fmt.Errorf("outbox: publish on a failed statement: %w", tx.Error)
+	}
+	if len(events) == 0 {
+		return nil
+	}
+	enc, err := o.encodeAll(events)
+	if err != nil {
+		return err
+	}
+	return o.publishEncoded(tx, enc)
+}
+
+// encoded is an event after validation: every default filled in, payload
+// and headers in their stored JSON form.
+type encoded struct {
+	Event
+	payload []byte
+	headers []byte // nil when there are no headers
+}
+
+// event returns what a handler receives: the payload as json.RawMessage and
+// a private copy of the headers, identical in both modes.
+func (e *encoded) event() Event {
+	ev := e.Event
+	ev.Payload = json.RawMessage(e.payload)
+	if len(e.Headers) > 0 {
+		h := make(map[string]string, len(e.Headers))
+		for k, v := range e.Headers {
+			h[k] = v
+		}
+		ev.Headers = h
+	}
+	return ev
+}
+
+func (o *Outbox) encodeAll(events []Event) ([]encoded, error) {
+	now := o.now()
+	out := make([]encoded, len(events))
+	for i := range events {
+		if err := o.encode(&events[i], now, &out[i]); err != nil {
+			if len(events) > 1 {
+				return nil, fmt.Errorf("event %d of %d: %w", i+1, len(events), err)
+			}
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (o *Outbox) encode(in *Event, now time.Time, out *encoded) error {
+	e := *in
+	if e.Type == "" {
+		return fmt.Errorf("%w: Type is required", ErrInvalidEvent)
+	}
+	if e.ID == "" {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("outbox: generate event id: %w", err)
+		}
+		e.ID = id.String()
+	}
+	if e.IdempotencyKey == "" {
+		e.IdempotencyKey = e.ID
+	}
+	if e.OccurredAt.IsZero() {
+		e.OccurredAt = now
+	}
+	e.OccurredAt = e.OccurredAt.UTC().Truncate(time.Microsecond)
+	for _, f := range [...]struct{ name, v string }{
+		{"ID", e.ID}, {"Type", e.Type}, {"AggregateType", e.AggregateType},
+		{"AggregateID", e.AggregateID}, {"IdempotencyKey", e.IdempotencyKey},
+	} {
+		if err := checkText(f.name, f.v); err != nil {
+			return err
+		}
+	}
+
+	payload, err := encodePayload(e.Payload)
+	if err != nil {
+		return fmt.Errorf("%w: event %s (%s): %w", ErrInvalidEvent, e.ID, e.Type, err)
+	}
+	if len(payload) > o.maxPayload {
+		return fmt.Errorf("%w: event %s (%s): payload is %d bytes, over the %d-byte limit (Config.MaxPayloadBytes)",
+			ErrInvalidEvent, e.ID, e.Type, len(payload), o.maxPayload)
+	}
+	var headers []byte
+	if len(e.Headers) > 0 {
+		for k, v := range e.Headers {
+			if k == "" {
+				return fmt.Errorf("%w: event %s: empty header name", ErrInvalidEvent, e.ID)
+			}
+			if err := checkText("header name", k); err != nil {
+				return err
+			}
+			if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+				return fmt.Errorf("%w: event %s: header %q: value must be valid UTF-8 without NUL bytes", ErrInvalidEvent, e.ID, k)
+			}
+		}
+		headers, err = json.Marshal(e.Headers)
+		if err != nil {
+			return fmt.Errorf("%w: event %s: encode headers: %w", ErrInvalidEvent, e.ID, err)
+		}
+		if len(headers) > maxHeadersBytes {
+			return fmt.Errorf("%w: event %s: headers are %d bytes encoded, over the %d-byte limit", ErrInvalidEvent, e.ID, len(headers), maxHeadersBytes)
+		}
+	}
+	*out = encoded{Event: e, payload: payload, headers: headers}
+	return nil
+}
+
+// checkText enforces what both databases can store in a text column of the
+// shipped schema: valid UTF-8, no NUL byte, at most maxFieldLen bytes.
+func checkText(name, v string) error {
+	switch {
+	case len(v) > maxFieldLen:
+		return fmt.Errorf("%w: %s is %d bytes, over the %d-byte limit", ErrInvalidEvent, name, len(v), maxFieldLen)
+	case !utf8.ValidString(v):
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidEvent, name)
+	case strings.IndexByte(v, 0) >= 0:
+		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidEvent, name)
+	}
+	return nil
+}
+
+var errNULInJSON = errors.New(`payload contains \u0000, which PostgreSQL jsonb cannot store`)
+
+func encodePayload(p any) ([]byte, error) {
+	var b []byte
+	switch v := p.(type) {
+	case json.RawMessage:
+		b = v
+	case []byte:
+		b = v
+	default:
+		var err error
+		if b, err = json.Marshal(v); err != nil {
+			return nil, fmt.Errorf("encode payload: %w", err)
+		}
+		if hasNULEscape(b) {
+			return nil, errNULInJSON
+		}
+		return b, nil
+	}
+	if b == nil {
+		return []byte("null"), nil
+	}
+	if !utf8.Valid(b) {
+		return nil, errors.New("payload is not valid UTF-8")
+	}
+	if !json.Valid(b) {
+		return nil, errors.New("payload bytes are not valid JSON")
+	}
+	if hasNULEscape(b) {
+		return nil, errNULInJSON
+	}
+	// Own the bytes: the caller may reuse its buffer before the commit.
+	return bytes.Clone(b), nil
+}
+
+// hasNULEscape reports whether valid JSON b contains the escape \u0000 inside
+// a string (an escaped backslash followed by "u0000" does not count).
+func hasNULEscape(b []byte) bool {
+	if !bytes.Contains(b, []byte(`\u0000`)) {
+		return false
+	}
+	for i := 0; i+1 < len(b); i++ {
+		if b[i] != '\\' {
+			continue
+		}
+		if b[i+1] == 'u' && i+6 <= len(b) && string(b[i+2:i+6]) == "0000" {
+			return true
+		}
+		i++ // skip the escaped character
+	}
+	return false
+}
+
+func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
+	ctx := tx.Statement.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	pool := tx.Statement.ConnPool
+	t, inTx := trackedTx(pool)
+
+	if o.mode == Memory {
+		switch {
+		case t != nil:
+			t.st.add(func() { o.dispatchMemory(t.dispatchContext(), enc) })
+		case inTx:
+			return ErrUntrackedTransaction
+		default:
+			o.dispatchMemory(ctx, enc)
+		}
+		return nil
+	}
+
+	query := o.sql.insertOne
+	if len(enc) > 1 {
+		query = o.sql.insert(len(enc))
+	}
+	now := o.now()
+	args := make([]any, 0, len(enc)*insertArgs)
+	for i := range enc {
+		e := &enc[i]
+		var headers any
+		if e.headers != nil {
+			headers = string(e.headers)
+		}
+		args = append(args, e.ID, e.Type, e.AggregateType, e.AggregateID, e.IdempotencyKey,
+			string(e.payload), headers, e.OccurredAt, now)
+	}
+	// The statement goes straight to the transaction's connection, not
+	// through GORM's logger, which would print the payload arguments of a
+	// slow statement.
+	if _, err := pool.ExecContext(ctx, query, args...); err != nil {
+		if len(enc) == 1 {
+			return fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
+		}
+		return fmt.Errorf("outbox: insert %d events: %w", len(enc), err)
+	}
+	return nil
+}
