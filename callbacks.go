@@ -52,19 +52,23 @@ func registerCallbacks(db *gorm.DB) error {
 	if c.Create().Get("outbox:harvest_create") != nil {
 		return nil
 	}
-	const begin, commit = "gorm:begin_transaction", "gorm:commit_or_rollback_transaction"
+	// With SkipDefaultTransaction set at Open, GORM compiles its own
+	// transaction callbacks out of the chain, so ours are placed relative to
+	// callbacks that always exist.
+	const commit = "gorm:commit_or_rollback_transaction"
 	return errors.Join(
-		c.Create().Before(begin).Register("outbox:begin_create", beginForEvents),
+		c.Create().Before("gorm:before_create").Register("outbox:begin_create", beginForEvents),
 		c.Create().After("gorm:after_create").Before(commit).Register("outbox:harvest_create", harvest),
-		c.Create().After(commit).Register("outbox:commit_create", commitIfStarted),
-		c.Update().Before(begin).Register("outbox:begin_update", beginForEvents),
+		c.Create().After("*").Register("outbox:commit_create", commitIfStarted),
+		c.Update().Before("gorm:setup_reflect_value").Register("outbox:begin_update", beginForEvents),
 		c.Update().After("gorm:after_update").Before(commit).Register("outbox:harvest_update", harvest),
-		c.Update().After(commit).Register("outbox:commit_update", commitIfStarted),
-		c.Delete().Before(begin).Register("outbox:begin_delete", beginForEvents),
+		c.Update().After("*").Register("outbox:commit_update", commitIfStarted),
+		c.Delete().Before("gorm:before_delete").Register("outbox:begin_delete", beginForEvents),
 		c.Delete().After("gorm:after_delete").Before(commit).Register("outbox:harvest_delete", harvest),
-		c.Delete().After(commit).Register("outbox:commit_delete", commitIfStarted),
+		c.Delete().After("*").Register("outbox:commit_delete", commitIfStarted),
 	)
 }
+
 
 // holds reports whether values of the statement's model can carry a
 // Recorder, cached per type so models without one pay a map lookup.

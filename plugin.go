@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,10 +175,29 @@ func (o *Outbox) Migrate(ctx context.Context, db *gorm.DB) error {
 	if err != nil {
 		return err
 	}
-	if err := db.WithContext(ctx).Exec(ddl).Error; err != nil {
-		return fmt.Errorf("outbox: create table %s: %w", o.table, err)
+	// One statement at a time: PostgreSQL refuses several commands in one
+	// prepared statement (PrepareStmt mode).
+	for _, stmt := range strings.Split(ddl, ";") {
+		if strings.TrimSpace(stripSQLComments(stmt)) == "" {
+			continue
+		}
+		if err := db.WithContext(ctx).Exec(stmt).Error; err != nil {
+			return fmt.Errorf("outbox: create table %s: %w", o.table, err)
+		}
 	}
 	return nil
+}
+
+func stripSQLComments(s string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(s, "\n") {
+		if i := strings.Index(line, "--"); i >= 0 {
+			line = line[:i]
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	return b.String()
 }
 
 func (o *Outbox) now() time.Time { return o.clock().UTC().Truncate(time.Microsecond) }

@@ -1,0 +1,219 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// backend is one database the shared suite runs on; caps says what differs.
+type backend struct {
+	name string
+	// open returns a fresh, empty database for one test.
+	open func(t *testing.T, gcfg *gorm.Config) *gorm.DB
+}
+
+const postgresDSNEnv = "OUTBOX_TEST_POSTGRES_DSN"
+
+var sqliteBackend = backend{
+	name: "sqlite",
+	open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
+		// A file, not :memory:, which gives each pooled connection its own
+		// database. WAL, a busy timeout and immediate transactions are the
+		// settings the README recommends for concurrent use.
+		dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+		db, err := gorm.Open(sqlite.Open(dsn), gcfg)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			if sqlDB, err := db.DB(); err == nil {
+				_ = sqlDB.Close()
+			}
+		})
+		return db
+	},
+}
+
+// postgresBackend gives every test its own schema, dropped afterwards, so
+// tests and packages can run in parallel against one database.
+func postgresBackend(t *testing.T) backend {
+	dsn := os.Getenv(postgresDSNEnv)
+	if dsn == "" {
+		t.Skipf("%s is not set; set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run the PostgreSQL suite", postgresDSNEnv)
+	}
+	admin, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err, "%s is set but PostgreSQL is unreachable", postgresDSNEnv)
+	sqlAdmin, err := admin.DB()
+	require.NoError(t, err)
+	require.NoError(t, sqlAdmin.Ping(), "%s is set but PostgreSQL is unreachable", postgresDSNEnv)
+	t.Cleanup(func() { _ = sqlAdmin.Close() })
+
+	return backend{
+		name: "postgres",
+		open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
+			b := make([]byte, 6)
+			_, _ = rand.Read(b)
+			schema := "t_" + hex.EncodeToString(b)
+			require.NoError(t, admin.Exec("CREATE SCHEMA "+schema).Error)
+			t.Cleanup(func() { _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE").Error })
+			sep := "?"
+			if containsByte(dsn, '?') {
+				sep = "&"
+			}
+			db, err := gorm.Open(postgres.Open(dsn+sep+"search_path="+schema), gcfg)
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				if sqlDB, err := db.DB(); err == nil {
+					_ = sqlDB.Close()
+				}
+			})
+			return db
+		},
+	}
+}
+
+func containsByte(s string, c byte) bool {
+	for i := range len(s) {
+		if s[i] == c {
+			return true
+		}
+	}
+	return false
+}
+
+// fakeClock is a settable clock for the outbox's database timestamps, so
+// backoff and leases are tested without sleeping.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// Now returns the clock's time and moves it on by a microsecond, as real
+// time would between two reads, so successive writes get distinct times.
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(time.Microsecond)
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// testEnv is what setup returns: a database with the plugin installed.
+type testEnv struct {
+	t     *testing.T
+	db    *gorm.DB
+	ob    *Outbox
+	clock *fakeClock
+	name  string
+}
+
+type setupOpts struct {
+	cfg  Config
+	gorm *gorm.Config
+}
+
+func (b backend) setup(t *testing.T, opts ...func(*setupOpts)) *testEnv {
+	t.Helper()
+	o := setupOpts{gorm: &gorm.Config{Logger: logger.Discard}}
+	for _, f := range opts {
+		f(&o)
+	}
+	db := b.open(t, o.gorm)
+	if o.cfg.Logger == nil {
+		o.cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ob := Plugin(o.cfg)
+	clock := &fakeClock{t: time.Now().UTC()}
+	ob.clock = clock.Now
+	require.NoError(t, db.Use(ob))
+	require.NoError(t, db.AutoMigrate(&Order{}))
+	return &testEnv{t: t, db: db, ob: ob, clock: clock, name: b.name}
+}
+
+func withConfig(cfg Config) func(*setupOpts) { return func(o *setupOpts) { o.cfg = cfg } }
+func withGorm(g *gorm.Config) func(*setupOpts) {
+	return func(o *setupOpts) {
+		if g.Logger == nil {
+			g.Logger = logger.Discard
+		}
+		o.gorm = g
+	}
+}
+
+// Order is the business model of the tests; it records events.
+type Order struct {
+	ID    uint `gorm:"primaryKey"`
+	Total int
+	Recorder
+}
+
+// count returns how many outbox rows match the condition, read outside any
+// transaction.
+func (e *testEnv) count(where string, args ...any) int64 {
+	e.t.Helper()
+	var n int64
+	q := e.db.Table(e.ob.Table())
+	if where != "" {
+		q = q.Where(where, args...)
+	}
+	require.NoError(e.t, q.Count(&n).Error)
+	return n
+}
+
+func (e *testEnv) record(id string) Record {
+	e.t.Helper()
+	var r Record
+	require.NoError(e.t, e.db.Table(e.ob.Table()).Where("id = ?", id).Take(&r).Error)
+	return r
+}
+
+func (e *testEnv) relay(cfg RelayConfig) *Relay {
+	r := e.ob.Relay(e.db, cfg)
+	require.NoError(e.t, r.err)
+	return r
+}
+
+// collector is a handler that records what it receives.
+type collector struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (c *collector) handle(_ context.Context, e Event) error {
+	c.mu.Lock()
+	c.events = append(c.events, e)
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *collector) ids() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]string, len(c.events))
+	for i, e := range c.events {
+		out[i] = e.ID
+	}
+	return out
+}
+
+func (c *collector) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.events)
+}

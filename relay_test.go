@@ -1,0 +1,332 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+func publishN(t *testing.T, db *gorm.DB, typ string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	events := make([]Event, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("%s-%05d", typ, i)
+		events[i] = Event{ID: ids[i], Type: typ, Payload: i}
+	}
+	require.NoError(t, db.Transaction(func(tx *gorm.DB) error { return Publish(tx, events...) }))
+	return ids
+}
+
+func testRelayDelivers(t *testing.T, b backend) {
+	e := b.setup(t)
+	c := &collector{}
+	e.ob.Handle("order.created", c.handle)
+	ids := publishN(t, e.db, "order.created", 5)
+
+	r := e.relay(RelayConfig{BatchSize: 3})
+	n, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	n, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	n, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 0, n)
+
+	assert.Equal(t, ids, c.ids(), "oldest first")
+	rec := e.record(ids[0])
+	assert.Equal(t, StatusSent, rec.Status)
+	require.NotNil(t, rec.SentAt)
+	assert.WithinDuration(t, e.clock.Now(), *rec.SentAt, time.Second)
+	assert.Nil(t, rec.LockedUntil)
+	assert.Equal(t, 1, rec.Attempts)
+	assert.EqualValues(t, 5, e.count("status = ?", StatusSent))
+}
+
+func testRelayRetries(t *testing.T, b backend) {
+	e := b.setup(t)
+	var calls atomic.Int32
+	e.ob.Handle("x", func(context.Context, Event) error {
+		calls.Add(1)
+		return errors.New("downstream unavailable")
+	})
+	publishN(t, e.db, "x", 1)
+	var backoffs []int
+	r := e.relay(RelayConfig{MaxAttempts: 3, Backoff: func(attempt int) time.Duration {
+		backoffs = append(backoffs, attempt)
+		return time.Hour
+	}})
+
+	n, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	rec := e.record("x-00000")
+	assert.Equal(t, StatusPending, rec.Status)
+	assert.Equal(t, 1, rec.Attempts)
+	require.NotNil(t, rec.LastError)
+	assert.Contains(t, *rec.LastError, "downstream unavailable")
+	assert.WithinDuration(t, e.clock.Now().Add(time.Hour), rec.AvailableAt, time.Second)
+
+	// Not due until the backoff has passed.
+	n, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 0, n)
+
+	for range 2 {
+		e.clock.Advance(time.Hour + time.Second)
+		n, err = r.ProcessOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	}
+	rec = e.record("x-00000")
+	assert.Equal(t, StatusFailed, rec.Status, "failed after MaxAttempts")
+	assert.Equal(t, 3, rec.Attempts)
+	assert.Equal(t, []int{1, 2}, backoffs)
+	assert.EqualValues(t, 3, calls.Load())
+
+	e.clock.Advance(24 * time.Hour)
+	n, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "failed rows stay for a human")
+}
+
+func testRelayPermanentAndReplay(t *testing.T, b backend) {
+	e := b.setup(t)
+	var fail atomic.Bool
+	fail.Store(true)
+	c := &collector{}
+	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
+		if fail.Load() {
+			return Permanent(errors.New("422 unprocessable"))
+		}
+		return c.handle(ctx, ev)
+	})
+	publishN(t, e.db, "x", 2)
+	r := e.relay(RelayConfig{})
+	_, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, e.count("status = ?", StatusFailed), "a permanent error fails at once")
+
+	fail.Store(false)
+	n, err := e.ob.Replay(t.Context(), e.db, "x-00000", "no-such-id")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	rec := e.record("x-00000")
+	assert.Equal(t, StatusPending, rec.Status)
+	assert.Equal(t, 0, rec.Attempts)
+
+	n, err = e.ob.Replay(t.Context(), e.db)
+	require.NoError(t, err)
+	assert.Equal(t, 0, n)
+
+	_, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, []string{"x-00000"}, c.ids())
+	assert.Equal(t, StatusSent, e.record("x-00000").Status)
+	assert.Equal(t, StatusFailed, e.record("x-00001").Status)
+}
+
+func testRelayPanicAndNoHandler(t *testing.T, b backend) {
+	e := b.setup(t)
+	e.ob.Handle("panics", func(context.Context, Event) error { panic("nil map write") })
+	publishN(t, e.db, "panics", 1)
+	publishN(t, e.db, "unhandled", 1)
+	c := &collector{}
+	e.ob.Handle("fine", c.handle)
+	publishN(t, e.db, "fine", 1)
+
+	_, err := e.relay(RelayConfig{MaxAttempts: 5}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 1, c.len(), "other events keep flowing")
+
+	p := e.record("panics-00000")
+	assert.Equal(t, StatusPending, p.Status)
+	assert.Equal(t, 1, p.Attempts)
+	require.NotNil(t, p.LastError)
+	assert.Contains(t, *p.LastError, "handler panicked: nil map write")
+
+	u := e.record("unhandled-00000")
+	assert.Equal(t, StatusPending, u.Status, "an event with no handler is never marked sent")
+	require.NotNil(t, u.LastError)
+	assert.Contains(t, *u.LastError, "no handler registered")
+}
+
+func testRelayConcurrent(t *testing.T, b backend) {
+	e := b.setup(t)
+	var mu sync.Mutex
+	seen := map[string]int{}
+	e.ob.Handle("x", func(_ context.Context, ev Event) error {
+		mu.Lock()
+		seen[ev.ID]++
+		mu.Unlock()
+		return nil
+	})
+	const total = 400
+	publishN(t, e.db, "x", total)
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := e.ob.Relay(e.db, RelayConfig{BatchSize: 25})
+			for {
+				n, err := r.ProcessOnce(t.Context())
+				if err != nil {
+					errs <- err
+					return
+				}
+				if n == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	assert.Len(t, seen, total)
+	for id, n := range seen {
+		if n != 1 {
+			t.Errorf("event %s delivered %d times", id, n)
+		}
+	}
+	assert.EqualValues(t, total, e.count("status = ?", StatusSent))
+}
+
+func testRelayExpiredLease(t *testing.T, b backend) {
+	e := b.setup(t)
+	c := &collector{}
+	e.ob.Handle("x", c.handle)
+	publishN(t, e.db, "x", 2)
+
+	// A relay claims the batch and dies before recording anything.
+	dead := e.relay(RelayConfig{Lease: time.Minute})
+	sqlDB, err := e.db.DB()
+	require.NoError(t, err)
+	now := e.ob.now()
+	batch, err := dead.claim(t.Context(), sqlDB, now, now.Add(time.Minute))
+	require.NoError(t, err)
+	require.Len(t, batch, 2)
+
+	live := e.relay(RelayConfig{Lease: time.Minute})
+	n, err := live.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "a live claim is not handed out again")
+
+	e.clock.Advance(time.Minute + time.Second)
+	n, err = live.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "an expired claim is claimed again")
+	assert.Len(t, c.ids(), 2)
+	assert.Equal(t, 2, e.record("x-00000").Attempts, "the lost claim counts as an attempt")
+
+	// The dead relay's late outcome is ignored: its lease is no longer the
+	// row's.
+	require.NoError(t, dead.release(t.Context(), sqlDB, []string{"x-00000"}, now.Add(time.Minute)))
+	assert.Equal(t, StatusSent, e.record("x-00000").Status)
+
+	// A row whose relays keep dying is eventually failed, not retried forever.
+	publishN(t, e.db, "y", 1)
+	for range 2 {
+		now := e.ob.now()
+		_, err := dead.claim(t.Context(), sqlDB, now, now.Add(time.Minute))
+		require.NoError(t, err)
+		e.clock.Advance(time.Minute + time.Second)
+	}
+	e.ob.Handle("y", c.handle)
+	_, err = e.relay(RelayConfig{MaxAttempts: 2}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	y := e.record("y-00000")
+	assert.Equal(t, StatusFailed, y.Status)
+	require.NotNil(t, y.LastError)
+	assert.Contains(t, *y.LastError, "abandoned")
+	assert.Len(t, c.ids(), 2, "an abandoned row is not delivered")
+}
+
+func testRelayLeaseBudget(t *testing.T, b backend) {
+	e := b.setup(t)
+	var started []string
+	var mu sync.Mutex
+	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
+		mu.Lock()
+		started = append(started, ev.ID)
+		mu.Unlock()
+		// A handler that blocks until its deadline: it must end before the
+		// lease does.
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	publishN(t, e.db, "x", 3)
+	r := e.relay(RelayConfig{Lease: 300 * time.Millisecond})
+	begin := time.Now()
+	n, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	assert.Less(t, time.Since(begin), 300*time.Millisecond+100*time.Millisecond)
+	assert.Equal(t, []string{"x-00000"}, started, "no delivery starts once the lease budget is spent")
+
+	first := e.record("x-00000")
+	assert.Equal(t, 1, first.Attempts)
+	require.NotNil(t, first.LastError)
+	assert.Contains(t, *first.LastError, "deadline exceeded")
+	for _, id := range []string{"x-00001", "x-00002"} {
+		rec := e.record(id)
+		assert.Equal(t, StatusPending, rec.Status)
+		assert.Equal(t, 0, rec.Attempts, "an undelivered claim is handed back without counting an attempt")
+		assert.Nil(t, rec.LockedUntil)
+	}
+}
+
+func testRelayRun(t *testing.T, b backend) {
+	e := b.setup(t)
+	got := make(chan string, 10)
+	e.ob.Handle("x", func(_ context.Context, ev Event) error { got <- ev.ID; return nil })
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- e.relay(RelayConfig{PollInterval: 10 * time.Millisecond}).Run(ctx) }()
+
+	publishN(t, e.db, "x", 2)
+	for _, want := range []string{"x-00000", "x-00001"} {
+		select {
+		case id := <-got:
+			assert.Equal(t, want, id)
+		case <-time.After(10 * time.Second):
+			t.Fatal("relay did not deliver")
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	require.Eventually(t, func() bool { return e.count("status = ?", StatusSent) == 2 }, 5*time.Second, 10*time.Millisecond)
+}
+
+func testRelayConfig(t *testing.T, b backend) {
+	e := b.setup(t)
+	for _, cfg := range []RelayConfig{{BatchSize: -1}, {PollInterval: -1}, {MaxAttempts: -1}, {Lease: -time.Second}} {
+		r := e.ob.Relay(e.db, cfg)
+		_, err := r.ProcessOnce(t.Context())
+		require.ErrorIs(t, err, ErrInvalidConfig)
+		require.ErrorIs(t, r.Run(t.Context()), ErrInvalidConfig)
+	}
+	other := Plugin(Config{})
+	_, err := other.Relay(e.db, RelayConfig{}).ProcessOnce(t.Context())
+	require.ErrorIs(t, err, ErrNotInstalled)
+}

@@ -1,0 +1,499 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// runSuite runs every semantic of the core on one backend.
+func runSuite(t *testing.T, b backend) {
+	tests := map[string]func(*testing.T, backend){
+		"PersistentInsertsInCallersTransaction": testPersistentInsertsInTx,
+		"PersistentOutsideTransaction":          testPersistentOutsideTx,
+		"DuplicateIdempotencyKeyIsNoop":         testDuplicateKey,
+		"PayloadRoundTrip":                      testPayloadRoundTrip,
+		"MemoryMode":                            testMemoryMode,
+		"MemoryHandlerFailuresAreIsolated":      testMemoryHandlerFailures,
+		"AfterCommitOutermostCommit":            testAfterCommit,
+		"AfterCommitUntrackedTransaction":       testAfterCommitUntracked,
+		"BadInputLosesNothing":                  testBadInput,
+		"UnsafeTableName":                       testUnsafeTableName,
+		"PublishWithoutPlugin":                  testPublishWithoutPlugin,
+		"Recorder":                              testRecorder,
+		"RecorderSkipDefaultTransaction":        testRecorderSkipDefaultTx,
+		"RelayDeliversAndMarksSent":             testRelayDelivers,
+		"RelayRetriesWithBackoffThenFails":      testRelayRetries,
+		"RelayPermanentErrorAndReplay":          testRelayPermanentAndReplay,
+		"RelayPanicAndMissingHandler":           testRelayPanicAndNoHandler,
+		"RelayConcurrentNoDoubleDelivery":       testRelayConcurrent,
+		"RelayReclaimsExpiredLease":             testRelayExpiredLease,
+		"RelayStopsBeforeLeaseRunsOut":          testRelayLeaseBudget,
+		"RelayRunStopsOnCancel":                 testRelayRun,
+		"RelayConfigValidation":                 testRelayConfig,
+		"DisableAutoMigrate":                    testDisableAutoMigrate,
+	}
+	for name, fn := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, b)
+		})
+	}
+}
+
+func ev(typ string, payload any) Event { return Event{Type: typ, Payload: payload} }
+
+func testPersistentInsertsInTx(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+
+	// Committed: the row is written inside the transaction (visible to it
+	// before the commit), invisible to others until the commit.
+	err := e.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, tx.Create(&Order{Total: 1}).Error)
+		require.NoError(t, Publish(tx, Event{ID: "committed", Type: "order.created", Payload: map[string]int{"total": 1}}))
+		var inside int64
+		require.NoError(t, tx.Table(e.ob.Table()).Where("id = ?", "committed").Count(&inside).Error)
+		assert.EqualValues(t, 1, inside, "the row must be INSERTed in the caller's transaction, not after commit")
+		assert.EqualValues(t, 0, e.count("id = ?", "committed"), "an uncommitted row must be invisible to others")
+		return nil
+	})
+	require.NoError(t, err)
+	r := e.record("committed")
+	assert.Equal(t, StatusPending, r.Status, "a committed row stays pending until a relay delivers it")
+	assert.Equal(t, 0, r.Attempts)
+	assert.Nil(t, r.SentAt)
+
+	// Rolled back: gone with the business row.
+	err = e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, tx.Create(&Order{Total: 2}).Error)
+		require.NoError(t, Publish(tx, Event{ID: "rolled-back", Type: "order.created"}))
+		return errors.New("business failure")
+	})
+	require.Error(t, err)
+	assert.EqualValues(t, 0, e.count("id = ?", "rolled-back"))
+	var orders int64
+	require.NoError(t, e.db.Model(&Order{}).Count(&orders).Error)
+	assert.EqualValues(t, 1, orders)
+
+	// Manual Begin/Rollback, and a savepoint rolled back inside a committed
+	// transaction: the database drops the row with its savepoint.
+	tx := e.db.Begin()
+	require.NoError(t, Publish(tx, Event{ID: "manual-rollback", Type: "x"}))
+	require.NoError(t, tx.Rollback().Error)
+	err = e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, Publish(tx, Event{ID: "outer", Type: "x"}))
+		_ = tx.Transaction(func(tx2 *gorm.DB) error {
+			require.NoError(t, Publish(tx2, Event{ID: "inner", Type: "x"}))
+			return errors.New("roll back the savepoint")
+		})
+		return nil
+	})
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, e.count("id IN ?", []string{"manual-rollback", "inner"}))
+	assert.EqualValues(t, 1, e.count("id = ?", "outer"))
+}
+
+func testPersistentOutsideTx(t *testing.T, b backend) {
+	e := b.setup(t)
+	require.NoError(t, Publish(e.db.WithContext(t.Context()), ev("a", 1), ev("b", 2)))
+	assert.EqualValues(t, 2, e.count("status = ?", StatusPending))
+
+	// Defaults: UUIDv7 id, key = id, occurred_at now at microsecond precision.
+	var recs []Record
+	require.NoError(t, e.db.Table(e.ob.Table()).Order("event_type").Find(&recs).Error)
+	require.Len(t, recs, 2)
+	assert.Len(t, recs[0].ID, 36)
+	assert.Equal(t, recs[0].ID, recs[0].IdempotencyKey)
+	assert.WithinDuration(t, e.clock.Now(), recs[0].OccurredAt, time.Millisecond)
+	assert.NotEqual(t, recs[0].ID, recs[1].ID)
+}
+
+func testDuplicateKey(t *testing.T, b backend) {
+	e := b.setup(t)
+	first := Event{Type: "order.created", IdempotencyKey: "order:1", Payload: "first"}
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, Publish(tx, first))
+		// Same key in the same transaction: skipped, and the transaction
+		// (on PostgreSQL especially) is not aborted.
+		require.NoError(t, Publish(tx, Event{Type: "order.created", IdempotencyKey: "order:1", Payload: "second"}))
+		return tx.Create(&Order{Total: 1}).Error
+	}))
+	// And across transactions, even after the first was sent.
+	c := &collector{}
+	e.ob.Handle("order.created", c.handle)
+	n, err := e.relay(RelayConfig{}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+		return Publish(tx, Event{Type: "order.created", IdempotencyKey: "order:1", Payload: "third"})
+	}))
+	assert.EqualValues(t, 1, e.count(""))
+	assert.EqualValues(t, 1, e.count("status = ?", StatusSent), "a duplicate must not reset a sent row to pending")
+	var got string
+	require.NoError(t, c.events[0].DecodePayload(&got))
+	assert.Equal(t, "first", got)
+}
+
+type orderCreated struct {
+	ID    int               `json:"id"`
+	Items []string          `json:"items"`
+	Meta  map[string]string `json:"meta"`
+}
+
+func testPayloadRoundTrip(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			c := &collector{}
+			e.ob.Handle("*", c.handle)
+			occurred := time.Date(2026, 1, 2, 3, 4, 5, 123456789, time.FixedZone("x", 3600))
+			in := Event{
+				ID: "e1", Type: "order.created", AggregateType: "order", AggregateID: "7",
+				IdempotencyKey: "k1", Headers: map[string]string{"traceparent": "00-abc-def-01"},
+				Payload: orderCreated{ID: 7, Items: []string{"a", "ü"}, Meta: map[string]string{"k": "v"}}, OccurredAt: occurred,
+			}
+			raw := Event{ID: "e2", Type: "raw", Payload: json.RawMessage(`{"b":1,"a":[true,null]}`)}
+			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return Publish(tx, in, raw) }))
+			if mode == Persistent {
+				_, err := e.relay(RelayConfig{}).ProcessOnce(t.Context())
+				require.NoError(t, err)
+			}
+			require.Equal(t, []string{"e1", "e2"}, c.ids())
+			got := c.events[0]
+			assert.IsType(t, json.RawMessage{}, got.Payload, "handlers receive json.RawMessage in both modes")
+			var p orderCreated
+			require.NoError(t, got.DecodePayload(&p))
+			assert.Equal(t, in.Payload, p)
+			assert.Equal(t, "order", got.AggregateType)
+			assert.Equal(t, "7", got.AggregateID)
+			assert.Equal(t, "k1", got.IdempotencyKey)
+			assert.Equal(t, in.Headers, got.Headers)
+			assert.True(t, occurred.Truncate(time.Microsecond).Equal(got.OccurredAt), "occurred_at kept at microsecond precision: %v", got.OccurredAt)
+			assert.Equal(t, time.UTC, got.OccurredAt.Location())
+			assert.JSONEq(t, `{"b":1,"a":[true,null]}`, string(c.events[1].Payload.(json.RawMessage)))
+		})
+	}
+}
+
+func testMemoryMode(t *testing.T, b backend) {
+	e := b.setup(t, withConfig(Config{Mode: Memory}))
+	assert.False(t, e.db.Migrator().HasTable(e.ob.Table()), "memory mode creates no table")
+
+	var mu sync.Mutex
+	var order []string
+	add := func(s string) {
+		mu.Lock()
+		order = append(order, s)
+		mu.Unlock()
+	}
+	e.ob.Handle("order.created", func(_ context.Context, ev Event) error { add("typed:" + ev.ID); return nil })
+	e.ob.Handle("*", func(_ context.Context, ev Event) error { add("any:" + ev.ID); return nil })
+
+	err := e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, tx.Create(&Order{Total: 1}).Error)
+		require.NoError(t, Publish(tx, Event{ID: "m1", Type: "order.created"}))
+		require.NoError(t, tx.Create(&Order{Total: 2}).Error)
+		mu.Lock()
+		assert.Empty(t, order, "nothing is dispatched before the commit")
+		mu.Unlock()
+		return nil
+	})
+	require.NoError(t, err)
+	// Synchronous: done by the time Transaction returns, in registration order.
+	assert.Equal(t, []string{"typed:m1", "any:m1"}, order)
+
+	err = e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, Publish(tx, Event{ID: "m2", Type: "order.created"}))
+		return errors.New("rollback")
+	})
+	require.Error(t, err)
+	assert.Len(t, order, 2, "nothing on rollback")
+
+	// Outside a transaction: at once.
+	require.NoError(t, Publish(e.db, Event{ID: "m3", Type: "other"}))
+	assert.Equal(t, []string{"typed:m1", "any:m1", "any:m3"}, order)
+	assert.False(t, e.db.Migrator().HasTable(e.ob.Table()), "memory mode writes no table")
+
+	_, err = e.ob.Replay(t.Context(), e.db, "x")
+	require.ErrorIs(t, err, ErrMemoryMode)
+	require.ErrorIs(t, e.ob.Relay(e.db, RelayConfig{}).Run(t.Context()), ErrMemoryMode)
+}
+
+func testMemoryHandlerFailures(t *testing.T, b backend) {
+	e := b.setup(t, withConfig(Config{Mode: Memory}))
+	c := &collector{}
+	e.ob.Handle("x", func(context.Context, Event) error { return errors.New("boom") })
+	e.ob.Handle("x", func(context.Context, Event) error { panic("handler panic") })
+	e.ob.Handle("x", c.handle)
+	err := e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, tx.Create(&Order{Total: 5}).Error)
+		return Publish(tx, ev("x", nil))
+	})
+	require.NoError(t, err, "a failing handler does not affect the committed transaction")
+	assert.Equal(t, 1, c.len(), "nor the other handlers")
+	var n int64
+	require.NoError(t, e.db.Model(&Order{}).Count(&n).Error)
+	assert.EqualValues(t, 1, n)
+}
+
+// testAfterCommit checks that after-commit work (AfterCommit and memory-mode
+// events) runs on the outermost real commit in every way GORM commits.
+func testAfterCommit(t *testing.T, b backend) {
+	cases := map[string]struct {
+		gorm *gorm.Config
+		run  func(t *testing.T, db *gorm.DB, hook func(tx *gorm.DB, name string))
+		want []string
+	}{
+		"Transaction": {
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				require.NoError(t, db.Transaction(func(tx *gorm.DB) error { hook(tx, "a"); return nil }))
+				_ = db.Transaction(func(tx *gorm.DB) error { hook(tx, "rolled-back"); return errors.New("x") })
+			},
+			want: []string{"a"},
+		},
+		"ManualBeginCommit": {
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				tx := db.Begin()
+				hook(tx, "a")
+				require.NoError(t, tx.Create(&Order{}).Error)
+				hook(tx.Session(&gorm.Session{}), "b")
+				require.NoError(t, tx.Commit().Error)
+				require.ErrorIs(t, tx.Commit().Error, sql.ErrTxDone, "a second commit fails and runs nothing twice")
+				tx = db.Begin()
+				hook(tx, "rolled-back")
+				require.NoError(t, tx.Rollback().Error)
+			},
+			want: []string{"a", "b"},
+		},
+		"NestedSavepoints": {
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+					hook(tx, "outer-1")
+					require.NoError(t, tx.Transaction(func(tx2 *gorm.DB) error {
+						hook(tx2, "kept-savepoint")
+						return nil
+					}))
+					_ = tx.Transaction(func(tx2 *gorm.DB) error {
+						hook(tx2, "dropped-savepoint")
+						_ = tx2.Transaction(func(tx3 *gorm.DB) error { hook(tx3, "dropped-nested"); return nil })
+						return errors.New("roll back to savepoint")
+					})
+					hook(tx, "outer-2")
+					return nil
+				}))
+			},
+			want: []string{"outer-1", "kept-savepoint", "outer-2"},
+		},
+		"ManualSavepoint": {
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				tx := db.Begin()
+				hook(tx, "before")
+				require.NoError(t, tx.SavePoint("sp1").Error)
+				hook(tx, "after-sp1")
+				require.NoError(t, tx.RollbackTo("sp1").Error)
+				hook(tx, "after-rollback-to")
+				require.NoError(t, tx.Commit().Error)
+			},
+			want: []string{"before", "after-rollback-to"},
+		},
+		"PrepareStmt": {
+			gorm: &gorm.Config{PrepareStmt: true},
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+					require.NoError(t, tx.Create(&Order{Total: 1}).Error)
+					hook(tx, "a")
+					_ = tx.Transaction(func(tx2 *gorm.DB) error { hook(tx2, "dropped"); return errors.New("x") })
+					return nil
+				}))
+				tx := db.Begin()
+				hook(tx, "manual")
+				require.NoError(t, tx.Commit().Error)
+			},
+			want: []string{"a", "manual"},
+		},
+		"SessionPrepareStmt": {
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				s := db.Session(&gorm.Session{PrepareStmt: true})
+				require.NoError(t, s.Transaction(func(tx *gorm.DB) error { hook(tx, "a"); return nil }))
+			},
+			want: []string{"a"},
+		},
+		"SessionAndWithContextClones": {
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+					hook(tx.WithContext(context.Background()), "with-context")
+					hook(tx.Session(&gorm.Session{NewDB: true}), "session")
+					hook(tx.Model(&Order{}).Where("id > ?", 0), "chained")
+					return nil
+				}))
+			},
+			want: []string{"with-context", "session", "chained"},
+		},
+		"OutsideTransactionRunsAtOnce": {
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				hook(db, "now")
+			},
+			want: []string{"now"},
+		},
+		"FailedCommitRunsNothing": {
+			run: func(t *testing.T, db *gorm.DB, hook func(*gorm.DB, string)) {
+				ctx, cancel := context.WithCancel(context.Background())
+				tx := db.WithContext(ctx).Begin()
+				require.NoError(t, tx.Error)
+				hook(tx, "never")
+				cancel() // database/sql rolls the transaction back
+				require.Error(t, tx.Commit().Error)
+			},
+			want: nil,
+		},
+	}
+	for name, tc := range cases {
+		for _, mode := range []Mode{Persistent, Memory} {
+			t.Run(name+"/"+mode.String(), func(t *testing.T) {
+				opts := []func(*setupOpts){withConfig(Config{Mode: mode})}
+				if tc.gorm != nil {
+					g := *tc.gorm
+					opts = append(opts, withGorm(&g))
+				}
+				e := b.setup(t, opts...)
+				var mu sync.Mutex
+				var got []string
+				hookRan := func(name string) {
+					mu.Lock()
+					got = append(got, name)
+					mu.Unlock()
+				}
+				var hook func(tx *gorm.DB, name string)
+				if mode == Memory {
+					// In memory mode the same points are exercised by events.
+					e.ob.Handle("*", func(_ context.Context, ev Event) error { hookRan(ev.ID); return nil })
+					hook = func(tx *gorm.DB, name string) { require.NoError(t, Publish(tx, Event{ID: name, Type: "t"})) }
+				} else {
+					hook = func(tx *gorm.DB, name string) { AfterCommit(tx, func() { hookRan(name) }) }
+				}
+				tc.run(t, e.db, hook)
+				assert.Equal(t, tc.want, got)
+			})
+		}
+	}
+}
+
+func testAfterCommitUntracked(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			ran := false
+			err := e.db.Connection(func(conn *gorm.DB) error {
+				return conn.Transaction(func(tx *gorm.DB) error {
+					AfterCommit(tx, func() { ran = true })
+					return tx.Error
+				})
+			})
+			require.ErrorIs(t, err, ErrUntrackedTransaction)
+			assert.False(t, ran)
+
+			err = e.db.Connection(func(conn *gorm.DB) error {
+				return conn.Transaction(func(tx *gorm.DB) error {
+					require.NoError(t, tx.Create(&Order{Total: 9}).Error)
+					return Publish(tx, ev("x", 1))
+				})
+			})
+			if mode == Memory {
+				require.ErrorIs(t, err, ErrUntrackedTransaction, "memory mode cannot dispatch on a commit it cannot see")
+				var n int64
+				require.NoError(t, e.db.Model(&Order{}).Count(&n).Error)
+				assert.EqualValues(t, 0, n, "and the business write rolled back with it")
+			} else {
+				require.NoError(t, err, "persistent mode writes in any transaction")
+				assert.EqualValues(t, 1, e.count(""))
+			}
+		})
+	}
+}
+
+func testBadInput(t *testing.T, b backend) {
+	e := b.setup(t)
+	long := strings.Repeat("x", 256)
+	bad := map[string]Event{
+		"EmptyType":          {},
+		"UnencodablePayload": {Type: "x", Payload: make(chan int)},
+		"InvalidJSONBytes":   {Type: "x", Payload: []byte(`{"a":`)},
+		"InvalidUTF8Bytes":   {Type: "x", Payload: []byte("\"\xff\"")},
+		"NULInPayload":       {Type: "x", Payload: "a\x00b"},
+		"NULEscapeInRaw":     {Type: "x", Payload: json.RawMessage(`{"a":"\u0000"}`)},
+		"LongType":           {Type: long},
+		"LongID":             {Type: "x", ID: long},
+		"LongAggregateID":    {Type: "x", AggregateID: long},
+		"LongKey":            {Type: "x", IdempotencyKey: long},
+		"InvalidUTF8Type":    {Type: "\xff"},
+		"NULInAggregate":     {Type: "x", AggregateType: "a\x00"},
+		"EmptyHeaderName":    {Type: "x", Headers: map[string]string{"": "v"}},
+		"BadHeaderValue":     {Type: "x", Headers: map[string]string{"k": "\xff"}},
+		"OversizedPayload":   {Type: "x", Payload: strings.Repeat("y", defaultMaxPayload)},
+	}
+	for name, bev := range bad {
+		t.Run(name, func(t *testing.T) {
+			err := e.db.Transaction(func(tx *gorm.DB) error {
+				require.NoError(t, tx.Create(&Order{Total: 1}).Error)
+				// A valid event first: the invalid one in the same call must
+				// reject the whole call.
+				perr := Publish(tx, ev("ok", 1), bev)
+				require.ErrorIs(t, perr, ErrInvalidEvent)
+				// Nothing touched the database: the transaction still works.
+				require.NoError(t, tx.Create(&Order{Total: 2}).Error)
+				require.NoError(t, Publish(tx, Event{Type: "after", IdempotencyKey: "after-" + name}))
+				return perr
+			})
+			require.ErrorIs(t, err, ErrInvalidEvent)
+			assert.NotContains(t, err.Error(), strings.Repeat("y", 100), "errors never carry payloads")
+		})
+	}
+	assert.EqualValues(t, 0, e.count(""), "every rejected transaction rolled back whole")
+	var n int64
+	require.NoError(t, e.db.Model(&Order{}).Count(&n).Error)
+	assert.EqualValues(t, 0, n)
+
+	// An escaped backslash before u0000 is not a NUL escape.
+	require.NoError(t, Publish(e.db, Event{Type: "x", Payload: json.RawMessage(`"\\u0000"`)}))
+}
+
+func testUnsafeTableName(t *testing.T, b backend) {
+	for _, name := range []string{`x"; DROP TABLE orders; --`, "1abc", "a b", "a.b", strings.Repeat("a", 64), "ta-ble"} {
+		db := b.open(t, &gorm.Config{})
+		err := db.Use(Plugin(Config{Table: name}))
+		require.ErrorIs(t, err, ErrInvalidConfig, name)
+	}
+	e := b.setup(t, withConfig(Config{Table: "custom_outbox"}))
+	require.NoError(t, Publish(e.db, ev("x", 1)))
+	assert.EqualValues(t, 1, e.count(""))
+}
+
+func testPublishWithoutPlugin(t *testing.T, b backend) {
+	db := b.open(t, &gorm.Config{})
+	require.ErrorIs(t, Publish(db, ev("x", 1)), ErrNotInstalled)
+	require.ErrorIs(t, db.Transaction(func(tx *gorm.DB) error { return Publish(tx, ev("x", 1)) }), ErrNotInstalled)
+	require.ErrorIs(t, Publish(nil, ev("x", 1)), ErrNotInstalled)
+}
+
+func testDisableAutoMigrate(t *testing.T, b backend) {
+	db := b.open(t, &gorm.Config{})
+	ob := Plugin(Config{DisableAutoMigrate: true})
+	require.NoError(t, db.Use(ob))
+	assert.False(t, db.Migrator().HasTable(DefaultTable))
+	ddl, err := SchemaSQL(b.name, DefaultTable)
+	require.NoError(t, err)
+	require.NoError(t, db.Exec(ddl).Error)
+	require.NoError(t, Publish(db, ev("x", 1)))
+	// Running the shipped DDL twice is harmless.
+	require.NoError(t, ob.Migrate(t.Context(), db))
+}
