@@ -69,7 +69,6 @@ func registerCallbacks(db *gorm.DB) error {
 	)
 }
 
-
 // holds reports whether values of the statement's model can carry a
 // Recorder, cached per type so models without one pay a map lookup.
 func holds(t reflect.Type) bool {
