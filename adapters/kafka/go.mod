@@ -1,0 +1,15 @@
+module github.com/gorm-outbox/outbox/adapters/kafka
+
+go 1.26.8
+
+require github.com/gorm-outbox/outbox v0.0.0
+
+require (
+	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/twmb/franz-go v1.22.3 // indirect
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
+)
+
+replace github.com/gorm-outbox/outbox => ../..
