@@ -1,0 +1,195 @@
+package nats_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+const (
+	urlEnv     = "OUTBOX_TEST_NATS_URL"
+	defaultURL = "nats://127.0.0.1:4222"
+	skipEnv    = "OUTBOX_SKIP_BROKERS"
+	startCmd   = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log"
+)
+
+// brokerMissing fails the test: a CI without its broker must go red, not
+// green with every test skipped. OUTBOX_SKIP_BROKERS=1 opts out locally.
+func brokerMissing(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv(skipEnv) == "1" {
+		t.Skipf(format+" (skipped: %s=1)", append(args, skipEnv)...)
+	}
+	t.Fatalf(format+"\nstart it with:\n  %s\nor set %s=1 to skip broker tests", append(args, startCmd, skipEnv)...)
+}
+
+// connect returns a JetStream context on the shared server.
+func connect(t *testing.T) (*natsgo.Conn, jetstream.JetStream) {
+	t.Helper()
+	url := os.Getenv(urlEnv)
+	if url == "" {
+		url = defaultURL
+	}
+	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second), natsgo.Name(t.Name()))
+	if err != nil {
+		brokerMissing(t, "NATS is unreachable at %s: %v", url, err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx := t.Context()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		brokerMissing(t, "NATS at %s has no JetStream (start it with -js): %v", url, err)
+	}
+	return nc, js
+}
+
+func randomName() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newStream creates a stream of its own for one test, bound to
+// "<prefix>.>", and returns it with the prefix.
+func newStream(t *testing.T, js jetstream.JetStream) (jetstream.Stream, string) {
+	t.Helper()
+	id := randomName()
+	name, prefix := "OUTBOX_TEST_"+strings.ToUpper(id), "outboxtest_"+id
+	s, err := js.CreateStream(t.Context(), jetstream.StreamConfig{
+		Name:       name,
+		Subjects:   []string{prefix + ".>"},
+		Storage:    jetstream.FileStorage,
+		Duplicates: 2 * time.Minute,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := contextTimeout(5 * time.Second)
+		defer cancel()
+		if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			t.Errorf("delete stream %s: %v", name, err)
+		}
+	})
+	return s, prefix
+}
+
+// openDB returns a SQLite database with the outbox plugin installed.
+func openDB(t *testing.T) (*gorm.DB, *outbox.Outbox) {
+	t.Helper()
+	dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, db.Use(ob))
+	return db, ob
+}
+
+func status(t *testing.T, db *gorm.DB, id string) string {
+	t.Helper()
+	var r outbox.Record
+	require.NoError(t, db.Table(outbox.DefaultTable).Where("id = ?", id).Take(&r).Error)
+	return r.Status
+}
+
+// server is a nats-server owned by one test, so that the test can stop it
+// without disturbing the others.
+type server struct {
+	t    *testing.T
+	bin  string
+	port int
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func newServer(t *testing.T) *server {
+	t.Helper()
+	bin, err := exec.LookPath("nats-server")
+	if err != nil {
+		bin = "/usr/sbin/nats-server"
+		if _, err := os.Stat(bin); err != nil {
+			brokerMissing(t, "nats-server binary not found (apt-get install nats-server)")
+		}
+	}
+	s := &server{t: t, bin: bin, port: freePort(t), dir: t.TempDir()}
+	t.Cleanup(s.stop)
+	s.start()
+	return s
+}
+
+func (s *server) url() string { return "nats://127.0.0.1:" + strconv.Itoa(s.port) }
+
+func (s *server) start() {
+	s.t.Helper()
+	cmd := exec.Command(s.bin, "-a", "127.0.0.1", "-p", strconv.Itoa(s.port), "-js",
+		"-sd", filepath.Join(s.dir, "store"), "-l", filepath.Join(s.dir, "server.log"))
+	require.NoError(s.t, cmd.Start())
+	s.cmd, s.done = cmd, make(chan struct{})
+	done := s.done
+	go func() { _ = cmd.Wait(); close(done) }()
+	require.Eventually(s.t, func() bool {
+		select {
+		case <-done:
+			return true // reported below
+		default:
+		}
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(s.port), time.Second)
+		if err != nil {
+			return false
+		}
+		_ = c.Close()
+		return true
+	}, 15*time.Second, 20*time.Millisecond, "nats-server did not start listening")
+	select {
+	case <-done:
+		log, _ := os.ReadFile(filepath.Join(s.dir, "server.log"))
+		s.t.Fatalf("nats-server exited at start:\n%s", log)
+	default:
+	}
+}
+
+// stop shuts the server down gracefully and waits for it to exit.
+func (s *server) stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.done:
+	case <-time.After(10 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+	s.cmd = nil
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

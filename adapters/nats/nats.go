@@ -1,0 +1,257 @@
+// Package nats publishes outbox events to NATS JetStream.
+//
+// Delivery guarantee: effectively once within the stream's duplicate window
+// (each message carries Nats-Msg-Id = event ID, so JetStream drops re-sends),
+// at least once beyond it.
+//
+// Each event becomes one message on the subject [Config.Subject] returns
+// (by default "outbox." + event type). The body is the event's JSON payload;
+// the event's metadata travels in headers (see [Publisher.Handler]). The
+// handler waits for JetStream's publish ack, so an event counts as delivered
+// only once the stream has stored it.
+//
+// Ordering: the handler publishes synchronously, so a stream stores events in
+// the order one relay delivers them. A failed event that is retried lands
+// after the events delivered meanwhile, and several relays interleave, so
+// consumers that need per-aggregate order should compare Outbox-Occurred-At
+// or keep per-aggregate state, not rely on global stream order.
+//
+// The package shares its name with github.com/nats-io/nats.go; import it
+// under another name, for example outboxnats.
+package nats
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Headers the adapter sets on every message, besides the event's own.
+const (
+	HeaderEventID        = "Outbox-Event-Id"
+	HeaderEventType      = "Outbox-Event-Type"
+	HeaderAggregateType  = "Outbox-Aggregate-Type" // only when the event has one
+	HeaderAggregateID    = "Outbox-Aggregate-Id"   // only when the event has one
+	HeaderIdempotencyKey = "Outbox-Idempotency-Key"
+	HeaderOccurredAt     = "Outbox-Occurred-At" // RFC 3339, UTC, microseconds
+	HeaderContentType    = "Content-Type"       // always "application/json"
+)
+
+// Defaults of [Config].
+const (
+	DefaultSubjectPrefix = "outbox."
+	DefaultTimeout       = 5 * time.Second
+)
+
+// JetStream is the part of [jetstream.JetStream] the adapter uses. A value
+// from jetstream.New satisfies it.
+type JetStream interface {
+	PublishMsg(ctx context.Context, msg *natsgo.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
+// Config configures a [Publisher]. Its zero value is usable.
+type Config struct {
+	// SubjectPrefix is put before the event type to form the subject when
+	// Subject is nil. Defaults to "outbox.", so "order.created" is published
+	// on "outbox.order.created" and a stream bound to "outbox.>" captures
+	// every event.
+	SubjectPrefix string
+
+	// Subject maps an event to the subject it is published on, overriding
+	// SubjectPrefix; for example, to put the aggregate in the subject so that
+	// consumers can filter by it. An invalid subject (empty, with spaces or
+	// wildcards) fails the event permanently. Defaults to SubjectPrefix +
+	// event type.
+	Subject func(e outbox.Event) string
+
+	// ExpectStream, when set, makes JetStream reject a message whose subject
+	// is not bound to this stream, instead of storing it in another stream
+	// that happens to match. Defaults to "" (any stream).
+	ExpectStream string
+
+	// Timeout bounds one publish, ack included; the relay's deadline applies
+	// too. While the server is unreachable the publish fails after it, and
+	// the relay retries later. Defaults to 5 seconds.
+	Timeout time.Duration
+}
+
+// Publisher publishes outbox events to JetStream. Create it with [New]; it is
+// safe for concurrent use.
+type Publisher struct {
+	js  JetStream
+	cfg Config
+}
+
+// New returns a publisher that sends events through js, typically the value
+// of jetstream.New(nc). Create the stream (bound to the subjects events are
+// published on, with a duplicate window at least as long as the relay's
+// retry horizon) before events flow; without one, publishing fails and the
+// relay retries.
+func New(js JetStream, cfg Config) (*Publisher, error) {
+	if js == nil {
+		return nil, errors.New("outbox/nats: New needs a JetStream (jetstream.New(nc))")
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("outbox/nats: negative Timeout %v; use 0 for the default", cfg.Timeout)
+	}
+	cfg.SubjectPrefix = cmp.Or(cfg.SubjectPrefix, DefaultSubjectPrefix)
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	return &Publisher{js: js, cfg: cfg}, nil
+}
+
+// Handler returns the outbox handler that publishes each event it is given:
+// register it with ob.Handle(eventType, p.Handler()).
+//
+// The message body is the event's JSON payload. Its headers are the event's
+// headers (trace context such as "traceparent" included, names kept as they
+// are), then the Outbox-* headers above, which win over event headers of the
+// same name, and Nats-Msg-Id = event ID. Event headers whose names start
+// with "Nats-" are dropped: they would steer JetStream itself (expected
+// sequences, message TTL, the dedupe ID).
+//
+// Errors that retrying cannot fix (an invalid subject or header, a message
+// over the server's size limit) are marked [outbox.Permanent]; all others,
+// such as an unreachable server or a missing ack, are left for the relay to
+// retry.
+func (p *Publisher) Handler() outbox.Handler {
+	return p.publish
+}
+
+func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
+	subject := p.subject(e)
+	if err := checkSubject(subject); err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: subject %q: %w", e.ID, subject, err))
+	}
+	data, err := payloadBytes(e.Payload)
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: %w", e.ID, err))
+	}
+	hdr, err := headers(e)
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: %w", e.ID, err))
+	}
+	msg := &natsgo.Msg{Subject: subject, Data: data, Header: hdr}
+
+	opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID)}
+	if p.cfg.ExpectStream != "" {
+		opts = append(opts, jetstream.WithExpectStream(p.cfg.ExpectStream))
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	if _, err := p.js.PublishMsg(ctx, msg, opts...); err != nil {
+		err = fmt.Errorf("outbox/nats: publish event %s to %s: %w", e.ID, subject, err)
+		if errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||
+			errors.Is(err, natsgo.ErrBadSubject) {
+			return outbox.Permanent(err)
+		}
+		return err
+	}
+	// A duplicate ack is success: the stream already holds this event from
+	// an earlier attempt whose outcome the relay did not record.
+	return nil
+}
+
+func (p *Publisher) subject(e outbox.Event) string {
+	if p.cfg.Subject != nil {
+		return p.cfg.Subject(e)
+	}
+	return p.cfg.SubjectPrefix + e.Type
+}
+
+// checkSubject rejects what NATS cannot publish to. Catching it here gives a
+// permanent error instead of a protocol error that would reach the
+// connection.
+func checkSubject(s string) error {
+	if s == "" {
+		return errors.New("empty subject")
+	}
+	if strings.ContainsAny(s, " \t\r\n\f\v\x00") {
+		return errors.New("subject contains whitespace")
+	}
+	for tok := range strings.SplitSeq(s, ".") {
+		switch tok {
+		case "":
+			return errors.New("subject has an empty token")
+		case "*", ">":
+			return errors.New("subject has a wildcard token")
+		}
+	}
+	return nil
+}
+
+func headers(e outbox.Event) (natsgo.Header, error) {
+	h := make(natsgo.Header, len(e.Headers)+8)
+	for k, v := range e.Headers {
+		if len(k) >= 5 && strings.EqualFold(k[:5], "Nats-") {
+			continue
+		}
+		if err := checkHeader(k, v); err != nil {
+			return nil, err
+		}
+		h.Set(k, v)
+	}
+	h.Set(HeaderEventID, e.ID)
+	h.Set(HeaderEventType, e.Type)
+	if e.AggregateType != "" {
+		h.Set(HeaderAggregateType, e.AggregateType)
+	}
+	if e.AggregateID != "" {
+		h.Set(HeaderAggregateID, e.AggregateID)
+	}
+	h.Set(HeaderIdempotencyKey, e.IdempotencyKey)
+	if !e.OccurredAt.IsZero() {
+		h.Set(HeaderOccurredAt, e.OccurredAt.UTC().Format("2006-01-02T15:04:05.000000Z07:00"))
+	}
+	h.Set(HeaderContentType, "application/json")
+	for k, v := range h {
+		// The fields come from the event too: a CR or LF in them would
+		// split the header block.
+		if err := checkHeader(k, v[0]); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+// checkHeader enforces the NATS header syntax (like HTTP/1: a token name,
+// a value on one line). Only the name is quoted in errors; values may carry
+// personal data.
+func checkHeader(k, v string) error {
+	if k == "" {
+		return errors.New("empty header name")
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c <= ' ' || c >= 0x7f || c == ':' {
+			return fmt.Errorf("header name %q is not a token (printable ASCII without spaces or colons)", k)
+		}
+	}
+	if strings.ContainsAny(v, "\r\n") {
+		return fmt.Errorf("header %q: value contains CR or LF", k)
+	}
+	return nil
+}
+
+// payloadBytes returns the JSON body. Handlers get json.RawMessage from the
+// outbox; other values come from direct calls and are encoded the same way
+// Publish would.
+func payloadBytes(p any) ([]byte, error) {
+	switch v := p.(type) {
+	case json.RawMessage:
+		return v, nil
+	case []byte:
+		return v, nil
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("encode payload: %w", err)
+	}
+	return b, nil
+}
