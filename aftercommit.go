@@ -186,6 +186,11 @@ type txState struct {
 	work  []func()
 	marks []savepoint
 	done  bool
+
+	// The IDs of the persistent events written in this transaction, and
+	// where in work the one hook that announces them sits (-1: none yet).
+	ids    []string
+	idHook int
 }
 
 type savepoint struct {
@@ -199,6 +204,30 @@ func (s *txState) add(fn func()) {
 		s.work = append(s.work, fn)
 	}
 	s.mu.Unlock()
+}
+
+// addPublished records IDs written in the transaction and makes sure one
+// after-commit hook announces them all.
+func (s *txState) addPublished(o *Outbox, ids []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return
+	}
+	if s.ids == nil {
+		s.idHook = -1
+	}
+	s.ids = append(s.ids, ids...)
+	if s.idHook >= 0 {
+		return
+	}
+	s.idHook = len(s.work)
+	s.work = append(s.work, func() {
+		s.mu.Lock()
+		ids := s.ids
+		s.mu.Unlock()
+		o.published(ids)
+	})
 }
 
 func (s *txState) finish() []func() {
@@ -238,6 +267,9 @@ func (s *txState) savepointSQL(query string) {
 		if verb == "rollback" {
 			clear(s.work[s.marks[i].n:])
 			s.work = s.work[:s.marks[i].n]
+			if s.idHook >= s.marks[i].n {
+				s.idHook = -1 // IDs that stay are harmless hints
+			}
 			s.marks = s.marks[:i+1] // the savepoint itself survives ROLLBACK TO
 		} else {
 			s.marks = s.marks[:i]

@@ -327,5 +327,15 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
 		}
 		return fmt.Errorf("outbox: insert %d events: %w", len(enc), err)
 	}
+	ids := make([]string, len(enc))
+	for i := range enc {
+		ids[i] = enc[i].ID
+	}
+	switch {
+	case t != nil:
+		t.st.addPublished(o, ids)
+	case !inTx:
+		o.published(ids)
+	}
 	return nil
 }

@@ -18,7 +18,7 @@ func testRecorder(t *testing.T, b backend) {
 			delivered := func() []string {
 				if mode == Persistent {
 					for {
-						n, err := e.relay(RelayConfig{}).ProcessOnce(t.Context())
+						n, err := e.relay(RelayConfig{Workers: 1}).ProcessOnce(t.Context())
 						require.NoError(t, err)
 						if n == 0 {
 							break

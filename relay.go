@@ -11,20 +11,28 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
 )
 
 // RelayConfig configures a [Relay]. Its zero value is usable; negative
-// values are an error from [Outbox.Relay]'s methods.
+// values are an error from the Relay's methods.
 type RelayConfig struct {
 	// BatchSize is how many due events one claim takes. Larger batches
 	// amortise the claim and mark statements. Defaults to 100.
 	BatchSize int
 
+	// Workers is how many goroutines deliver a claimed batch concurrently;
+	// handlers must be safe for concurrent use. Defaults to 4.
+	Workers int
+
 	// PollInterval is how long an idle relay waits before looking for due
-	// events again. Defaults to 500ms.
+	// events again. On PostgreSQL a committed event normally wakes the relay
+	// at once (LISTEN/NOTIFY), so the poll is only a fallback. Defaults to
+	// 500ms.
 	PollInterval time.Duration
 
 	// MaxAttempts is how many delivery attempts an event gets before it is
@@ -38,19 +46,76 @@ type RelayConfig struct {
 
 	// Lease is how long a claim on a batch lasts. Other relays will not
 	// deliver the batch's events while it is live; a relay that dies holding
-	// it has its events claimed again once it expires. Handlers get a
-	// deadline that ends before the lease does, and the relay stops starting
-	// deliveries from a batch whose lease is about to run out, so a live
-	// claim is never delivered twice. Defaults to 1 minute.
+	// it has its events claimed again once it expires. The lease is not
+	// extended: handlers get a context deadline that ends before the lease
+	// does, and the relay starts no delivery from a batch whose lease is
+	// about to run out (the rest are handed back), so a live claim is never
+	// delivered twice. Size it above your slowest handler. Defaults to 1
+	// minute.
 	Lease time.Duration
+
+	// HandlerTimeout bounds one event's delivery (all its handlers), within
+	// the lease. Defaults to the time left on the lease.
+	HandlerTimeout time.Duration
+
+	// OrderByAggregate delivers the events of one aggregate (same
+	// AggregateType and non-empty AggregateID) one at a time, oldest first,
+	// across all relays that set it: an event waits while an older event of
+	// its aggregate is not yet sent. A failing event holds back only its own
+	// aggregate; once it is failed, the rest of that aggregate waits until it
+	// is replayed ([Outbox.Replay]) or removed. Events without an
+	// AggregateID are not ordered. It costs a NOT EXISTS probe per claimed
+	// row and an index (created by the relay unless
+	// Config.DisableAutoMigrate is set) that every insert maintains.
+	// Defaults to false.
+	OrderByAggregate bool
+
+	// RetainSent is how long sent rows are kept before Run deletes them, in
+	// small batches. Failed rows are never deleted automatically. Defaults
+	// to 72 hours.
+	RetainSent time.Duration
+
+	// KeepSent turns retention off: sent rows are kept forever.
+	KeepSent bool
+
+	// DisableListen stops Run from listening for PostgreSQL notifications;
+	// it then relies on PollInterval (and on wake-ups from writers in its own
+	// process). Set it behind a transaction-pooling proxy, where LISTEN
+	// cannot work.
+	DisableListen bool
+
+	// OnDelivery, if set, is called after every delivery attempt with its
+	// outcome and timings, from the delivering goroutine: build metrics or
+	// traces on it. It must be fast and safe for concurrent use.
+	OnDelivery func(Delivery)
+}
+
+// Delivery describes one delivery attempt, for [RelayConfig.OnDelivery].
+type Delivery struct {
+	// Event is the event as its handlers received it.
+	Event Event
+	// Attempt is the attempt number, 1 for the first.
+	Attempt int
+	// Status is the row's status after the attempt: StatusSent,
+	// StatusPending (a retry is scheduled) or StatusFailed.
+	Status string
+	// Err is the handlers' error, nil when delivered.
+	Err error
+	// Duration is how long the handlers ran.
+	Duration time.Duration
+	// Latency is the time from the event's INSERT to the end of this
+	// attempt (by the relay's clock).
+	Latency time.Duration
 }
 
 // Defaults of [RelayConfig].
 const (
 	DefaultBatchSize    = 100
+	DefaultWorkers      = 4
 	DefaultPollInterval = 500 * time.Millisecond
 	DefaultMaxAttempts  = 10
 	DefaultLease        = time.Minute
+	DefaultRetainSent   = 72 * time.Hour
 )
 
 // maxLastError bounds the last_error column: enough for an error chain and a
@@ -79,6 +144,9 @@ type Relay struct {
 	db  *gorm.DB
 	cfg RelayConfig
 	err error
+
+	orderingOnce sync.Once
+	orderingErr  error
 }
 
 // Relay returns a relay that delivers the events in db's outbox table to the
@@ -89,9 +157,11 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 	r := &Relay{o: o, db: db, cfg: cfg}
 	r.err = r.check()
 	r.cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	r.cfg.Workers = cmp.Or(cfg.Workers, DefaultWorkers)
 	r.cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
 	r.cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
 	r.cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
+	r.cfg.RetainSent = cmp.Or(cfg.RetainSent, DefaultRetainSent)
 	if r.cfg.Backoff == nil {
 		r.cfg.Backoff = DefaultBackoff
 	}
@@ -101,17 +171,22 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 func (r *Relay) check() error {
 	c := r.cfg
 	var bad []string
-	if c.BatchSize < 0 {
-		bad = append(bad, fmt.Sprintf("BatchSize %d", c.BatchSize))
-	}
-	if c.PollInterval < 0 {
-		bad = append(bad, fmt.Sprintf("PollInterval %v", c.PollInterval))
-	}
-	if c.MaxAttempts < 0 {
-		bad = append(bad, fmt.Sprintf("MaxAttempts %d", c.MaxAttempts))
-	}
-	if c.Lease < 0 {
-		bad = append(bad, fmt.Sprintf("Lease %v", c.Lease))
+	for _, f := range []struct {
+		name string
+		neg  bool
+		v    any
+	}{
+		{"BatchSize", c.BatchSize < 0, c.BatchSize},
+		{"Workers", c.Workers < 0, c.Workers},
+		{"PollInterval", c.PollInterval < 0, c.PollInterval},
+		{"MaxAttempts", c.MaxAttempts < 0, c.MaxAttempts},
+		{"Lease", c.Lease < 0, c.Lease},
+		{"HandlerTimeout", c.HandlerTimeout < 0, c.HandlerTimeout},
+		{"RetainSent", c.RetainSent < 0, c.RetainSent},
+	} {
+		if f.neg {
+			bad = append(bad, fmt.Sprintf("%s %v", f.name, f.v))
+		}
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("%w: negative RelayConfig values (%s); use 0 for the defaults", ErrInvalidConfig, strings.Join(bad, ", "))
@@ -128,8 +203,11 @@ func (r *Relay) check() error {
 }
 
 // Run delivers events until ctx is cancelled. It claims a batch whenever one
-// is due, waits PollInterval when there is none, and backs off while the
-// database is unreachable, logging once per outage rather than per attempt.
+// is due and waits when there is none, until PollInterval passes or a
+// committed event wakes it: from a writer in the same process, or on
+// PostgreSQL through LISTEN/NOTIFY. While the database is unreachable it
+// backs off, logging once per outage rather than per attempt. It also
+// deletes sent rows older than RetainSent.
 //
 // When ctx is cancelled, Run stops claiming, lets deliveries in progress
 // finish (they are bounded by their lease deadline), hands the batch's
@@ -139,11 +217,30 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.err != nil {
 		return r.err
 	}
+	w := r.o.wakers.add()
+	defer r.o.wakers.remove(w)
+
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	bgCtx, stopBG := context.WithCancel(ctx)
+	defer stopBG()
+	if r.o.dialect == "postgres" && !r.cfg.DisableListen {
+		bg.Add(1)
+		go func() { defer bg.Done(); r.listen(bgCtx, w) }()
+	}
+	if !r.cfg.KeepSent {
+		bg.Add(1)
+		go func() { defer bg.Done(); r.retain(bgCtx) }()
+	}
+
 	var (
 		failing  bool
 		retryIn  = r.cfg.PollInterval
 		maxRetry = max(30*time.Second, r.cfg.PollInterval)
+		timer    = time.NewTimer(0)
 	)
+	defer timer.Stop()
+	<-timer.C
 	for ctx.Err() == nil {
 		n, err := r.ProcessOnce(ctx)
 		if ctx.Err() != nil {
@@ -154,27 +251,50 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.o.logger.ErrorContext(ctx, "outbox: relay cannot reach the outbox table; retrying with backoff", slog.Any("error", err))
 				failing = true
 			}
-			r.wait(ctx, retryIn)
+			timer.Reset(retryIn)
 			retryIn = min(retryIn*2, maxRetry)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
 			continue
 		}
 		if failing {
 			r.o.logger.InfoContext(ctx, "outbox: relay recovered")
 			failing, retryIn = false, r.cfg.PollInterval
 		}
-		if n < r.cfg.BatchSize {
-			r.wait(ctx, r.cfg.PollInterval)
+		if n >= r.cfg.BatchSize {
+			continue // more may be due right away
+		}
+		timer.Reset(r.cfg.PollInterval)
+		select {
+		case <-ctx.Done():
+		case <-timer.C:
+		case <-w.wake:
+		case ids := <-r.o.fresh:
+			r.deliverFresh(ctx, ids)
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
 		}
 	}
 	return nil
 }
 
-func (r *Relay) wait(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
+// deliverFresh claims and delivers events this process just committed
+// (Config.DeliverAfterCommit), through the same claim as any batch.
+func (r *Relay) deliverFresh(ctx context.Context, ids []string) {
+	for len(ids) > 0 {
+		n := min(len(ids), r.cfg.BatchSize)
+		if _, err := r.process(ctx, ids[:n]); err != nil && ctx.Err() == nil {
+			// The regular claim picks these events up; nothing is lost.
+			r.o.logger.WarnContext(ctx, "outbox: delivering right after commit failed; the relay will retry", slog.Any("error", err))
+			return
+		}
+		ids = ids[n:]
 	}
 }
 
@@ -197,19 +317,28 @@ type outcome struct {
 // outcomes. It returns how many events it claimed; fewer than BatchSize means
 // there were no more due. ctx governs the claim; once events are claimed,
 // cancelling ctx stops further deliveries (the rest are handed back) but lets
-// the one in progress finish within its lease.
+// those in progress finish within their lease.
 func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 	if r.err != nil {
 		return 0, r.err
 	}
+	return r.process(ctx, nil)
+}
+
+// process claims due events (only those in ids, when given) and delivers
+// them.
+func (r *Relay) process(ctx context.Context, ids []string) (int, error) {
 	sqlDB, err := r.db.DB()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: relay: %w", err)
 	}
+	if err := r.ensureOrdering(ctx); err != nil {
+		return 0, err
+	}
 	start := time.Now()
 	now := r.o.now()
 	lease := now.Add(r.cfg.Lease)
-	batch, err := r.claim(ctx, sqlDB, now, lease)
+	batch, err := r.claim(ctx, sqlDB, now, lease, ids)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claim events: %w", err)
 	}
@@ -220,59 +349,116 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 	// Deliveries must end before the lease does, with room left to record
 	// the outcome; past that point another relay may hold the rows.
 	budget := r.cfg.Lease - min(r.cfg.Lease/5, 5*time.Second)
-	hctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(budget))
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(budget))
 	defer cancel()
 
-	var (
-		sent    []string
-		failed  []outcome
-		release []string
-	)
-	for i := range batch {
-		c := &batch[i]
-		if ctx.Err() != nil || hctx.Err() != nil {
-			for _, rest := range batch[i:] {
-				release = append(release, rest.ev.ID)
-			}
-			break
-		}
-		switch {
-		case c.bad != nil:
-			failed = append(failed, r.failure(c, Permanent(c.bad)))
-		case c.attempts > r.cfg.MaxAttempts:
-			// Claimed more often than allowed without an outcome ever being
-			// recorded: its relays keep dying while delivering it.
-			failed = append(failed, r.failure(c, Permanent(fmt.Errorf("outbox: abandoned after %d claims without an outcome (the relay holding it stopped or lost its lease each time)", c.attempts))))
-		default:
-			if err := r.o.deliver(hctx, c.ev); err != nil {
-				failed = append(failed, r.failure(c, err))
-			} else {
-				sent = append(sent, c.ev.ID)
-			}
-		}
-	}
+	res := r.deliverBatch(ctx, bctx, batch)
 
 	// Outcomes are recorded even when ctx is cancelled: a delivered event
 	// left unmarked would be delivered again.
 	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer mcancel()
 	var errs []error
-	if len(sent) > 0 {
-		if err := r.markSent(mctx, sqlDB, sent, lease); err != nil {
-			errs = append(errs, fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err))
+	if len(res.sent) > 0 {
+		if err := r.markSent(mctx, sqlDB, res.sent, lease); err != nil {
+			errs = append(errs, fmt.Errorf("outbox: mark %d events sent: %w", len(res.sent), err))
 		}
 	}
-	if len(failed) > 0 {
-		if err := r.markFailed(mctx, sqlDB, failed, lease); err != nil {
-			errs = append(errs, fmt.Errorf("outbox: record %d failed deliveries: %w", len(failed), err))
+	if len(res.failed) > 0 {
+		if err := r.markFailed(mctx, sqlDB, res.failed, lease); err != nil {
+			errs = append(errs, fmt.Errorf("outbox: record %d failed deliveries: %w", len(res.failed), err))
 		}
 	}
-	if len(release) > 0 {
-		if err := r.release(mctx, sqlDB, release, lease); err != nil {
-			errs = append(errs, fmt.Errorf("outbox: release %d undelivered events: %w", len(release), err))
+	if len(res.release) > 0 {
+		if err := r.release(mctx, sqlDB, res.release, lease); err != nil {
+			errs = append(errs, fmt.Errorf("outbox: release %d undelivered events: %w", len(res.release), err))
 		}
 	}
 	return len(batch), errors.Join(errs...)
+}
+
+type batchResult struct {
+	mu      sync.Mutex
+	sent    []string
+	failed  []outcome
+	release []string
+}
+
+// deliverBatch hands the batch to Workers goroutines. A worker takes the
+// next row only while ctx is live and the lease budget (bctx) is not spent;
+// rows never started are handed back.
+func (r *Relay) deliverBatch(ctx, bctx context.Context, batch []claimed) *batchResult {
+	res := &batchResult{}
+	var next atomic.Int64
+	work := func() {
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= len(batch) {
+				return
+			}
+			c := &batch[i]
+			if ctx.Err() != nil || bctx.Err() != nil {
+				res.mu.Lock()
+				res.release = append(res.release, c.ev.ID)
+				res.mu.Unlock()
+				continue
+			}
+			r.deliverOne(bctx, c, res)
+		}
+	}
+	workers := min(r.cfg.Workers, len(batch))
+	if workers <= 1 {
+		work()
+		return res
+	}
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() { defer wg.Done(); work() }()
+	}
+	wg.Wait()
+	return res
+}
+
+func (r *Relay) deliverOne(bctx context.Context, c *claimed, res *batchResult) {
+	var (
+		err   error
+		began = time.Now()
+	)
+	switch {
+	case c.bad != nil:
+		err = Permanent(c.bad)
+	case c.attempts > r.cfg.MaxAttempts:
+		// Claimed more often than allowed without an outcome ever being
+		// recorded: its relays keep dying or losing the lease while
+		// delivering it.
+		err = Permanent(fmt.Errorf("outbox: abandoned after %d claims without an outcome (the relay holding it stopped or lost its lease each time)", c.attempts))
+	default:
+		hctx := bctx
+		if r.cfg.HandlerTimeout > 0 {
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
+			defer cancel()
+		}
+		err = r.o.deliver(hctx, c.ev)
+	}
+	took := time.Since(began)
+	status := StatusSent
+	res.mu.Lock()
+	if err == nil {
+		res.sent = append(res.sent, c.ev.ID)
+	} else {
+		out := r.failure(c, err)
+		status = out.status
+		res.failed = append(res.failed, out)
+	}
+	res.mu.Unlock()
+	if r.cfg.OnDelivery != nil {
+		r.cfg.OnDelivery(Delivery{
+			Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
+			Duration: took, Latency: r.o.now().Sub(c.createdAt),
+		})
+	}
 }
 
 func (r *Relay) failure(c *claimed, err error) outcome {
@@ -290,8 +476,33 @@ func (r *Relay) failure(c *claimed, err error) outcome {
 	return out
 }
 
-func (r *Relay) claim(ctx context.Context, db *sql.DB, now, lease time.Time) ([]claimed, error) {
-	rows, err := db.QueryContext(ctx, r.o.sql.claim, lease, now, r.cfg.BatchSize)
+// ensureOrdering creates the index per-aggregate ordering needs, once per
+// relay, unless the team runs its own migrations.
+func (r *Relay) ensureOrdering(ctx context.Context) error {
+	if !r.cfg.OrderByAggregate || !r.o.migrate {
+		return nil
+	}
+	r.orderingOnce.Do(func() {
+		if err := r.db.WithContext(ctx).Exec(r.o.sql.orderingIndexSQL(r.o.table)).Error; err != nil {
+			r.orderingErr = fmt.Errorf("outbox: create the per-aggregate ordering index: %w", err)
+		}
+	})
+	return r.orderingErr
+}
+
+func (r *Relay) claim(ctx context.Context, db *sql.DB, now, lease time.Time, ids []string) ([]claimed, error) {
+	query := r.o.sql.claim
+	if r.cfg.OrderByAggregate {
+		query = r.o.sql.claimOrdered
+	}
+	args := []any{lease, now, r.cfg.BatchSize}
+	if len(ids) > 0 {
+		var arr bool
+		query = r.o.sql.claimSQL(r.cfg.OrderByAggregate, len(ids))
+		_, arr = r.o.sql.idList(4, len(ids))
+		args = idArgs(args, ids, arr)
+	}
+	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@ func testRelayDelivers(t *testing.T, b backend) {
 	e.ob.Handle("order.created", c.handle)
 	ids := publishN(t, e.db, "order.created", 5)
 
-	r := e.relay(RelayConfig{BatchSize: 3})
+	r := e.relay(RelayConfig{BatchSize: 3, Workers: 1})
 	n, err := r.ProcessOnce(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, 3, n)
@@ -218,7 +218,7 @@ func testRelayExpiredLease(t *testing.T, b backend) {
 	sqlDB, err := e.db.DB()
 	require.NoError(t, err)
 	now := e.ob.now()
-	batch, err := dead.claim(t.Context(), sqlDB, now, now.Add(time.Minute))
+	batch, err := dead.claim(t.Context(), sqlDB, now, now.Add(time.Minute), nil)
 	require.NoError(t, err)
 	require.Len(t, batch, 2)
 
@@ -243,7 +243,7 @@ func testRelayExpiredLease(t *testing.T, b backend) {
 	publishN(t, e.db, "y", 1)
 	for range 2 {
 		now := e.ob.now()
-		_, err := dead.claim(t.Context(), sqlDB, now, now.Add(time.Minute))
+		_, err := dead.claim(t.Context(), sqlDB, now, now.Add(time.Minute), nil)
 		require.NoError(t, err)
 		e.clock.Advance(time.Minute + time.Second)
 	}
@@ -271,7 +271,7 @@ func testRelayLeaseBudget(t *testing.T, b backend) {
 		return ctx.Err()
 	})
 	publishN(t, e.db, "x", 3)
-	r := e.relay(RelayConfig{Lease: 300 * time.Millisecond})
+	r := e.relay(RelayConfig{Lease: 300 * time.Millisecond, Workers: 1})
 	begin := time.Now()
 	n, err := r.ProcessOnce(t.Context())
 	require.NoError(t, err)

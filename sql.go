@@ -13,8 +13,9 @@ type statements struct {
 	dialect string
 	table   string // quoted
 
-	insertOne   string
-	claim       string
+	insertOne    string
+	claim        string // due rows, oldest first
+	claimOrdered string // the same, at most the oldest undelivered row per aggregate
 	markSent    string // PostgreSQL only; SQLite builds per batch size
 	release     string // PostgreSQL only
 	replay      string // PostgreSQL only
@@ -30,20 +31,8 @@ func buildStatements(dialect, table string) *statements {
 	s := &statements{dialect: dialect, table: `"` + table + `"`}
 	s.insertOne = s.insert(1)
 	s.claimFields = "id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, occurred_at, created_at"
-	lock := ""
-	if dialect == "postgres" {
-		// SKIP LOCKED lets concurrent relays claim disjoint batches instead of
-		// queueing on each other's row locks. SQLite has one writer at a time,
-		// so the UPDATE below is atomic there without it.
-		lock = " FOR UPDATE SKIP LOCKED"
-	}
-	// Claiming moves available_at to the lease's end: a claimed row is not due
-	// again until its lease expires, so one index range (status = pending,
-	// available_at <= now) finds both new rows and rows whose relay died.
-	s.claim = "UPDATE " + s.table + " SET available_at = " + s.p(1) + ", locked_until = " + s.p(1) +
-		", attempts = attempts + 1, updated_at = " + s.p(2) +
-		" WHERE id IN (SELECT id FROM " + s.table + " WHERE status = 'pending' AND available_at <= " + s.p(2) +
-		" ORDER BY available_at, id LIMIT " + s.p(3) + lock + ") RETURNING " + s.claimFields
+	s.claim = s.claimSQL(false, 0)
+	s.claimOrdered = s.claimSQL(true, 0)
 	if dialect == "postgres" {
 		s.markSent = "UPDATE " + s.table + " SET status = 'sent', sent_at = $1, updated_at = $1, locked_until = NULL, last_error = NULL" +
 			" WHERE id = ANY($3) AND locked_until = $2 AND status = 'pending'"
@@ -56,6 +45,62 @@ func buildStatements(dialect, table string) *statements {
 }
 
 // p returns placeholder number i.
+// claimSQL builds the claim: move available_at and locked_until to the
+// lease's end, count the attempt, return the rows. Claiming moves available_at
+// so that a claimed row is not due again until its lease expires, and one
+// index range (status = pending, available_at <= now) finds both new rows and
+// rows whose relay died. Arguments: lease end, now, limit, then the ids when
+// byIDs > 0 (one array argument on PostgreSQL).
+func (s *statements) claimSQL(ordered bool, byIDs int) string {
+	where := "c.status = 'pending' AND c.available_at <= " + s.p(2)
+	if byIDs > 0 {
+		ids, _ := s.idList(4, byIDs)
+		where += " AND c." + ids
+	}
+	if ordered {
+		// An event waits while an older event of its aggregate is not sent
+		// (pending, claimed, or failed). Events without an aggregate ID are
+		// not ordered.
+		where += " AND (c.aggregate_id = '' OR NOT EXISTS (SELECT 1 FROM " + s.table + " p" +
+			" WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id AND p.status <> 'sent'" +
+			" AND (p.created_at, p.id) < (c.created_at, c.id)))"
+	}
+	lock := ""
+	if s.dialect == "postgres" {
+		// SKIP LOCKED lets concurrent relays claim disjoint batches instead of
+		// queueing on each other's row locks. SQLite has one writer at a time,
+		// so the single UPDATE is atomic there without it.
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
+	return "UPDATE " + s.table + " SET available_at = " + s.p(1) + ", locked_until = " + s.p(1) +
+		", attempts = attempts + 1, updated_at = " + s.p(2) +
+		" WHERE id IN (SELECT c.id FROM " + s.table + " c WHERE " + where +
+		" ORDER BY c.available_at, c.id LIMIT " + s.p(3) + lock + ") RETURNING " + s.claimFields
+}
+
+// deleteSentSQL deletes up to $2 rows sent before $1: small batches, so
+// retention never holds locks on many rows at once.
+func (s *statements) deleteSentSQL() string {
+	lock := ""
+	if s.dialect == "postgres" {
+		lock = " FOR UPDATE SKIP LOCKED" // relays sharing the table do not queue on each other
+	}
+	return "DELETE FROM " + s.table + " WHERE id IN (SELECT id FROM " + s.table +
+		" WHERE status = 'sent' AND sent_at < " + s.p(1) + " LIMIT " + s.p(2) + lock + ")"
+}
+
+func (s *statements) statsSQL() string {
+	return "SELECT status, COUNT(*), MIN(created_at) FROM " + s.table + " GROUP BY status"
+}
+
+// orderingIndexSQL is the index per-aggregate ordering needs; only relays
+// with ordering on create it, so unordered users do not pay for it on every
+// insert.
+func (s *statements) orderingIndexSQL(table string) string {
+	return "CREATE INDEX IF NOT EXISTS " + `"` + table + `_aggregate_idx"` + " ON " + s.table +
+		" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent'"
+}
+
 func (s *statements) p(i int) string {
 	if s.dialect == "postgres" {
 		return "$" + strconv.Itoa(i)

@@ -165,7 +165,7 @@ func testPayloadRoundTrip(t *testing.T, b backend) {
 			raw := Event{ID: "e2", Type: "raw", Payload: json.RawMessage(`{"b":1,"a":[true,null]}`)}
 			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return Publish(tx, in, raw) }))
 			if mode == Persistent {
-				_, err := e.relay(RelayConfig{}).ProcessOnce(t.Context())
+				_, err := e.relay(RelayConfig{Workers: 1}).ProcessOnce(t.Context())
 				require.NoError(t, err)
 			}
 			require.Equal(t, []string{"e1", "e2"}, c.ids())
