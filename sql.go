@@ -16,10 +16,10 @@ type statements struct {
 	insertOne    string
 	claim        string // due rows, oldest first
 	claimOrdered string // the same, at most the oldest undelivered row per aggregate
-	markSent    string // PostgreSQL only; SQLite builds per batch size
-	release     string // PostgreSQL only
-	replay      string // PostgreSQL only
-	claimFields string
+	markSent     string // PostgreSQL only; SQLite builds per batch size
+	release      string // PostgreSQL only
+	replay       string // PostgreSQL only
+	claimFields  string
 }
 
 const insertColumns = "(id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, available_at, occurred_at, created_at, updated_at)"
