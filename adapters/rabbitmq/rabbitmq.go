@@ -1,0 +1,294 @@
+// Package rabbitmq publishes outbox events to RabbitMQ.
+//
+// Delivery is at least once: an event counts as delivered only after the
+// broker has confirmed it (publisher confirms), and the relay publishes it
+// again whenever that confirm is missing (a nack, a return, a lost
+// connection, a timeout), so consumers must deduplicate by the AMQP message
+// ID, which is the event ID.
+//
+// Plug a [Publisher] into an outbox with ob.Handle(eventType, p.Handler()).
+// Messages go to a topic exchange (by default "outbox.events", declared on
+// request) with the event type as routing key, so consumers bind queues with
+// patterns such as "order.*". Each message is persistent, typed
+// application/json, carries the event ID as MessageId and the event's fields
+// and headers (trace context included) as AMQP headers.
+//
+// The Publisher keeps one connection with one confirm-mode channel and
+// reopens both lazily, on the next publish, after the broker closed them (a
+// restart, a forced close, a channel error). It is safe for concurrent use.
+package rabbitmq
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Defaults of [Config].
+const (
+	DefaultURL            = "amqp://guest:guest@localhost:5672/"
+	DefaultExchange       = "outbox.events"
+	DefaultConnectionName = "gorm-outbox"
+)
+
+// Sentinel errors, wrapped by the errors [Publisher.Publish] returns. All of
+// them are retryable: the relay tries the event again later.
+var (
+	// ErrNacked means the broker refused the message (a negative publisher
+	// confirm), for example because a queue with x-overflow=reject-publish
+	// is full.
+	ErrNacked = errors.New("outbox/rabbitmq: broker nacked the message")
+
+	// ErrUnroutable means the message was mandatory and no queue was bound
+	// to receive it, so the broker returned it instead of storing it.
+	ErrUnroutable = errors.New("outbox/rabbitmq: message unroutable (returned by the broker)")
+
+	// ErrConnectionLost means the connection or channel closed before the
+	// broker confirmed the message. The broker may or may not have stored
+	// it; the relay's retry may therefore produce a duplicate.
+	ErrConnectionLost = errors.New("outbox/rabbitmq: connection lost before the broker confirmed the message")
+
+	// ErrBlocked means the broker has blocked the connection (a memory or
+	// disk alarm). Publishing then would hang, so it fails at once.
+	ErrBlocked = errors.New("outbox/rabbitmq: connection blocked by the broker")
+
+	// ErrClosed is returned after [Publisher.Close].
+	ErrClosed = errors.New("outbox/rabbitmq: publisher closed")
+)
+
+// Config configures a [Publisher]. Its zero value publishes to a local
+// broker, to the exchange "outbox.events", which must already exist.
+type Config struct {
+	// URL is the AMQP URI of the broker, credentials and vhost included
+	// (percent-encode special characters). Defaults to
+	// "amqp://guest:guest@localhost:5672/".
+	URL string
+
+	// AMQP is passed to amqp.DialConfig for TLS, heartbeats, SASL or a
+	// custom Dial function. Its Recovery must be nil: the Publisher
+	// reconnects by itself. Defaults to the zero amqp.Config (10s
+	// heartbeat, 30s connection timeout).
+	AMQP amqp.Config
+
+	// ConnectionName is the connection's name in the management UI and in
+	// rabbitmqctl list_connections; AMQP.Properties["connection_name"], if
+	// set, takes precedence. Defaults to "gorm-outbox".
+	ConnectionName string
+
+	// Exchange receives every message. Defaults to "outbox.events".
+	Exchange string
+
+	// DeclareExchange declares Exchange as a durable topic exchange each
+	// time the Publisher connects, so the first publish works on an empty
+	// broker. Leave it false when the exchange is provisioned elsewhere (a
+	// declaration with different settings would fail). Defaults to false.
+	DeclareExchange bool
+
+	// RoutingKey returns the routing key of an event. Defaults to the
+	// event's Type, so topic bindings like "order.*" select by type.
+	RoutingKey func(outbox.Event) string
+
+	// AllowUnroutable publishes without the mandatory flag, so a message
+	// no queue is bound to receive is silently dropped by the broker and
+	// the event still counts as delivered. By default every message is
+	// mandatory and an unroutable one fails with [ErrUnroutable], leaving
+	// the event to be retried once a queue is bound. Defaults to false.
+	AllowUnroutable bool
+}
+
+// Publisher publishes events to RabbitMQ. Create it with [New]; it is safe
+// for concurrent use.
+type Publisher struct {
+	url        string
+	amqpCfg    amqp.Config
+	exchange   string
+	declare    bool
+	routingKey func(outbox.Event) string
+	mandatory  bool
+
+	mu      sync.Mutex
+	sess    *session      // the current session; may have died since
+	dialing chan struct{} // non-nil while a connect is in progress; closed when it ends
+	dialErr error         // result of the last connect
+	closed  bool
+}
+
+// New returns a Publisher configured by cfg. It checks cfg but does not
+// connect: the first publish (or [Publisher.Connect]) does, so an
+// application can start while the broker is down.
+func New(cfg Config) (*Publisher, error) {
+	p := &Publisher{
+		url:        cmp.Or(cfg.URL, DefaultURL),
+		amqpCfg:    cfg.AMQP,
+		exchange:   cmp.Or(cfg.Exchange, DefaultExchange),
+		declare:    cfg.DeclareExchange,
+		routingKey: cfg.RoutingKey,
+		mandatory:  !cfg.AllowUnroutable,
+	}
+	if p.routingKey == nil {
+		p.routingKey = func(e outbox.Event) string { return e.Type }
+	}
+	if _, err := amqp.ParseURI(p.url); err != nil {
+		// The URI may hold a password; ParseURI's error does not echo it.
+		return nil, fmt.Errorf("outbox/rabbitmq: invalid URL: %w", err)
+	}
+	if cfg.AMQP.Recovery != nil {
+		return nil, errors.New("outbox/rabbitmq: AMQP.Recovery must be nil (the Publisher reconnects on its own; the library's recovery would race with it)")
+	}
+	// Copy the properties so that the caller's map is never written to.
+	props := amqp.Table{}
+	for k, v := range cfg.AMQP.Properties {
+		props[k] = v
+	}
+	if _, ok := props["connection_name"]; !ok {
+		props["connection_name"] = cmp.Or(cfg.ConnectionName, DefaultConnectionName)
+	}
+	p.amqpCfg.Properties = props
+	return p, nil
+}
+
+// Handler returns the outbox handler that publishes each event it receives;
+// register it with ob.Handle.
+func (p *Publisher) Handler() outbox.Handler { return p.Publish }
+
+// Publish publishes e and waits, at most until ctx ends, for the broker to
+// confirm it. A nil error means the broker has taken responsibility for the
+// message (routed it to at least one queue, unless AllowUnroutable is set).
+// Any error leaves the outcome to a retry: the message may or may not have
+// been stored.
+func (p *Publisher) Publish(ctx context.Context, e outbox.Event) error {
+	body, err := payloadBytes(e)
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/rabbitmq: publish event %s: %w", e.ID, err))
+	}
+	msg := amqp.Publishing{
+		Headers:      headers(e),
+		ContentType:  "application/json",
+		DeliveryMode: amqp.Persistent,
+		MessageId:    e.ID,
+		Timestamp:    e.OccurredAt,
+		Type:         e.Type,
+		Body:         body,
+	}
+	key := p.routingKey(e)
+
+	// A publish that fails with amqp.ErrClosed was never written to the
+	// socket: the session died between two publishes (typically a broker
+	// restart while the relay was idle). Retrying once on a fresh session is
+	// therefore safe and saves the event a whole backoff period.
+	for attempt := 0; ; attempt++ {
+		s, err := p.session(ctx)
+		if err != nil {
+			return fmt.Errorf("outbox/rabbitmq: publish event %s: %w", e.ID, err)
+		}
+		f, err := s.publish(ctx, p.exchange, key, p.mandatory, msg)
+		if errors.Is(err, amqp.ErrClosed) && attempt == 0 {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("outbox/rabbitmq: publish event %s to exchange %q: %w", e.ID, p.exchange, err)
+		}
+		select {
+		case err := <-f.result:
+			if err != nil {
+				return fmt.Errorf("outbox/rabbitmq: publish event %s to exchange %q with routing key %q: %w", e.ID, p.exchange, key, err)
+			}
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("outbox/rabbitmq: publish event %s: waiting for the broker's confirm: %w", e.ID, ctx.Err())
+		}
+	}
+}
+
+// Connect opens the connection now, if it is not open, and waits for it at
+// most until ctx ends. Publishing connects by itself; Connect serves
+// readiness checks and surfaces configuration errors early.
+func (p *Publisher) Connect(ctx context.Context) error {
+	if _, err := p.session(ctx); err != nil {
+		return fmt.Errorf("outbox/rabbitmq: %w", err)
+	}
+	return nil
+}
+
+// Close closes the connection. Publishes waiting for a confirm fail with
+// [ErrConnectionLost] and later ones with [ErrClosed], so the relay keeps
+// their events for a retry.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	s := p.sess
+	p.sess = nil
+	p.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	if err := s.conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
+		return fmt.Errorf("outbox/rabbitmq: close: %w", err)
+	}
+	return nil
+}
+
+// session returns a live session, connecting if there is none. Connecting
+// runs in its own goroutine so that every caller can give up when its ctx
+// ends, while the connection still comes up for the next caller.
+func (p *Publisher) session(ctx context.Context) (*session, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if s := p.sess; s != nil && s.alive() {
+		p.mu.Unlock()
+		return s, nil
+	}
+	if p.dialing == nil {
+		p.dialing = make(chan struct{})
+		go p.connect(p.dialing)
+	}
+	wait := p.dialing
+	p.mu.Unlock()
+
+	select {
+	case <-wait:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("connect: %w", ctx.Err())
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.closed:
+		return nil, ErrClosed
+	case p.dialErr != nil:
+		return nil, fmt.Errorf("connect: %w", p.dialErr)
+	case p.sess == nil || !p.sess.alive():
+		return nil, fmt.Errorf("connect: %w", ErrConnectionLost)
+	}
+	return p.sess, nil
+}
+
+func (p *Publisher) connect(done chan struct{}) {
+	s, err := openSession(p.url, p.amqpCfg, p.exchange, p.declare)
+	p.mu.Lock()
+	old := p.sess
+	if p.closed && s != nil {
+		// Close ran while we were connecting; nobody will use s.
+		go s.conn.Close()
+		s = nil
+	}
+	if s != nil {
+		p.sess = s
+	}
+	p.dialErr = err
+	p.dialing = nil
+	close(done)
+	p.mu.Unlock()
+	if old != nil && old != s {
+		old.shutdown(ErrConnectionLost)
+	}
+}
