@@ -1,0 +1,12 @@
+// Package reliability holds the tests that back RELIABILITY.md: crash
+// recovery with a SIGKILLed relay, database faults (connection cuts through
+// a test-controlled TCP proxy, a test-owned PostgreSQL stopped and restarted
+// under a running relay), SQLite under concurrent writers, hostile handlers,
+// and the security basics (no payloads in logs or errors, user strings are
+// data, never SQL). It has no API; everything is in the _test.go files.
+//
+// PostgreSQL tests read OUTBOX_TEST_POSTGRES_DSN (for example
+// postgres://postgres@127.0.0.1:5432/test?sslmode=disable); they skip when it
+// is unset and fail when it is set but the server is unreachable. Each test
+// works in its own schema, dropped afterwards.
+package reliability
