@@ -1,0 +1,193 @@
+// Package redis appends outbox events to Redis streams with XADD.
+//
+// Delivery guarantee: at least once; a retried XADD (after a lost reply, a
+// relay crash before "mark sent", or the client's own retry) appends a second
+// entry, so consumers deduplicate by the entry's "id" field.
+//
+// Each event becomes one stream entry with the fields listed under
+// [Publisher.Handler]. By default every event goes to the one stream
+// "outbox:events": a single stream keeps the relay's delivery order across
+// event types (a consumer group reads one stream, filtering on "type"),
+// whereas a stream per type would split an aggregate's history over several
+// keys. Use [Config.Stream] for another name or [Config.StreamFor] for a
+// per-type or per-tenant layout.
+//
+// Ordering: the handler waits for each XADD, so a stream holds events in the
+// order one relay delivers them (oldest first). A retried event lands after
+// those delivered meanwhile, and several relays interleave.
+//
+// The package shares its name with go-redis; import it under another name,
+// for example outboxredis.
+package redis
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Field names of a stream entry.
+const (
+	FieldID             = "id"
+	FieldType           = "type"
+	FieldAggregateType  = "aggregate_type"
+	FieldAggregateID    = "aggregate_id"
+	FieldIdempotencyKey = "idempotency_key"
+	FieldOccurredAt     = "occurred_at" // RFC 3339, UTC, microseconds
+	FieldHeaders        = "headers"     // JSON object of the event's headers, "{}" when none
+	FieldPayload        = "payload"     // the event's JSON payload
+)
+
+// Defaults of [Config].
+const (
+	DefaultStream  = "outbox:events"
+	DefaultTimeout = 5 * time.Second
+)
+
+// Client is the part of a go-redis client the adapter uses. *redis.Client,
+// *redis.ClusterClient, *redis.Ring and redis.UniversalClient satisfy it.
+type Client interface {
+	XAdd(ctx context.Context, a *goredis.XAddArgs) *goredis.StringCmd
+}
+
+// Config configures a [Publisher]. Its zero value is usable.
+type Config struct {
+	// Stream is the key of the stream every event is appended to when
+	// StreamFor is nil. Defaults to "outbox:events".
+	Stream string
+
+	// StreamFor maps an event to its stream key, overriding Stream; for
+	// example func(e outbox.Event) string { return "events:" + e.Type }.
+	// An empty result fails the event permanently. Defaults to nil (use
+	// Stream).
+	StreamFor func(e outbox.Event) string
+
+	// MaxLen caps each stream's length by trimming its oldest entries on
+	// every XADD. Trimming is approximate ("MAXLEN ~"): Redis removes only
+	// whole internal nodes, which is much cheaper, so the stream may hold
+	// somewhat more than MaxLen entries. Defaults to 0: no trimming.
+	MaxLen int64
+
+	// ExactTrim makes MaxLen exact ("MAXLEN ="), at a higher cost per XADD.
+	// Defaults to false (approximate).
+	ExactTrim bool
+
+	// Timeout bounds one XADD; the relay's deadline applies too. go-redis
+	// honours context deadlines only on clients created with
+	// Options.ContextTimeoutEnabled; otherwise its own ReadTimeout and
+	// WriteTimeout bound the call. Defaults to 5 seconds.
+	Timeout time.Duration
+}
+
+// Publisher appends outbox events to Redis streams. Create it with [New]; it
+// is safe for concurrent use.
+type Publisher struct {
+	rdb Client
+	cfg Config
+}
+
+// New returns a publisher that appends events through rdb.
+func New(rdb Client, cfg Config) (*Publisher, error) {
+	if rdb == nil {
+		return nil, errors.New("outbox/redis: New needs a client (redis.NewClient(...))")
+	}
+	if cfg.MaxLen < 0 {
+		return nil, fmt.Errorf("outbox/redis: negative MaxLen %d; use 0 for no trimming", cfg.MaxLen)
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("outbox/redis: negative Timeout %v; use 0 for the default", cfg.Timeout)
+	}
+	cfg.Stream = cmp.Or(cfg.Stream, DefaultStream)
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	return &Publisher{rdb: rdb, cfg: cfg}, nil
+}
+
+// Handler returns the outbox handler that appends each event it is given:
+// register it with ob.Handle(eventType, p.Handler()).
+//
+// The entry's fields, always all present and in this order, are id, type,
+// aggregate_type, aggregate_id, idempotency_key, occurred_at, headers and
+// payload (see the Field constants). Its entry ID is assigned by Redis.
+//
+// An event that cannot be encoded, or whose stream key is empty, fails
+// permanently ([outbox.Permanent]); every Redis or network error is left for
+// the relay to retry.
+func (p *Publisher) Handler() outbox.Handler {
+	return p.publish
+}
+
+func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
+	stream := p.cfg.Stream
+	if p.cfg.StreamFor != nil {
+		stream = p.cfg.StreamFor(e)
+	}
+	if stream == "" {
+		return outbox.Permanent(fmt.Errorf("outbox/redis: publish event %s: StreamFor returned an empty stream key", e.ID))
+	}
+	values, err := entry(e)
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/redis: publish event %s: %w", e.ID, err))
+	}
+	args := &goredis.XAddArgs{Stream: stream, ID: "*", Values: values}
+	if p.cfg.MaxLen > 0 {
+		args.MaxLen, args.Approx = p.cfg.MaxLen, !p.cfg.ExactTrim
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	if err := p.rdb.XAdd(ctx, args).Err(); err != nil {
+		return fmt.Errorf("outbox/redis: publish event %s to stream %s: %w", e.ID, stream, err)
+	}
+	return nil
+}
+
+func entry(e outbox.Event) ([]any, error) {
+	payload, err := payloadBytes(e.Payload)
+	if err != nil {
+		return nil, err
+	}
+	headers := []byte("{}")
+	if len(e.Headers) > 0 {
+		if headers, err = json.Marshal(e.Headers); err != nil {
+			return nil, fmt.Errorf("encode headers: %w", err)
+		}
+	}
+	var occurred string
+	if !e.OccurredAt.IsZero() {
+		occurred = e.OccurredAt.UTC().Format("2006-01-02T15:04:05.000000Z07:00")
+	}
+	// A slice, not a map, so that every entry lists its fields in the same
+	// order.
+	return []any{
+		FieldID, e.ID,
+		FieldType, e.Type,
+		FieldAggregateType, e.AggregateType,
+		FieldAggregateID, e.AggregateID,
+		FieldIdempotencyKey, e.IdempotencyKey,
+		FieldOccurredAt, occurred,
+		FieldHeaders, string(headers),
+		FieldPayload, string(payload),
+	}, nil
+}
+
+// payloadBytes returns the JSON payload. Handlers get json.RawMessage from
+// the outbox; other values come from direct calls and are encoded the same
+// way Publish would.
+func payloadBytes(p any) ([]byte, error) {
+	switch v := p.(type) {
+	case json.RawMessage:
+		return v, nil
+	case []byte:
+		return v, nil
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("encode payload: %w", err)
+	}
+	return b, nil
+}
