@@ -5,9 +5,13 @@ go 1.26.8
 require (
 	github.com/gorm-outbox/outbox v0.0.0
 	github.com/stretchr/testify v1.12.1
+	gorm.io/driver/sqlite v1.6.0
 )
 
-require go.yaml.in/yaml/v3 v3.0.5 // indirect
+require (
+	github.com/mattn/go-sqlite3 v1.14.22 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
+)
 
 require (
 	github.com/google/uuid v1.6.0 // indirect
@@ -20,7 +24,7 @@ require (
 	github.com/rabbitmq/amqp091-go v1.16.0
 	golang.org/x/sync v0.17.0 // indirect
 	golang.org/x/text v0.29.0 // indirect
-	gorm.io/gorm v1.31.2 // indirect
+	gorm.io/gorm v1.31.2
 )
 
 replace github.com/gorm-outbox/outbox => ../..

@@ -139,13 +139,22 @@ func receive(t *testing.T, d <-chan amqp.Delivery) amqp.Delivery {
 	}
 }
 
-// receiveIDs collects message IDs until want distinct ones have arrived,
-// returning how often each was seen (at least once delivery allows more).
-func receiveIDs(t *testing.T, d <-chan amqp.Delivery, want int) map[string]int {
+// receiveIDs collects messages until every one of ids has arrived and
+// returns how often each ID was seen: at least once delivery allows
+// repeats, and messages whose publish failed may arrive too.
+func receiveIDs(t *testing.T, d <-chan amqp.Delivery, ids ...string) map[string]int {
 	t.Helper()
 	seen := map[string]int{}
-	for len(seen) < want {
+	missing := len(ids)
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	for missing > 0 {
 		m := receive(t, d)
+		if want[m.MessageId] && seen[m.MessageId] == 0 {
+			missing--
+		}
 		seen[m.MessageId]++
 	}
 	return seen
@@ -171,4 +180,8 @@ func (o *outage) dial(network, addr string) (net.Conn, error) {
 		return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("connection refused (simulated outage)")}
 	}
 	return amqp.DefaultDial(3*time.Second)(network, addr)
+}
+
+func amqpConfigWithDial(dial func(network, addr string) (net.Conn, error)) amqp.Config {
+	return amqp.Config{Dial: dial}
 }

@@ -1,0 +1,123 @@
+package rabbitmq
+
+import (
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// openOutbox returns a SQLite database in a temporary file with the outbox
+// plugin installed in persistent mode.
+func openOutbox(t *testing.T) (*gorm.DB, *outbox.Outbox) {
+	t.Helper()
+	dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	// The relay logs every failed attempt; the outage test makes many.
+	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, db.Use(ob))
+	return db, ob
+}
+
+func record(t *testing.T, db *gorm.DB, id string) outbox.Record {
+	t.Helper()
+	var r outbox.Record
+	require.NoError(t, db.Table(outbox.DefaultTable).Where("id = ?", id).Take(&r).Error)
+	return r
+}
+
+func publishEvents(t *testing.T, db *gorm.DB, events ...outbox.Event) {
+	t.Helper()
+	require.NoError(t, db.WithContext(t.Context()).Transaction(func(tx *gorm.DB) error {
+		return outbox.Publish(tx, events...)
+	}))
+}
+
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.consume("order.*")
+	p := f.publisher(Config{})
+	db, ob := openOutbox(t)
+	ob.Handle("order.created", p.Handler())
+
+	publishEvents(t, db, outbox.Event{
+		ID: "e2e-1", Type: "order.created", AggregateType: "order", AggregateID: "7",
+		Payload: map[string]any{"total": 12}, Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+	})
+	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	m := receive(t, d)
+	assert.Equal(t, "e2e-1", m.MessageId)
+	assert.Equal(t, "order.created", m.RoutingKey)
+	assert.JSONEq(t, `{"total":12}`, string(m.Body))
+	assert.Equal(t, "7", m.Headers[HeaderAggregateID])
+	assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", m.Headers["traceparent"])
+	assert.Equal(t, outbox.StatusSent, record(t, db, "e2e-1").Status)
+}
+
+// TestOutageWithRelay takes the broker away under a running outbox: the
+// connection drops and reconnecting is refused. Events written meanwhile
+// fail their attempts and stay pending; once the broker is back the relay's
+// retry delivers them, at least once each.
+func TestOutageWithRelay(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	d := f.consume("#")
+	var o outage
+	p := f.publisher(Config{AMQP: amqpConfigWithDial(o.dial)})
+	db, ob := openOutbox(t)
+	ob.Handle(outbox.AnyEvent, p.Handler())
+	// Retries are due at once, so the test needs no waiting.
+	relay := ob.Relay(db, outbox.RelayConfig{Backoff: func(int) time.Duration { return 0 }})
+
+	publishEvents(t, db, outbox.Event{ID: "before", Type: "order.created"})
+	_, err := relay.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, outbox.StatusSent, record(t, db, "before").Status)
+
+	// The broker goes away.
+	o.down.Store(true)
+	require.NoError(t, p.conn().Close())
+
+	publishEvents(t, db,
+		outbox.Event{ID: "during-1", Type: "order.created"},
+		outbox.Event{ID: "during-2", Type: "order.paid"})
+	n, err := relay.ProcessOnce(t.Context())
+	require.NoError(t, err, "handler failures are recorded on the rows, not returned")
+	require.Equal(t, 2, n)
+	for _, id := range []string{"during-1", "during-2"} {
+		r := record(t, db, id)
+		assert.Equal(t, outbox.StatusPending, r.Status, "a failed publish is retried, not dropped")
+		assert.Equal(t, 1, r.Attempts)
+		require.NotNil(t, r.LastError)
+		assert.Contains(t, *r.LastError, "outbox/rabbitmq: publish event "+id)
+		assert.Contains(t, *r.LastError, "simulated outage")
+	}
+
+	// The broker is back: the next pass delivers what the outage held up.
+	o.down.Store(false)
+	require.Eventually(t, func() bool {
+		_, err := relay.ProcessOnce(t.Context())
+		require.NoError(t, err)
+		return record(t, db, "during-1").Status == outbox.StatusSent && record(t, db, "during-2").Status == outbox.StatusSent
+	}, 10*time.Second, 20*time.Millisecond)
+
+	receiveIDs(t, d, "before", "during-1", "during-2")
+}
