@@ -13,6 +13,10 @@
 // application/json, carries the event ID as MessageId and the event's fields
 // and headers (trace context included) as AMQP headers.
 //
+// Each publish waits for its confirm, and a queue keeps the order in which
+// a channel published, but the relay delivers with several workers: run it
+// with RelayConfig.OrderByAggregate for per-aggregate order.
+//
 // The Publisher keeps one connection with one confirm-mode channel and
 // reopens both lazily, on the next publish, after the broker closed them (a
 // restart, a forced close, a channel error). It is safe for concurrent use.
