@@ -36,6 +36,7 @@ var sqliteBackend = backend{
 		dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
 		db, err := gorm.Open(sqlite.Open(dsn), gcfg)
 		require.NoError(t, err)
+		dsns.Store(db, dsn)
 		t.Cleanup(func() {
 			if sqlDB, err := db.DB(); err == nil {
 				_ = sqlDB.Close()
@@ -73,6 +74,7 @@ func postgresBackend(t *testing.T) backend {
 			}
 			db, err := gorm.Open(postgres.Open(dsn+sep+"search_path="+schema), gcfg)
 			require.NoError(t, err)
+			dsns.Store(db, dsn+sep+"search_path="+schema)
 			t.Cleanup(func() {
 				if sqlDB, err := db.DB(); err == nil {
 					_ = sqlDB.Close()
@@ -81,6 +83,28 @@ func postgresBackend(t *testing.T) backend {
 			return db
 		},
 	}
+}
+
+// dsns maps each test database to its DSN, so a test can open a second
+// connection pool on it, as another process would.
+var dsns sync.Map
+
+// reopen opens a new connection pool on the test's database.
+func (e *testEnv) reopen(t *testing.T) *gorm.DB {
+	v, ok := dsns.Load(e.db)
+	require.True(t, ok)
+	var dial gorm.Dialector = sqlite.Open(v.(string))
+	if e.name == "postgres" {
+		dial = postgres.Open(v.(string))
+	}
+	db, err := gorm.Open(dial, &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	return db
 }
 
 func containsByte(s string, c byte) bool {

@@ -147,6 +147,7 @@ type Relay struct {
 
 	orderingOnce sync.Once
 	orderingErr  error
+	listening    atomic.Bool // a LISTEN connection is up
 }
 
 // Relay returns a relay that delivers the events in db's outbox table to the

@@ -42,6 +42,9 @@ func runSuite(t *testing.T, b backend) {
 		"RelayConfigValidation":                 testRelayConfig,
 		"DisableAutoMigrate":                    testDisableAutoMigrate,
 	}
+	for name, fn := range productionTests {
+		tests[name] = fn
+	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

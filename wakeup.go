@@ -212,6 +212,8 @@ func (r *Relay) listenOnce(ctx context.Context, w *waker, listening func()) erro
 			return err
 		}
 		listening()
+		r.listening.Store(true)
+		defer r.listening.Store(false)
 		w.poke() // events committed before LISTEN took effect
 		for {
 			if _, err := pc.WaitForNotification(ctx); err != nil {

@@ -1,0 +1,475 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// productionTests cover the relay features meant for running several
+// instances under load.
+var productionTests = map[string]func(*testing.T, backend){
+	"WorkersDeliverConcurrently":      testWorkers,
+	"WakeUpInProcess":                 testWakeInProcess,
+	"WakeUpAcrossProcesses":           testWakeAcrossProcesses,
+	"DeliverAfterCommit":              testDeliverAfterCommit,
+	"OrderByAggregate":                testOrderByAggregate,
+	"OrderByAggregateFailedHoldsBack": testOrderFailedHoldsBack,
+	"HandlerTimeout":                  testHandlerTimeout,
+	"Retention":                       testRetention,
+	"ClaimUsesPendingIndex":           testClaimPlan,
+	"ShutdownReleasesClaims":          testShutdownReleases,
+	"StatsAndOnDelivery":              testStatsAndOnDelivery,
+}
+
+func testWorkers(t *testing.T, b backend) {
+	e := b.setup(t)
+	const workers = 4
+	var inFlight, peak atomic.Int32
+	release := make(chan struct{})
+	e.ob.Handle("x", func(ctx context.Context, _ Event) error {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		if n == workers {
+			close(release) // every worker is in a handler at once
+		}
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	publishN(t, e.db, "x", workers)
+	n, err := e.relay(RelayConfig{Workers: workers}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, workers, n)
+	assert.EqualValues(t, workers, peak.Load())
+	assert.EqualValues(t, workers, e.count("status = ?", StatusSent))
+}
+
+// runRelay starts Run in the background and returns a stop function that
+// cancels it and waits for it to return.
+func runRelay(t *testing.T, r *Relay) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Error("Run did not return after cancel")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// receive waits for a delivery; the deadline is far above the expected
+// milliseconds so a slow CI machine does not flake, while the relay's poll
+// interval (an hour) is further still: only a wake-up can deliver in time.
+func receive(t *testing.T, ch <-chan string) string {
+	t.Helper()
+	select {
+	case id := <-ch:
+		return id
+	case <-time.After(10 * time.Second):
+		t.Fatal("event not delivered: no wake-up reached the relay")
+		return ""
+	}
+}
+
+func testWakeInProcess(t *testing.T, b backend) {
+	e := b.setup(t)
+	got := make(chan string, 10)
+	e.ob.Handle("x", func(_ context.Context, ev Event) error { got <- ev.ID; return nil })
+	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour, DisableListen: true}))
+	// Let the relay's first (empty) claim pass, so only a wake-up can find
+	// the event.
+	require.Eventually(t, func() bool { return len(e.ob.wakersSnapshot()) == 1 }, 5*time.Second, time.Millisecond)
+
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return Publish(tx, Event{ID: "in-tx", Type: "x"}) }))
+	assert.Equal(t, "in-tx", receive(t, got))
+	require.NoError(t, Publish(e.db, Event{ID: "no-tx", Type: "x"}))
+	assert.Equal(t, "no-tx", receive(t, got))
+}
+
+func (o *Outbox) wakersSnapshot() []*waker {
+	o.wakers.mu.Lock()
+	defer o.wakers.mu.Unlock()
+	var out []*waker
+	for w := range o.wakers.set {
+		out = append(out, w)
+	}
+	return out
+}
+
+func testWakeAcrossProcesses(t *testing.T, b backend) {
+	if b.name != "postgres" {
+		t.Skip("LISTEN/NOTIFY is PostgreSQL's; SQLite relays poll or are woken in-process")
+	}
+	e := b.setup(t)
+	got := make(chan string, 10)
+	e.ob.Handle("x", func(_ context.Context, ev Event) error { got <- ev.ID; return nil })
+	r := e.relay(RelayConfig{PollInterval: time.Hour})
+	runRelay(t, r)
+
+	// Another "process": its own connection pool and its own Outbox on the
+	// same schema, so no in-process wake-up can reach the relay.
+	writerDB := e.reopen(t)
+	writer := Plugin(Config{Logger: e.ob.logger})
+	writer.clock = e.clock.Now // one clock for both "processes"
+	require.NoError(t, writerDB.Use(writer))
+
+	// Once the relay listens, only a NOTIFY can wake it before its hour-long
+	// poll.
+	require.Eventually(t, r.listening.Load, 10*time.Second, time.Millisecond)
+	require.NoError(t, writerDB.Transaction(func(tx *gorm.DB) error { return Publish(tx, Event{ID: "remote", Type: "x"}) }))
+	assert.Equal(t, "remote", receive(t, got))
+}
+
+func testDeliverAfterCommit(t *testing.T, b backend) {
+	e := b.setup(t, withConfig(Config{DeliverAfterCommit: true}))
+	var mu sync.Mutex
+	seen := map[string]int{}
+	got := make(chan string, 1000)
+	e.ob.Handle("x", func(_ context.Context, ev Event) error {
+		mu.Lock()
+		seen[ev.ID]++
+		mu.Unlock()
+		got <- ev.ID
+		return nil
+	})
+	// Two relays in this process plus one polling: the fresh IDs go through
+	// the same claim, so nothing is delivered twice.
+	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour, DisableListen: true}))
+	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour, DisableListen: true}))
+	runRelay(t, e.relay(RelayConfig{PollInterval: 5 * time.Millisecond, DisableListen: true}))
+
+	const writers, each = 4, 25
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				err := e.db.Transaction(func(tx *gorm.DB) error {
+					return Publish(tx, Event{ID: fmt.Sprintf("w%d-%d", w, i), Type: "x"})
+				})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for range writers * each {
+		receive(t, got)
+	}
+	require.Eventually(t, func() bool { return e.count("status = ?", StatusSent) == writers*each }, 10*time.Second, 5*time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Len(t, seen, writers*each)
+	for id, n := range seen {
+		assert.Equal(t, 1, n, "event %s delivered %d times", id, n)
+	}
+}
+
+func testOrderByAggregate(t *testing.T, b backend) {
+	e := b.setup(t)
+	var mu sync.Mutex
+	var order []string
+	var failedOnce atomic.Bool
+	e.ob.Handle("x", func(_ context.Context, ev Event) error {
+		if ev.ID == "a1" && failedOnce.CompareAndSwap(false, true) {
+			return errors.New("transient")
+		}
+		mu.Lock()
+		order = append(order, ev.ID)
+		mu.Unlock()
+		return nil
+	})
+	var events []Event
+	for i := 1; i <= 3; i++ {
+		events = append(events,
+			Event{ID: fmt.Sprintf("a%d", i), Type: "x", AggregateType: "order", AggregateID: "A"},
+			Event{ID: fmt.Sprintf("b%d", i), Type: "x", AggregateType: "order", AggregateID: "B"},
+			Event{ID: fmt.Sprintf("n%d", i), Type: "x"}, // no aggregate: unordered
+		)
+	}
+	for _, ev := range events { // one transaction each: distinct commit order
+		require.NoError(t, Publish(e.db, ev))
+	}
+
+	cfg := RelayConfig{OrderByAggregate: true, Workers: 4, Backoff: func(int) time.Duration { return 0 }}
+	r1, r2 := e.relay(cfg), e.relay(cfg)
+	// The first claim takes the head of each aggregate and every unordered
+	// event; a1 fails, which holds back A but not B.
+	n, err := r1.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 5, n, "a1, b1, n1, n2, n3")
+	mu.Lock()
+	assert.NotContains(t, order, "a2")
+	assert.Contains(t, order, "b1")
+	mu.Unlock()
+
+	// Two relays drain the rest concurrently.
+	var wg sync.WaitGroup
+	for _, r := range []*Relay{r1, r2} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 20 {
+				if _, err := r.ProcessOnce(t.Context()); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	assert.EqualValues(t, 9, e.count("status = ?", StatusSent))
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"a1", "a2", "a3"}, filterPrefix(order, "a"))
+	assert.Equal(t, []string{"b1", "b2", "b3"}, filterPrefix(order, "b"))
+}
+
+func filterPrefix(ids []string, p string) []string {
+	var out []string
+	for _, id := range ids {
+		if strings.HasPrefix(id, p) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func testOrderFailedHoldsBack(t *testing.T, b backend) {
+	e := b.setup(t)
+	c := &collector{}
+	var fail atomic.Bool
+	fail.Store(true)
+	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
+		if ev.ID == "a1" && fail.Load() {
+			return Permanent(errors.New("rejected"))
+		}
+		return c.handle(ctx, ev)
+	})
+	for _, id := range []string{"a1", "a2", "b1"} {
+		require.NoError(t, Publish(e.db, Event{ID: id, Type: "x", AggregateType: "t", AggregateID: id[:1]}))
+	}
+	r := e.relay(RelayConfig{OrderByAggregate: true})
+	for range 3 {
+		_, err := r.ProcessOnce(t.Context())
+		require.NoError(t, err)
+	}
+	assert.Equal(t, StatusFailed, e.record("a1").Status)
+	assert.Equal(t, []string{"b1"}, c.ids(), "a failed event holds back the rest of its aggregate only")
+	assert.Equal(t, StatusPending, e.record("a2").Status)
+
+	fail.Store(false)
+	_, err := e.ob.Replay(t.Context(), e.db, "a1")
+	require.NoError(t, err)
+	for range 2 {
+		_, err := r.ProcessOnce(t.Context())
+		require.NoError(t, err)
+	}
+	assert.Equal(t, []string{"b1", "a1", "a2"}, c.ids())
+}
+
+func testHandlerTimeout(t *testing.T, b backend) {
+	e := b.setup(t)
+	e.ob.Handle("x", func(ctx context.Context, _ Event) error {
+		<-ctx.Done() // a handler that would block forever
+		return ctx.Err()
+	})
+	publishN(t, e.db, "x", 1)
+	begin := time.Now()
+	_, err := e.relay(RelayConfig{HandlerTimeout: 50 * time.Millisecond}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Less(t, time.Since(begin), 20*time.Second, "bounded by HandlerTimeout, not the minute-long lease")
+	rec := e.record("x-00000")
+	require.NotNil(t, rec.LastError)
+	assert.Contains(t, *rec.LastError, "deadline exceeded")
+}
+
+func testRetention(t *testing.T, b backend) {
+	e := b.setup(t)
+	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
+	e.ob.Handle("bad", func(context.Context, Event) error { return Permanent(errors.New("no")) })
+	publishN(t, e.db, "ok", 1200) // more than one delete batch
+	publishN(t, e.db, "bad", 3)
+	r := e.relay(RelayConfig{BatchSize: 1000, RetainSent: time.Hour})
+	for {
+		n, err := r.ProcessOnce(t.Context())
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+	}
+	e.clock.Advance(30 * time.Minute)
+	publishN(t, e.db, "young", 1)
+	e.ob.Handle("young", func(context.Context, Event) error { return nil })
+	_, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	publishN(t, e.db, "waiting", 2)
+
+	n, err := r.DeleteSent(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "nothing is old enough yet")
+
+	e.clock.Advance(31 * time.Minute)
+	n, err = r.DeleteSent(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 1200, n)
+	assert.EqualValues(t, 1, e.count("status = ?", StatusSent), "a younger sent row stays")
+	assert.EqualValues(t, 3, e.count("status = ?", StatusFailed), "failed rows are never deleted")
+	assert.EqualValues(t, 2, e.count("status = ?", StatusPending))
+}
+
+// testClaimPlan checks with EXPLAIN that the claim reads the partial pending
+// index, so its cost does not grow with the number of sent rows.
+func testClaimPlan(t *testing.T, b backend) {
+	e := b.setup(t)
+	now := e.ob.now()
+	// Many sent rows, a few pending.
+	if b.name == "postgres" {
+		require.NoError(t, e.db.Exec(`INSERT INTO outbox_events (id, event_type, idempotency_key, payload, status, attempts, available_at, occurred_at, created_at, updated_at, sent_at)
+			SELECT 's' || g, 'x', 's' || g, '{}', 'sent', 1, ?, ?, ?, ?, ? FROM generate_series(1, 50000) g`, now, now, now, now, now).Error)
+		require.NoError(t, e.db.Exec("ANALYZE outbox_events").Error)
+	} else {
+		require.NoError(t, e.db.Exec(`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n+1 FROM g WHERE n < 50000)
+			INSERT INTO outbox_events (id, event_type, idempotency_key, payload, status, attempts, available_at, occurred_at, created_at, updated_at, sent_at)
+			SELECT 's' || n, 'x', 's' || n, '{}', 'sent', 1, ?, ?, ?, ?, ? FROM g`, now, now, now, now, now).Error)
+		require.NoError(t, e.db.Exec("ANALYZE").Error)
+	}
+	publishN(t, e.db, "x", 5)
+
+	for _, ordered := range []bool{false, true} {
+		query := e.ob.sql.claimSQL(ordered, 0)
+		var plan []string
+		if b.name == "postgres" {
+			rows, err := e.db.Raw("EXPLAIN "+query, now.Add(time.Minute), now, 100).Rows()
+			require.NoError(t, err)
+			for rows.Next() {
+				var line string
+				require.NoError(t, rows.Scan(&line))
+				plan = append(plan, line)
+			}
+			require.NoError(t, rows.Close())
+		} else {
+			rows, err := e.db.Raw("EXPLAIN QUERY PLAN "+query, now.Add(time.Minute), now, 100).Rows()
+			require.NoError(t, err)
+			for rows.Next() {
+				var id, parent, notused int
+				var detail string
+				require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
+				plan = append(plan, detail)
+			}
+			require.NoError(t, rows.Close())
+		}
+		joined := strings.Join(plan, "\n")
+		assert.Contains(t, joined, "outbox_events_pending_idx", "claim (ordered=%v) must read the pending index:\n%s", ordered, joined)
+		assert.NotRegexp(t, `(?i)seq scan on outbox_events c\b|SCAN c\b`, joined, "claim (ordered=%v) must not scan the table:\n%s", ordered, joined)
+	}
+}
+
+func testShutdownReleases(t *testing.T, b backend) {
+	e := b.setup(t)
+	started := make(chan string, 10)
+	unblock := make(chan struct{})
+	e.ob.Handle("x", func(_ context.Context, ev Event) error {
+		started <- ev.ID
+		<-unblock
+		return nil
+	})
+	publishN(t, e.db, "x", 3)
+	stop := runRelay(t, e.relay(RelayConfig{Workers: 1}))
+	assert.Equal(t, "x-00000", receive(t, started))
+
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Run returned while a delivery was in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(unblock)
+	<-stopped
+
+	assert.Equal(t, StatusSent, e.record("x-00000").Status, "the in-flight delivery finished and was recorded")
+	for _, id := range []string{"x-00001", "x-00002"} {
+		rec := e.record(id)
+		assert.Equal(t, StatusPending, rec.Status)
+		assert.Nil(t, rec.LockedUntil, "no row is left claimed by a stopped relay")
+		assert.Equal(t, 0, rec.Attempts)
+	}
+	assert.Len(t, started, 0, "no new delivery started after cancel")
+}
+
+func testStatsAndOnDelivery(t *testing.T, b backend) {
+	e := b.setup(t)
+	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
+	e.ob.Handle("bad", func(context.Context, Event) error { return Permanent(errors.New("no")) })
+	publishN(t, e.db, "ok", 2)
+	publishN(t, e.db, "bad", 1)
+	e.clock.Advance(time.Minute)
+	publishN(t, e.db, "later", 1) // no handler: stays pending
+
+	var mu sync.Mutex
+	var ds []Delivery
+	r := e.relay(RelayConfig{OnDelivery: func(d Delivery) {
+		mu.Lock()
+		ds = append(ds, d)
+		mu.Unlock()
+	}, Backoff: func(int) time.Duration { return time.Hour }})
+	_, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+
+	st, err := e.ob.Stats(t.Context(), e.db)
+	require.NoError(t, err)
+	assert.Equal(t, Stats{Pending: 1, Sent: 2, Failed: 1, OldestPending: st.OldestPending}, st)
+	assert.Greater(t, st.OldestPending, time.Duration(0))
+	assert.Less(t, st.OldestPending, time.Minute)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, ds, 4)
+	byStatus := map[string]int{}
+	for _, d := range ds {
+		byStatus[d.Status]++
+		assert.Equal(t, 1, d.Attempt)
+		if d.Event.Type != "later" {
+			assert.GreaterOrEqual(t, d.Latency, time.Minute-time.Second, "latency runs from the INSERT (fake clock moved a minute)")
+		}
+		if d.Status == StatusSent {
+			assert.NoError(t, d.Err)
+		} else {
+			assert.Error(t, d.Err)
+		}
+	}
+	assert.Equal(t, map[string]int{StatusSent: 2, StatusFailed: 1, StatusPending: 1}, byStatus)
+}

@@ -1,0 +1,65 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Stats is a snapshot of the outbox table, for metrics and alerts.
+type Stats struct {
+	Pending int64 // waiting, scheduled for a retry, or claimed
+	Sent    int64 // delivered and not yet deleted by retention
+	Failed  int64 // gave up; waiting for a human (see [Outbox.Replay])
+	// OldestPending is the age of the oldest pending event, 0 when none is
+	// pending. A value that keeps growing means delivery is stuck.
+	OldestPending time.Duration
+}
+
+// Stats counts the outbox rows by status. It scans the table's rows (a
+// GROUP BY over status), so poll it every few seconds at most, not per
+// request.
+func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
+	var st Stats
+	if o.mode == Memory {
+		return st, ErrMemoryMode
+	}
+	if o.sql == nil {
+		return st, ErrNotInstalled
+	}
+	rows, err := db.Statement.ConnPool.QueryContext(ctx, o.sql.statsSQL())
+	if err != nil {
+		return st, fmt.Errorf("outbox: stats: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			status string
+			n      int64
+			oldest dbTime
+		)
+		if err := rows.Scan(&status, &n, &oldest); err != nil {
+			return st, fmt.Errorf("outbox: stats: %w", err)
+		}
+		switch status {
+		case StatusPending:
+			st.Pending = n
+			if !oldest.t.IsZero() {
+				st.OldestPending = max(o.now().Sub(oldest.t), 0)
+			}
+		case StatusSent:
+			st.Sent = n
+		case StatusFailed:
+			st.Failed = n
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return st, fmt.Errorf("outbox: stats: %w", err)
+	}
+	return st, nil
+}
+
+var _ sql.Scanner = (*dbTime)(nil)
