@@ -1,0 +1,393 @@
+// Package webhook delivers outbox events as signed HTTP POST requests. It
+// uses the standard library only.
+//
+// Delivery guarantee: at least once; a request whose response is lost (a
+// timeout after the receiver acted, a relay crash before "mark sent") is sent
+// again, so receivers deduplicate by the X-Outbox-Event-Id header (also the
+// envelope's "id").
+//
+// # Request
+//
+// The body is an [Envelope] by default: the event's ID, type, aggregate,
+// idempotency key, occurred_at, headers and JSON payload in one signed
+// document, so that a receiver gets the metadata under the signature. Set
+// [Config.PayloadOnly] to post the bare payload instead. The request carries:
+//
+//	Content-Type: application/json
+//	X-Outbox-Event-Id: <event ID>
+//	X-Outbox-Event-Type: <event type>
+//	X-Outbox-Timestamp: <Unix seconds when this attempt was sent>
+//	X-Outbox-Signature: sha256=<hex HMAC-SHA256 of timestamp + "." + body>
+//
+// plus the trace headers named in [Config.ForwardHeaders] (traceparent,
+// tracestate and baggage by default) and any static [Config.Header]. Every
+// attempt is signed afresh, so a retry is never stale; receivers check the
+// signature and the timestamp's age with [Verify], which defeats replays
+// older than its max age, and deduplicate by event ID within it.
+//
+// # Outcome
+//
+// A 2xx response is success. Any other 4xx than 408 and 429, and a 3xx
+// (redirects are not followed: a signed body is not re-posted to another
+// address), is a permanent failure ([outbox.Permanent]): the relay fails the
+// event at once. 5xx, 408, 429, timeouts and network errors are returned as
+// plain errors, which the relay retries with backoff. Errors name the event
+// ID, the host and the status, never the payload or the response body.
+//
+// Ordering: one relay sends events one at a time, oldest first, and waits for
+// each response; a retried event arrives after those sent meanwhile, and
+// several relays interleave, so receivers must not rely on arrival order.
+package webhook
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Request headers.
+const (
+	HeaderEventID   = "X-Outbox-Event-Id"
+	HeaderEventType = "X-Outbox-Event-Type"
+	HeaderTimestamp = "X-Outbox-Timestamp" // decimal Unix seconds
+	HeaderSignature = "X-Outbox-Signature" // "sha256=" + hex HMAC-SHA256
+)
+
+// signaturePrefix names the algorithm, leaving room for another one later.
+const signaturePrefix = "sha256="
+
+// Defaults.
+const (
+	DefaultTimeout = 10 * time.Second
+	// DefaultMaxAge is the largest difference between a request's timestamp
+	// and the receiver's clock that [Verify] accepts when given 0.
+	DefaultMaxAge = 5 * time.Minute
+)
+
+// maxDrain bounds how much of a response body is read so the connection can
+// be reused; a receiver streaming more does not hold the relay.
+const maxDrain = 64 << 10
+
+// Envelope is the request body unless [Config.PayloadOnly] is set.
+// Receivers can decode into it.
+type Envelope struct {
+	ID             string            `json:"id"`
+	Type           string            `json:"type"`
+	AggregateType  string            `json:"aggregate_type,omitempty"`
+	AggregateID    string            `json:"aggregate_id,omitempty"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty"`
+	OccurredAt     time.Time         `json:"occurred_at"`
+	Headers        map[string]string `json:"headers,omitempty"`
+	Payload        json.RawMessage   `json:"payload"`
+}
+
+// Config configures a [Sender]. Its zero value is usable.
+type Config struct {
+	// Client sends the requests. The sender uses a copy that never follows
+	// redirects. Defaults to a client on http.DefaultTransport.
+	Client *http.Client
+
+	// Timeout bounds one request, response headers and body drain included;
+	// the relay's deadline applies too. Defaults to 10 seconds.
+	Timeout time.Duration
+
+	// PayloadOnly posts the event's JSON payload as the body instead of an
+	// [Envelope]; the metadata is then only in the X-Outbox-* headers.
+	// Defaults to false (the envelope).
+	PayloadOnly bool
+
+	// Header is added to every request, for example an Authorization
+	// header the receiver requires. It cannot override the X-Outbox-*
+	// headers or Content-Type. Defaults to none.
+	Header http.Header
+
+	// ForwardHeaders names the event headers that are also sent as HTTP
+	// headers, so the receiver's tracing middleware picks them up. Names
+	// are matched case-insensitively; a value that is not a valid HTTP
+	// header value is not forwarded (it stays in the envelope). All event
+	// headers are in the envelope regardless. Defaults to traceparent,
+	// tracestate and baggage.
+	ForwardHeaders []string
+}
+
+// Sender posts outbox events to one URL. Create it with [New]; it is safe for
+// concurrent use.
+type Sender struct {
+	url     string
+	host    string
+	secret  []byte
+	client  *http.Client
+	cfg     Config
+	forward []string
+}
+
+// New returns a sender that posts events to endpoint (an http or https URL),
+// signed with secret. Share the secret with the receiver, which checks
+// requests with [Verify].
+func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		// url.Parse's error quotes the URL, which may hold a token.
+		return nil, errors.New("outbox/webhook: endpoint is not a valid URL")
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("outbox/webhook: endpoint %s must be an absolute http or https URL", u.Redacted())
+	}
+	if len(secret) == 0 {
+		return nil, errors.New("outbox/webhook: New needs a non-empty secret to sign requests")
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("outbox/webhook: negative Timeout %v; use 0 for the default", cfg.Timeout)
+	}
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.Header = cfg.Header.Clone()
+
+	client := &http.Client{}
+	if cfg.Client != nil {
+		c := *cfg.Client
+		client = &c
+	}
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+	forward := cfg.ForwardHeaders
+	if forward == nil {
+		forward = []string{"traceparent", "tracestate", "baggage"}
+	}
+	return &Sender{
+		url:     endpoint,
+		host:    u.Host,
+		secret:  bytes.Clone(secret),
+		client:  client,
+		cfg:     cfg,
+		forward: forward,
+	}, nil
+}
+
+// StatusError is the error for a response outside 2xx. It is wrapped with
+// [outbox.Permanent] when retrying cannot help (see the package doc).
+type StatusError struct {
+	StatusCode int
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("status %d %s", e.StatusCode, http.StatusText(e.StatusCode))
+}
+
+// Handler returns the outbox handler that posts each event it is given:
+// register it with ob.Handle(eventType, s.Handler()).
+func (s *Sender) Handler() outbox.Handler {
+	return s.send
+}
+
+func (s *Sender) send(ctx context.Context, e outbox.Event) error {
+	body, err := s.body(e)
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: %w", e.ID, err))
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: build request for %s", e.ID, s.host))
+	}
+	for k, vs := range s.cfg.Header {
+		req.Header[k] = append([]string(nil), vs...)
+	}
+	if req.Header.Get("User-Agent") == "" {
+		req.Header.Set("User-Agent", "gorm-outbox-webhook/1")
+	}
+	for _, name := range s.forward {
+		if v, ok := lookupFold(e.Headers, name); ok && validHeaderValue(v) {
+			req.Header.Set(name, v)
+		}
+	}
+	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(HeaderEventID, e.ID)
+	req.Header.Set(HeaderEventType, e.Type)
+	req.Header.Set(HeaderTimestamp, ts)
+	req.Header.Set(HeaderSignature, sign(s.secret, ts, body))
+
+	resp, err := s.client.Do(req)
+	if err != nil {
+		// *url.Error quotes the whole URL, which may carry a token; name
+		// the host only.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, err)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+	_ = resp.Body.Close()
+
+	code := resp.StatusCode
+	if code >= 200 && code < 300 {
+		return nil
+	}
+	err = fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, &StatusError{StatusCode: code})
+	if (code >= 300 && code < 500) && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
+		return outbox.Permanent(err)
+	}
+	return err
+}
+
+func (s *Sender) body(e outbox.Event) ([]byte, error) {
+	payload, err := payloadBytes(e.Payload)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.PayloadOnly {
+		return payload, nil
+	}
+	b, err := json.Marshal(Envelope{
+		ID:             e.ID,
+		Type:           e.Type,
+		AggregateType:  e.AggregateType,
+		AggregateID:    e.AggregateID,
+		IdempotencyKey: e.IdempotencyKey,
+		OccurredAt:     e.OccurredAt.UTC(),
+		Headers:        e.Headers,
+		Payload:        payload,
+	})
+	if err != nil {
+		// The payload may be the culprit; its error text could quote it.
+		return nil, errors.New("encode envelope: invalid JSON payload or headers")
+	}
+	return b, nil
+}
+
+// payloadBytes returns the JSON payload. Handlers get json.RawMessage from
+// the outbox; other values come from direct calls and are encoded the same
+// way Publish would.
+func payloadBytes(p any) ([]byte, error) {
+	switch v := p.(type) {
+	case json.RawMessage:
+		if v == nil {
+			return []byte("null"), nil
+		}
+		return v, nil
+	case []byte:
+		if v == nil {
+			return []byte("null"), nil
+		}
+		return v, nil
+	}
+	b, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("encode payload: %w", err)
+	}
+	return b, nil
+}
+
+func lookupFold(m map[string]string, name string) (string, bool) {
+	if v, ok := m[name]; ok {
+		return v, true
+	}
+	for k, v := range m {
+		if strings.EqualFold(k, name) {
+			return v, true
+		}
+	}
+	return "", false
+}
+
+// validHeaderValue accepts what net/http sends without error: no control
+// characters other than tab.
+func validHeaderValue(v string) bool {
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; (c < ' ' && c != '\t') || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// Sign returns the X-Outbox-Signature value for body sent with the
+// X-Outbox-Timestamp value timestamp (decimal Unix seconds): "sha256=" and
+// the hex HMAC-SHA256 of timestamp + "." + body under secret. Receivers in
+// other languages compute the same to check a request.
+func Sign(secret []byte, timestamp string, body []byte) string {
+	return sign(secret, timestamp, body)
+}
+
+func sign(secret []byte, ts string, body []byte) string {
+	return signaturePrefix + hex.EncodeToString(mac(secret, ts, body))
+}
+
+func mac(secret []byte, ts string, body []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte(ts))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return m.Sum(nil)
+}
+
+// Errors of [Verify].
+var (
+	// ErrInvalidSignature: the signature is missing, malformed, or does not
+	// match the body and timestamp under the secret.
+	ErrInvalidSignature = errors.New("outbox/webhook: invalid signature")
+	// ErrStaleTimestamp: the timestamp is missing, malformed, or further
+	// from the receiver's clock than the max age (a replay, or clocks that
+	// disagree).
+	ErrStaleTimestamp = errors.New("outbox/webhook: timestamp missing or outside the allowed age")
+)
+
+// Verify checks a request a [Sender] made: header is the request's header and
+// body its raw body, read in full before decoding. It returns nil when the
+// X-Outbox-Signature header matches the body and the X-Outbox-Timestamp
+// header under secret and that timestamp is within maxAge of the receiver's
+// clock (either way, to allow for skew); otherwise an error wrapping
+// [ErrInvalidSignature] or [ErrStaleTimestamp]. maxAge 0 means
+// [DefaultMaxAge].
+//
+// Verify does not remember requests: to reject a replay inside maxAge,
+// deduplicate by the X-Outbox-Event-Id header, which receivers need for
+// at-least-once delivery anyway.
+func Verify(secret []byte, header http.Header, body []byte, maxAge time.Duration) error {
+	return verify(secret, header, body, maxAge, time.Now())
+}
+
+func verify(secret []byte, header http.Header, body []byte, maxAge time.Duration, now time.Time) error {
+	if len(secret) == 0 {
+		return fmt.Errorf("%w: empty secret", ErrInvalidSignature)
+	}
+	if maxAge <= 0 {
+		maxAge = DefaultMaxAge
+	}
+	ts := header.Get(HeaderTimestamp)
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return fmt.Errorf("%w: %s is missing or not Unix seconds", ErrStaleTimestamp, HeaderTimestamp)
+	}
+	// Check the signature first: an attacker cannot learn anything from
+	// which check failed, and a forged request is reported as forged.
+	sig, ok := strings.CutPrefix(header.Get(HeaderSignature), signaturePrefix)
+	if !ok {
+		return fmt.Errorf("%w: %s is missing or not %q followed by hex", ErrInvalidSignature, HeaderSignature, signaturePrefix)
+	}
+	got, err := hex.DecodeString(sig)
+	if err != nil || !hmac.Equal(got, mac(secret, ts, body)) {
+		return ErrInvalidSignature
+	}
+	age := now.Sub(time.Unix(sec, 0))
+	if age > maxAge || age < -maxAge {
+		return fmt.Errorf("%w: timestamp is %v from now, over %v", ErrStaleTimestamp, age.Round(time.Second), maxAge)
+	}
+	return nil
+}

@@ -1,0 +1,365 @@
+package webhook_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/adapters/webhook"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+var secret = []byte("test-secret")
+
+// received is one request a test server got.
+type received struct {
+	header http.Header
+	body   []byte
+}
+
+// receiver is an httptest server that records requests and answers with
+// the status its respond function picks.
+type receiver struct {
+	*httptest.Server
+	mu   sync.Mutex
+	reqs []received
+}
+
+func newReceiver(t *testing.T, respond func(w http.ResponseWriter, r *http.Request)) *receiver {
+	t.Helper()
+	rc := &receiver{}
+	rc.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rc.mu.Lock()
+		rc.reqs = append(rc.reqs, received{header: r.Header.Clone(), body: body})
+		rc.mu.Unlock()
+		respond(w, r)
+	}))
+	t.Cleanup(rc.Close)
+	return rc
+}
+
+func (rc *receiver) requests() []received {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]received(nil), rc.reqs...)
+}
+
+func status(code int) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) }
+}
+
+func newHandler(t *testing.T, url string, cfg webhook.Config) outbox.Handler {
+	t.Helper()
+	s, err := webhook.New(url, secret, cfg)
+	require.NoError(t, err)
+	return s.Handler()
+}
+
+func sampleEvent() outbox.Event {
+	return outbox.Event{
+		ID:             "evt-1",
+		Type:           "order.created",
+		AggregateType:  "order",
+		AggregateID:    "42",
+		IdempotencyKey: "order-42-created",
+		Payload:        json.RawMessage(`{"total":1250,"email":"ada@example.com"}`),
+		OccurredAt:     time.Date(2025, 3, 4, 5, 6, 7, 123456000, time.UTC),
+		Headers: map[string]string{
+			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+			"tenant":      "acme",
+		},
+	}
+}
+
+func TestSuccessEnvelopeAndSignature(t *testing.T) {
+	t.Parallel()
+	var method, contentType string
+	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
+		method, contentType = r.Method, r.Header.Get("Content-Type")
+		w.WriteHeader(http.StatusNoContent)
+	})
+	h := newHandler(t, rc.URL+"/hooks", webhook.Config{Header: http.Header{"Authorization": {"Bearer t0k"}}})
+
+	before := time.Now().Unix()
+	require.NoError(t, h(t.Context(), sampleEvent()))
+	reqs := rc.requests()
+	require.Len(t, reqs, 1)
+	r := reqs[0]
+
+	assert.Equal(t, http.MethodPost, method)
+	assert.Equal(t, "application/json", contentType)
+	assert.Equal(t, "evt-1", r.header.Get(webhook.HeaderEventID))
+	assert.Equal(t, "order.created", r.header.Get(webhook.HeaderEventType))
+	assert.Equal(t, "Bearer t0k", r.header.Get("Authorization"))
+	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", r.header.Get("traceparent"))
+	assert.Empty(t, r.header.Get("tenant"), "only the forwarded headers become HTTP headers")
+	ts, err := strconv.ParseInt(r.header.Get(webhook.HeaderTimestamp), 10, 64)
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, ts, before)
+
+	require.NoError(t, webhook.Verify(secret, r.header, r.body, 0))
+	assert.Equal(t, webhook.Sign(secret, r.header.Get(webhook.HeaderTimestamp), r.body), r.header.Get(webhook.HeaderSignature))
+
+	var env webhook.Envelope
+	require.NoError(t, json.Unmarshal(r.body, &env))
+	assert.Equal(t, webhook.Envelope{
+		ID: "evt-1", Type: "order.created", AggregateType: "order", AggregateID: "42",
+		IdempotencyKey: "order-42-created",
+		OccurredAt:     time.Date(2025, 3, 4, 5, 6, 7, 123456000, time.UTC),
+		Headers:        sampleEvent().Headers,
+		Payload:        json.RawMessage(`{"total":1250,"email":"ada@example.com"}`),
+	}, env)
+}
+
+func TestPayloadOnly(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, status(http.StatusOK))
+	h := newHandler(t, rc.URL, webhook.Config{PayloadOnly: true, ForwardHeaders: []string{}})
+	require.NoError(t, h(t.Context(), sampleEvent()))
+	r := rc.requests()[0]
+	assert.Equal(t, `{"total":1250,"email":"ada@example.com"}`, string(r.body))
+	assert.Empty(t, r.header.Get("traceparent"), "ForwardHeaders: empty forwards nothing")
+	require.NoError(t, webhook.Verify(secret, r.header, r.body, time.Minute))
+}
+
+func TestStatusClassification(t *testing.T) {
+	t.Parallel()
+	for code, permanent := range map[int]bool{
+		http.StatusBadRequest:          true,
+		http.StatusUnauthorized:        true,
+		http.StatusNotFound:            true,
+		http.StatusUnprocessableEntity: true,
+		http.StatusFound:               true,
+		http.StatusRequestTimeout:      false,
+		http.StatusTooManyRequests:     false,
+		http.StatusInternalServerError: false,
+		http.StatusBadGateway:          false,
+		http.StatusServiceUnavailable:  false,
+	} {
+		t.Run(strconv.Itoa(code), func(t *testing.T) {
+			t.Parallel()
+			rc := newReceiver(t, func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Location", "/elsewhere")
+				w.WriteHeader(code)
+				_, _ = fmt.Fprint(w, `echo: {"email":"ada@example.com"}`)
+			})
+			err := newHandler(t, rc.URL, webhook.Config{})(t.Context(), sampleEvent())
+			require.Error(t, err)
+			assert.Equal(t, permanent, outbox.IsPermanent(err), "%v", err)
+			var se *webhook.StatusError
+			require.ErrorAs(t, err, &se)
+			assert.Equal(t, code, se.StatusCode)
+			assert.Contains(t, err.Error(), "outbox/webhook: deliver event evt-1")
+			assert.NotContains(t, err.Error(), "ada@example.com", "neither payload nor response body in errors")
+			assert.Len(t, rc.requests(), 1, "redirects are not followed")
+		})
+	}
+}
+
+func TestTimeoutIsRetryable(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	t.Cleanup(func() { close(release) }) // runs before rc.Close, which waits for handlers
+	start := time.Now()
+	err := newHandler(t, rc.URL, webhook.Config{Timeout: 200 * time.Millisecond})(t.Context(), sampleEvent())
+	require.Error(t, err)
+	assert.False(t, outbox.IsPermanent(err))
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Less(t, time.Since(start), 5*time.Second)
+}
+
+func TestNetworkErrorIsRetryable(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close()) // nothing listens there now
+
+	err = newHandler(t, "http://"+addr+"/hook?token=s3cret", webhook.Config{})(t.Context(), sampleEvent())
+	require.Error(t, err)
+	assert.False(t, outbox.IsPermanent(err))
+	assert.Contains(t, err.Error(), "outbox/webhook: deliver event evt-1 to "+addr)
+	assert.NotContains(t, err.Error(), "s3cret", "the URL's query may hold a token")
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		url    string
+		secret []byte
+		cfg    webhook.Config
+	}{
+		"no secret":        {"https://example.com/h", nil, webhook.Config{}},
+		"relative URL":     {"/hooks", secret, webhook.Config{}},
+		"other scheme":     {"ftp://example.com/h", secret, webhook.Config{}},
+		"negative timeout": {"https://example.com/h", secret, webhook.Config{Timeout: -1}},
+		"bad URL":          {"http://[::1:bad/?token=s3cret", secret, webhook.Config{}},
+	} {
+		_, err := webhook.New(tc.url, tc.secret, tc.cfg)
+		require.Error(t, err, name)
+		assert.NotContains(t, err.Error(), "s3cret", name)
+	}
+}
+
+func TestVerify(t *testing.T) {
+	t.Parallel()
+	body := []byte(`{"id":"evt-1","payload":{"total":1}}`)
+	signed := func(ts int64, b []byte) http.Header {
+		s := strconv.FormatInt(ts, 10)
+		return http.Header{
+			webhook.HeaderTimestamp: {s},
+			webhook.HeaderSignature: {webhook.Sign(secret, s, b)},
+		}
+	}
+	now := time.Now().Unix()
+
+	require.NoError(t, webhook.Verify(secret, signed(now, body), body, time.Minute))
+
+	tampered := []byte(`{"id":"evt-1","payload":{"total":1000}}`)
+	assert.ErrorIs(t, webhook.Verify(secret, signed(now, body), tampered, time.Minute), webhook.ErrInvalidSignature)
+
+	assert.ErrorIs(t, webhook.Verify([]byte("other-secret"), signed(now, body), body, time.Minute), webhook.ErrInvalidSignature)
+
+	// The timestamp is under the signature: moving it breaks the signature.
+	h := signed(now-3600, body)
+	h.Set(webhook.HeaderTimestamp, strconv.FormatInt(now, 10))
+	assert.ErrorIs(t, webhook.Verify(secret, h, body, time.Minute), webhook.ErrInvalidSignature)
+
+	// Correctly signed but old (a replay), or too far ahead.
+	assert.ErrorIs(t, webhook.Verify(secret, signed(now-600, body), body, time.Minute), webhook.ErrStaleTimestamp)
+	assert.ErrorIs(t, webhook.Verify(secret, signed(now-600, body), body, 0), webhook.ErrStaleTimestamp, "default max age is 5 minutes")
+	assert.ErrorIs(t, webhook.Verify(secret, signed(now+600, body), body, time.Minute), webhook.ErrStaleTimestamp)
+	require.NoError(t, webhook.Verify(secret, signed(now-600, body), body, time.Hour))
+
+	missingTS := signed(now, body)
+	missingTS.Del(webhook.HeaderTimestamp)
+	assert.ErrorIs(t, webhook.Verify(secret, missingTS, body, time.Minute), webhook.ErrStaleTimestamp)
+	for _, sig := range []string{"", "deadbeef", "sha256=zz", "sha256=00"} {
+		h := signed(now, body)
+		h.Set(webhook.HeaderSignature, sig)
+		assert.ErrorIs(t, webhook.Verify(secret, h, body, time.Minute), webhook.ErrInvalidSignature, sig)
+	}
+	assert.Error(t, webhook.Verify(nil, signed(now, body), body, time.Minute))
+}
+
+func openDB(t *testing.T) (*gorm.DB, *outbox.Outbox) {
+	t.Helper()
+	dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, db.Use(ob))
+	return db, ob
+}
+
+// TestEndToEnd wires the real outbox: an accepted event ends sent, a
+// rejected one (400) fails at once without retries, a 503 stays pending.
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get(webhook.HeaderEventType) {
+		case "order.rejected":
+			w.WriteHeader(http.StatusBadRequest)
+		case "order.later":
+			w.WriteHeader(http.StatusServiceUnavailable)
+		default:
+			w.WriteHeader(http.StatusOK)
+		}
+	})
+	db, ob := openDB(t)
+	ob.Handle(outbox.AnyEvent, newHandler(t, rc.URL, webhook.Config{}))
+
+	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+		return outbox.Publish(tx,
+			outbox.Event{ID: "ok", Type: "order.created", Payload: map[string]int{"total": 99}},
+			outbox.Event{ID: "rejected", Type: "order.rejected", Payload: map[string]int{"total": 1}},
+			outbox.Event{ID: "later", Type: "order.later", Payload: map[string]int{"total": 2}},
+		)
+	}))
+	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+
+	byID := map[string]received{}
+	for _, r := range rc.requests() {
+		require.NoError(t, webhook.Verify(secret, r.header, r.body, time.Minute))
+		byID[r.header.Get(webhook.HeaderEventID)] = r
+	}
+	require.Len(t, byID, 3)
+	var env webhook.Envelope
+	require.NoError(t, json.Unmarshal(byID["ok"].body, &env))
+	assert.JSONEq(t, `{"total":99}`, string(env.Payload))
+
+	rec := func(id string) outbox.Record {
+		var r outbox.Record
+		require.NoError(t, db.Table(outbox.DefaultTable).Where("id = ?", id).Take(&r).Error)
+		return r
+	}
+	assert.Equal(t, outbox.StatusSent, rec("ok").Status)
+	assert.Equal(t, outbox.StatusFailed, rec("rejected").Status, "a 4xx is permanent: no retries")
+	assert.Equal(t, 1, rec("rejected").Attempts)
+	assert.Equal(t, outbox.StatusPending, rec("later").Status, "a 5xx is retried")
+}
+
+// ExampleVerify shows a receiver: read the whole body, verify, then
+// deduplicate by event ID and decode.
+func ExampleVerify() {
+	secret := []byte("shared-secret")
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(io.LimitReader(r.Body, 2<<20))
+		if err != nil {
+			http.Error(w, "read error", http.StatusBadRequest)
+			return
+		}
+		if err := webhook.Verify(secret, r.Header, body, 5*time.Minute); err != nil {
+			// 401 is permanent for the sender: a bad signature will not fix
+			// itself by retrying.
+			http.Error(w, "bad signature", http.StatusUnauthorized)
+			return
+		}
+		var env webhook.Envelope
+		if err := json.Unmarshal(body, &env); err != nil {
+			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		// ... skip env.ID if already processed, else process env.Payload ...
+		fmt.Println("verified", env.Type, string(env.Payload))
+		w.WriteHeader(http.StatusNoContent)
+	})
+	srv := httptest.NewServer(handler)
+	defer srv.Close()
+
+	s, _ := webhook.New(srv.URL, secret, webhook.Config{})
+	err := s.Handler()(context.Background(), outbox.Event{ID: "1", Type: "order.created", Payload: json.RawMessage(`{"total":5}`)})
+	fmt.Println("error:", err)
+	// Output:
+	// verified order.created {"total":5}
+	// error: <nil>
+}
