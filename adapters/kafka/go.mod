@@ -2,14 +2,25 @@ module github.com/gorm-outbox/outbox/adapters/kafka
 
 go 1.26.8
 
-require github.com/gorm-outbox/outbox v0.0.0
+require (
+	github.com/gorm-outbox/outbox v0.0.0
+	github.com/twmb/franz-go v1.22.3
+)
 
 require (
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/pgx/v5 v5.10.0 // indirect
+	github.com/jackc/puddle/v2 v2.2.2 // indirect
+	github.com/jinzhu/inflection v1.0.0 // indirect
+	github.com/jinzhu/now v1.1.5 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/pierrec/lz4/v4 v4.1.33 // indirect
-	github.com/twmb/franz-go v1.22.3 // indirect
-	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c // indirect
 	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
+	golang.org/x/sync v0.17.0 // indirect
+	golang.org/x/text v0.29.0 // indirect
+	gorm.io/gorm v1.31.2 // indirect
 )
 
 replace github.com/gorm-outbox/outbox => ../..

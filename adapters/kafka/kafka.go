@@ -1,0 +1,212 @@
+// Package kafka publishes outbox events to Apache Kafka with franz-go.
+//
+// Delivery is at least once: the idempotent producer (always on) makes the
+// client's own retries of a record land once within a producer session, but
+// an event the relay hands over again (after a timed-out or failed attempt,
+// a relay crash, or a lost "mark sent") becomes a new record, so consumers
+// deduplicate by the Outbox-Event-Id header.
+//
+// Plug a [Producer] into an outbox with ob.Handle(eventType, p.Handler()).
+// Every event becomes one record: by default on the topic "outbox.events",
+// keyed by its aggregate ID, with the JSON payload as value and the event's
+// fields and headers (trace context included) as record headers. The
+// handler returns once the broker has acknowledged the record, or when its
+// context ends.
+//
+// Ordering: the key puts all events of an aggregate in one partition, which
+// keeps them in the order they were produced. The relay delivers with
+// several workers, so run it with RelayConfig.OrderByAggregate: an
+// aggregate's events are then produced one at a time, oldest first, and
+// that is the order consumers of the partition see. A single topic (the
+// default) keeps that order across event types; a topic per type would
+// split an aggregate's history over several partitions.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Defaults of [Config].
+const (
+	DefaultTopic      = "outbox.events"
+	DefaultSeedBroker = "localhost:9092"
+)
+
+// Config configures a [Producer]. Its zero value produces to a broker on
+// localhost:9092, to the topic "outbox.events", which must exist (or the
+// broker must create topics on first use).
+type Config struct {
+	// Client is an existing client to produce with, shared with the rest of
+	// the application; the Producer never closes it. It must keep
+	// idempotent writes on and must not be transactional. Defaults to a
+	// client the Producer builds from SeedBrokers and ClientOptions and
+	// closes in [Producer.Close].
+	Client *kgo.Client
+
+	// SeedBrokers are the brokers the built client first contacts. Ignored
+	// when Client is set. Defaults to ["localhost:9092"].
+	SeedBrokers []string
+
+	// ClientOptions are added when building the client: TLS, SASL,
+	// compression, timeouts. Ignored when Client is set. Defaults to none.
+	ClientOptions []kgo.Opt
+
+	// Topic receives every event when TopicFor is nil. Defaults to
+	// "outbox.events".
+	Topic string
+
+	// TopicFor maps an event to its topic, overriding Topic; for example
+	// func(e outbox.Event) string { return "events." + e.AggregateType }.
+	// A name Kafka cannot accept (empty, longer than 249 bytes, characters
+	// other than ASCII letters, digits, '.', '_' and '-') fails the event
+	// permanently. Defaults to nil (use Topic).
+	TopicFor func(outbox.Event) string
+
+	// Key returns the record key, which picks the partition. Defaults to
+	// the event's AggregateID, or no key (any partition) when it is empty.
+	Key func(outbox.Event) []byte
+}
+
+// Producer produces outbox events to Kafka. Create it with [New]; it is
+// safe for concurrent use.
+type Producer struct {
+	cl    *kgo.Client
+	owned bool
+	topic func(outbox.Event) string
+	key   func(outbox.Event) []byte
+}
+
+// New returns a Producer configured by cfg. Building a client does not
+// contact the brokers; the first publish does.
+func New(cfg Config) (*Producer, error) {
+	p := &Producer{cl: cfg.Client, topic: cfg.TopicFor, key: cfg.Key}
+	if p.topic == nil {
+		topic := cfg.Topic
+		if topic == "" {
+			topic = DefaultTopic
+		}
+		if err := checkTopic(topic); err != nil {
+			return nil, fmt.Errorf("outbox/kafka: Topic %q: %w", topic, err)
+		}
+		p.topic = func(outbox.Event) string { return topic }
+	}
+	if p.key == nil {
+		p.key = aggregateKey
+	}
+	if p.cl == nil {
+		seeds := cfg.SeedBrokers
+		if len(seeds) == 0 {
+			seeds = []string{DefaultSeedBroker}
+		}
+		opts := append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, cfg.ClientOptions...)
+		cl, err := kgo.NewClient(opts...)
+		if err != nil {
+			return nil, fmt.Errorf("outbox/kafka: build client: %w", err)
+		}
+		p.cl, p.owned = cl, true
+	}
+	// The guarantee in the package doc rests on idempotence; a
+	// transactional client would fail every produce outside a transaction.
+	if disabled, _ := p.cl.OptValue(kgo.DisableIdempotentWrite).(bool); disabled {
+		p.Close()
+		return nil, errors.New("outbox/kafka: the client disables idempotent writes; the Producer needs them (remove kgo.DisableIdempotentWrite)")
+	}
+	if txn, _ := p.cl.OptValue(kgo.TransactionalID).(string); txn != "" {
+		p.Close()
+		return nil, errors.New("outbox/kafka: the client is transactional; use a client without kgo.TransactionalID")
+	}
+	return p, nil
+}
+
+// Client returns the client the Producer produces with, for instance to
+// ping the brokers in a readiness check.
+func (p *Producer) Client() *kgo.Client { return p.cl }
+
+// Handler returns the outbox handler that produces each event it receives;
+// register it with ob.Handle.
+func (p *Producer) Handler() outbox.Handler { return p.Publish }
+
+// Publish produces e and waits, at most until ctx ends, for the broker's
+// acknowledgement. A nil error means the record is stored (by all in-sync
+// replicas, franz-go's default acks). An error leaves the event to the
+// relay's retry; if the record was already on its way it may still be
+// stored, and the retry then adds a second copy.
+//
+// Errors that retrying cannot fix (an invalid topic name, a record larger
+// than the broker accepts, an unencodable payload) are marked
+// [outbox.Permanent].
+func (p *Producer) Publish(ctx context.Context, e outbox.Event) error {
+	topic := p.topic(e)
+	if err := checkTopic(topic); err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/kafka: publish event %s: topic %q: %w", e.ID, topic, err))
+	}
+	value, err := payloadBytes(e)
+	if err != nil {
+		return outbox.Permanent(fmt.Errorf("outbox/kafka: publish event %s: %w", e.ID, err))
+	}
+	rec := &kgo.Record{Topic: topic, Key: p.key(e), Value: value, Headers: headers(e)}
+
+	// ProduceSync flushes the record at once instead of letting it linger,
+	// but once the request is on the wire an idempotent client will not
+	// give it up, even when ctx ends: it must learn the outcome to keep its
+	// sequence numbers right. Waiting in a goroutine keeps the handler
+	// within its deadline; the record still resolves in the background.
+	done := make(chan error, 1)
+	go func() { done <- p.cl.ProduceSync(ctx, rec).FirstErr() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			return nil
+		}
+		err = fmt.Errorf("outbox/kafka: publish event %s to topic %q: %w", e.ID, topic, err)
+		if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+			errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidRecord) {
+			return outbox.Permanent(err)
+		}
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("outbox/kafka: publish event %s to topic %q: waiting for the broker's ack: %w", e.ID, topic, ctx.Err())
+	}
+}
+
+// Close closes the client if the Producer built it, failing records still
+// waiting for an ack; a client passed in Config.Client is left open.
+func (p *Producer) Close() {
+	if p.owned {
+		p.cl.Close()
+	}
+}
+
+func aggregateKey(e outbox.Event) []byte {
+	if e.AggregateID == "" {
+		return nil
+	}
+	return []byte(e.AggregateID)
+}
+
+// checkTopic applies Kafka's rules for topic names, so that a bad mapping
+// fails at once instead of after the client's retries.
+func checkTopic(t string) error {
+	switch {
+	case t == "":
+		return errors.New("empty topic name")
+	case t == "." || t == "..":
+		return errors.New(`topic name cannot be "." or ".."`)
+	case len(t) > 249:
+		return errors.New("topic name longer than 249 bytes")
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return errors.New("topic name may hold only ASCII letters, digits, '.', '_' and '-'")
+		}
+	}
+	return nil
+}
