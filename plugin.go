@@ -189,6 +189,11 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 	}
 	o.mu.Unlock()
 
+	if dialect == "sqlite" && o.mode == Persistent {
+		if err := checkSQLiteFile(db); err != nil {
+			return err
+		}
+	}
 	hookConnPool(db, o)
 	if err := registerCallbacks(db); err != nil {
 		return fmt.Errorf("outbox: register callbacks: %w", err)
@@ -234,6 +239,26 @@ func stripSQLComments(s string) string {
 }
 
 func (o *Outbox) now() time.Time { return o.clock().UTC().Truncate(time.Microsecond) }
+
+// checkSQLiteFile refuses a pooled in-memory SQLite database in persistent
+// mode: every pooled connection would get its own empty database, so the
+// relay would not see the events the writers committed.
+func checkSQLiteFile(db *gorm.DB) error {
+	var (
+		seq        int
+		name, file string
+	)
+	if err := db.Raw("PRAGMA database_list").Row().Scan(&seq, &name, &file); err != nil {
+		return fmt.Errorf("outbox: inspect the SQLite database: %w", err)
+	}
+	if file != "" {
+		return nil
+	}
+	if sqlDB, err := db.DB(); err == nil && sqlDB.Stats().MaxOpenConnections == 1 {
+		return nil // one connection, one database: it works
+	}
+	return fmt.Errorf("%w: persistent mode needs a SQLite file: an in-memory database (\":memory:\") gives each pooled connection its own database, so relays would not see committed events; use a file (see README, SQLite settings), Mode: outbox.Memory, or SetMaxOpenConns(1) before db.Use", ErrInvalidConfig)
+}
 
 // fromDB returns the plugin installed on db, or nil.
 func fromDB(db *gorm.DB) *Outbox {

@@ -12,7 +12,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 )
 
 // runSuite runs every semantic of the core on one backend.
@@ -41,6 +43,7 @@ func runSuite(t *testing.T, b backend) {
 		"RelayRunStopsOnCancel":                 testRelayRun,
 		"RelayConfigValidation":                 testRelayConfig,
 		"DisableAutoMigrate":                    testDisableAutoMigrate,
+		"SQLiteInMemoryRefused":                 testSQLiteInMemoryRefused,
 	}
 	for name, fn := range productionTests {
 		tests[name] = fn
@@ -499,4 +502,24 @@ func testDisableAutoMigrate(t *testing.T, b backend) {
 	require.NoError(t, Publish(db, ev("x", 1)))
 	// Running the shipped DDL twice is harmless.
 	require.NoError(t, ob.Migrate(t.Context(), db))
+}
+
+func testSQLiteInMemoryRefused(t *testing.T, b backend) {
+	if b.name != "sqlite" {
+		t.Skip("SQLite only")
+	}
+	db, err := gorm.Open(sqlite.Open(":memory:"), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	require.ErrorIs(t, db.Use(Plugin(Config{})), ErrInvalidConfig, "persistent mode on a pooled in-memory database")
+
+	mem, err := gorm.Open(sqlite.Open(":memory:"), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	require.NoError(t, mem.Use(Plugin(Config{Mode: Memory})), "memory mode keeps no table: fine")
+
+	one, err := gorm.Open(sqlite.Open(":memory:"), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	sqlDB, err := one.DB()
+	require.NoError(t, err)
+	sqlDB.SetMaxOpenConns(1)
+	require.NoError(t, one.Use(Plugin(Config{})), "a single connection is a single database")
 }
