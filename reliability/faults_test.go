@@ -1,0 +1,423 @@
+package reliability
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+)
+
+// faultLease is the lease of the fault tests: rows a cut-off relay held
+// become due again this long after their claim.
+const faultLease = 2 * time.Second
+
+// faultEnv is a PostgreSQL schema with two views of it: direct (the writer
+// and the test's own checks) and through a fault proxy (the relay).
+type faultEnv struct {
+	direct  *gorm.DB
+	relayDB *gorm.DB
+	ob      *outbox.Outbox // installed on relayDB
+	wob     *outbox.Outbox // installed on direct, for Publish
+	proxy   *faultProxy
+	sink    *logSink
+	got     *deliveries
+}
+
+// newFaultEnv sets up the schema. maxConns bounds the relay's pool (0: no
+// bound); one connection makes "the connection the relay uses" definite.
+func newFaultEnv(t *testing.T, maxConns int) *faultEnv {
+	dsn := postgresSchema(t)
+	return newFaultEnvDSN(t, dsn, maxConns)
+}
+
+func newFaultEnvDSN(t *testing.T, dsn string, maxConns int) *faultEnv {
+	e := &faultEnv{sink: newLogSink(), got: newDeliveries()}
+	e.direct = openGorm(t, postgres.Open(dsn))
+	e.wob = install(t, e.direct, outbox.Config{Logger: e.sink.logger()})
+	e.proxy = newFaultProxy(t, upstreamAddr(t, dsn))
+	e.relayDB = openGorm(t, postgres.Open(withHost(t, dsn, e.proxy.addr())))
+	if maxConns > 0 {
+		sqlDB, err := e.relayDB.DB()
+		require.NoError(t, err)
+		sqlDB.SetMaxOpenConns(maxConns)
+	}
+	e.ob = install(t, e.relayDB, outbox.Config{Logger: e.sink.logger(), DisableAutoMigrate: true})
+	return e
+}
+
+func (e *faultEnv) publish(t *testing.T, prefix string, n int) []string {
+	t.Helper()
+	ids := make([]string, n)
+	events := make([]outbox.Event, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("%s-%03d", prefix, i)
+		events[i] = outbox.Event{ID: ids[i], Type: "x", Payload: i}
+	}
+	require.NoError(t, e.direct.Transaction(func(tx *gorm.DB) error { return outbox.Publish(tx, events...) }))
+	return ids
+}
+
+func (e *faultEnv) relay(cfg outbox.RelayConfig) *outbox.Relay {
+	cfg.Lease = faultLease
+	cfg.Backoff = noBackoff
+	cfg.DisableListen = true
+	return e.ob.Relay(e.relayDB, cfg)
+}
+
+// claimedRows counts rows held by a live or dead claim.
+func (e *faultEnv) claimedRows(t *testing.T) int64 {
+	var n int64
+	require.NoError(t, e.direct.Table(e.ob.Table()).
+		Where("status = ? AND locked_until IS NOT NULL", outbox.StatusPending).Count(&n).Error)
+	return n
+}
+
+func (e *faultEnv) sentRows(t *testing.T) int64 {
+	return statusCounts(t, e.direct, e.ob.Table())[outbox.StatusSent]
+}
+
+// warmUp delivers one event through the relay, so that the claim and the
+// mark statements are prepared on the relay's (single) connection: a held
+// answer then holds the statement itself, not its preparation.
+func (e *faultEnv) warmUp(t *testing.T, r *outbox.Relay) {
+	t.Helper()
+	e.publish(t, "warmup", 1)
+	n, err := r.ProcessOnce(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+}
+
+type processResult struct {
+	n   int
+	err error
+}
+
+func processAsync(r *outbox.Relay) <-chan processResult {
+	ch := make(chan processResult, 1)
+	go func() {
+		n, err := r.ProcessOnce(context.Background())
+		ch <- processResult{n, err}
+	}()
+	return ch
+}
+
+func waitResult(t *testing.T, ch <-chan processResult) processResult {
+	t.Helper()
+	select {
+	case res := <-ch:
+		return res
+	case <-time.After(60 * time.Second):
+		t.Fatal("ProcessOnce did not return after the connection was cut")
+	}
+	return processResult{}
+}
+
+// checkAllDeliveredOnce asserts every id was delivered, and returns the
+// number of redundant deliveries.
+func (e *faultEnv) checkDelivered(t *testing.T, ids []string) (dups int) {
+	t.Helper()
+	for _, id := range ids {
+		n := e.got.count(id)
+		assert.Positive(t, n, "event %s lost", id)
+		if n > 1 {
+			dups += n - 1
+		}
+	}
+	c := statusCounts(t, e.direct, e.ob.Table())
+	assert.Zero(t, c[outbox.StatusPending], "rows left pending: %v", c)
+	assert.Zero(t, c[outbox.StatusFailed], "rows failed: %v", c)
+	return dups
+}
+
+// TestFaultCutMidClaim cuts the relay's connection after its claim has
+// committed on the server but before the claimed rows reach the relay. The
+// relay must report the error and deliver nothing; once the orphaned lease
+// expires the rows are claimed again and delivered exactly once.
+func TestFaultCutMidClaim(t *testing.T) {
+	t.Parallel()
+	e := newFaultEnv(t, 1)
+	e.ob.Handle("x", e.got.handle)
+	r := e.relay(outbox.RelayConfig{BatchSize: 10})
+	e.warmUp(t, r)
+	ids := e.publish(t, "claim", 20)
+
+	e.proxy.hold(toClient)
+	res := processAsync(r)
+	eventually(t, 30*time.Second, func() error {
+		if n := e.claimedRows(t); n != 10 {
+			return fmt.Errorf("%d rows claimed", n)
+		}
+		return nil
+	})
+	e.proxy.cut()
+	e.proxy.unhold(toClient)
+	got := waitResult(t, res)
+	require.Error(t, got.err, "the claim's answer was lost")
+	for _, id := range ids {
+		require.Zero(t, e.got.count(id), "nothing may be delivered from a claim the relay never saw")
+	}
+
+	start := time.Now()
+	drain(t, e.direct, e.ob.Table(), r, 30*time.Second)
+	dups := e.checkDelivered(t, ids)
+	assert.Zero(t, dups, "a lost claim causes no duplicate")
+	var reclaimed int64
+	require.NoError(t, e.direct.Table(e.ob.Table()).Where("attempts = 2").Count(&reclaimed).Error)
+	assert.EqualValues(t, 10, reclaimed, "the lost claim counts as an attempt")
+	t.Logf("FAULT-RESULT scenario=cut-mid-claim events=%d delivered=%d lost=0 duplicated=%d claim_error=%q recovered_in=%v",
+		len(ids), len(ids), dups, got.err, time.Since(start).Round(time.Millisecond))
+}
+
+// TestFaultCutMidDelivery cuts every connection while handlers are running
+// and refuses new ones until they have returned, so the relay cannot record
+// that it delivered the batch. Nothing may be lost: once the lease expires
+// the batch is delivered again (at least once), and the redundant deliveries
+// are at most one batch.
+func TestFaultCutMidDelivery(t *testing.T) {
+	t.Parallel()
+	e := newFaultEnv(t, 0)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	var blocking atomic.Bool
+	blocking.Store(true)
+	e.ob.Handle("x", func(ctx context.Context, ev outbox.Event) error {
+		_ = e.got.handle(ctx, ev)
+		if blocking.Load() {
+			once.Do(func() { close(entered) })
+			<-release
+		}
+		return nil
+	})
+	const batch = 10
+	r := e.relay(outbox.RelayConfig{BatchSize: batch})
+	ids := e.publish(t, "delivery", 25)
+
+	res := processAsync(r)
+	<-entered
+	resume := e.proxy.outage()
+	blocking.Store(false)
+	close(release)
+	got := waitResult(t, res)
+	require.Error(t, got.err, "the outcome could not be recorded")
+	assert.Equal(t, batch, got.n)
+	resume()
+
+	start := time.Now()
+	drain(t, e.direct, e.ob.Table(), r, 30*time.Second)
+	dups := e.checkDelivered(t, ids)
+	assert.LessOrEqual(t, dups, batch, "redundant deliveries are bounded by the batch in flight")
+	t.Logf("FAULT-RESULT scenario=cut-mid-delivery events=%d delivered=%d lost=0 duplicated=%d mark_error=%q recovered_in=%v",
+		len(ids), len(ids), dups, got.err, time.Since(start).Round(time.Millisecond))
+}
+
+// TestFaultCutMidMark cuts the relay's connection while it records that a
+// batch was delivered: once after the server committed the mark (its answer
+// is lost), once before the mark reached the server. The first costs
+// nothing; the second redelivers at most the batch.
+func TestFaultCutMidMark(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		dir       int
+		committed bool
+	}{
+		{"AnswerLost", toClient, true},
+		{"RequestLost", toServer, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const batch = 10
+			e := newFaultEnv(t, 1)
+			var delivered atomic.Int64
+			var arm atomic.Bool
+			e.ob.Handle("x", func(ctx context.Context, ev outbox.Event) error {
+				_ = e.got.handle(ctx, ev)
+				if arm.Load() && delivered.Add(1) == batch {
+					// The last handler of the batch returns: the next bytes
+					// on the wire are the mark.
+					e.proxy.hold(tc.dir)
+				}
+				return nil
+			})
+			r := e.relay(outbox.RelayConfig{BatchSize: batch, Workers: 1})
+			e.warmUp(t, r)
+			ids := e.publish(t, "mark", 20)
+			heldBefore := e.proxy.held.Load()
+			arm.Store(true)
+			res := processAsync(r)
+			eventually(t, 30*time.Second, func() error {
+				if tc.committed {
+					if n := e.sentRows(t); n != batch+1 { // + the warm-up event
+						return fmt.Errorf("%d rows sent", n)
+					}
+					return nil
+				}
+				if e.proxy.held.Load() == heldBefore {
+					return fmt.Errorf("mark not sent yet")
+				}
+				return nil
+			})
+			arm.Store(false)
+			e.proxy.cut()
+			e.proxy.unhold(tc.dir)
+			got := waitResult(t, res)
+			require.Error(t, got.err)
+
+			drain(t, e.direct, e.ob.Table(), r, 30*time.Second)
+			dups := e.checkDelivered(t, ids)
+			if tc.committed {
+				assert.Zero(t, dups, "a mark that committed is not redone")
+			} else {
+				assert.LessOrEqual(t, dups, batch)
+			}
+			t.Logf("FAULT-RESULT scenario=cut-mid-mark/%s events=%d delivered=%d lost=0 duplicated=%d mark_error=%q",
+				tc.name, len(ids), len(ids), dups, got.err)
+		})
+	}
+}
+
+// outageReport is what a Run-under-outages scenario measured.
+type outageReport struct {
+	published, delivered, duplicated int
+	attempts                         []int64 // connection attempts during each outage
+	cannotReach, recovered           int
+}
+
+// runThroughOutages runs Relay.Run through the proxy while a writer
+// publishes steadily, calls outage(i) for each of n outages (it must return
+// once the database is back), then checks that everything committed was
+// delivered, that Run neither exited nor spun, and that it logged each
+// outage once.
+func runThroughOutages(t *testing.T, e *faultEnv, n int, outage func(i int)) outageReport {
+	const batch = 20
+	e.ob.Handle("x", e.got.handle)
+	r := e.ob.Relay(e.relayDB, outbox.RelayConfig{
+		BatchSize: batch, PollInterval: 50 * time.Millisecond, Lease: faultLease, Backoff: noBackoff,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	runDone := make(chan error, 1)
+	go func() { runDone <- r.Run(ctx) }()
+
+	// The writer publishes an event every 5ms straight to the database; an
+	// error (the server is down) just skips the tick. What committed is read
+	// back from the table at the end.
+	stopWriter := make(chan struct{})
+	writerDone := make(chan struct{})
+	var seq atomic.Int64
+	go func() {
+		defer close(writerDone)
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopWriter:
+				return
+			case <-tick.C:
+			}
+			id := fmt.Sprintf("run-%06d", seq.Add(1))
+			_ = e.direct.Transaction(func(tx *gorm.DB) error {
+				return outbox.Publish(tx, outbox.Event{ID: id, Type: "x"})
+			})
+		}
+	}()
+	// progress waits until the relay has delivered two more batches.
+	progress := func() {
+		d0, _ := e.got.summary()
+		eventually(t, 60*time.Second, func() error {
+			if d, _ := e.got.summary(); d < d0+2*batch {
+				return fmt.Errorf("%d delivered, waiting for %d", d, d0+2*batch)
+			}
+			return nil
+		})
+	}
+
+	var rep outageReport
+	progress()
+	for i := range n {
+		before := e.proxy.refused.Load()
+		outage(i)
+		rep.attempts = append(rep.attempts, e.proxy.refused.Load()-before)
+		select {
+		case err := <-runDone:
+			t.Fatalf("Run returned during outage %d: %v", i+1, err)
+		default:
+		}
+		progress()
+	}
+	close(stopWriter)
+	<-writerDone
+
+	var committed []string
+	require.NoError(t, e.direct.Table(e.ob.Table()).Where("event_type = ?", "x").Pluck("id", &committed).Error)
+	eventually(t, 60*time.Second, func() error {
+		c := statusCounts(t, e.direct, e.ob.Table())
+		if c[outbox.StatusPending] > 0 || c[outbox.StatusFailed] > 0 {
+			return fmt.Errorf("statuses %v", c)
+		}
+		return nil
+	})
+	select {
+	case err := <-runDone:
+		t.Fatalf("Run returned before it was cancelled: %v", err)
+	default:
+	}
+	cancel()
+	select {
+	case err := <-runDone:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+
+	rep.published = len(committed)
+	for _, id := range committed {
+		c := e.got.count(id)
+		require.Positive(t, c, "committed event %s was never delivered", id)
+		rep.duplicated += c - 1
+	}
+	rep.delivered, _ = e.got.summary()
+	require.Equal(t, rep.published, rep.delivered, "an event was delivered that never committed")
+	rep.cannotReach = e.sink.count("relay cannot reach the outbox table")
+	rep.recovered = e.sink.count("relay recovered")
+	assert.Equal(t, n, rep.cannotReach, "logged once per outage, not per attempt")
+	assert.Equal(t, n, rep.recovered)
+	assert.LessOrEqual(t, rep.duplicated, n*batch, "redundant deliveries: at most one batch per outage")
+	return rep
+}
+
+// maxAttemptsPerOutage bounds the connections a relay may try during one
+// outage of the lengths used here (about 1.5 s): Run backs off from
+// PollInterval (50ms) doubling, so about six claims, each of which may try
+// a few connections, plus the LISTEN connection's own backoff. A relay
+// retrying without backoff would make thousands.
+const maxAttemptsPerOutage = 40
+
+// TestRelayRunSurvivesConnectionOutages cuts every connection of a running
+// relay and refuses new ones for 1.5 s, twice, while events keep being
+// committed.
+func TestRelayRunSurvivesConnectionOutages(t *testing.T) {
+	t.Parallel()
+	e := newFaultEnv(t, 0)
+	const outages = 2
+	rep := runThroughOutages(t, e, outages, func(int) {
+		resume := e.proxy.outage()
+		timer := time.NewTimer(1500 * time.Millisecond) // the outage's length
+		<-timer.C
+		resume()
+	})
+	for i, a := range rep.attempts {
+		assert.LessOrEqual(t, a, int64(maxAttemptsPerOutage), "outage %d: the relay spun", i+1)
+	}
+	t.Logf("FAULT-RESULT scenario=run-through-cuts outages=%d attempts_per_outage=%v events=%d delivered=%d lost=0 duplicated=%d cannot_reach_logs=%d recovered_logs=%d",
+		outages, rep.attempts, rep.published, rep.delivered, rep.duplicated, rep.cannotReach, rep.recovered)
+}
