@@ -508,16 +508,18 @@ func testSQLiteInMemoryRefused(t *testing.T, b backend) {
 	if b.name != "sqlite" {
 		t.Skip("SQLite only")
 	}
-	db, err := gorm.Open(sqlite.Open(":memory:"), &gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
-	require.ErrorIs(t, db.Use(Plugin(Config{})), ErrInvalidConfig, "persistent mode on a pooled in-memory database")
+	open := func() *gorm.DB {
+		db, err := gorm.Open(sqlite.Open(":memory:"), &gorm.Config{Logger: logger.Discard})
+		require.NoError(t, err)
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sqlDB.Close() })
+		return db
+	}
+	require.ErrorIs(t, open().Use(Plugin(Config{})), ErrInvalidConfig, "persistent mode on a pooled in-memory database")
+	require.NoError(t, open().Use(Plugin(Config{Mode: Memory})), "memory mode keeps no table: fine")
 
-	mem, err := gorm.Open(sqlite.Open(":memory:"), &gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
-	require.NoError(t, mem.Use(Plugin(Config{Mode: Memory})), "memory mode keeps no table: fine")
-
-	one, err := gorm.Open(sqlite.Open(":memory:"), &gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
+	one := open()
 	sqlDB, err := one.DB()
 	require.NoError(t, err)
 	sqlDB.SetMaxOpenConns(1)
