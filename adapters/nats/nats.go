@@ -34,26 +34,40 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Headers the adapter sets on every message, besides the event's own.
+// Headers the adapter sets on every message, besides the event's own and
+// Nats-Msg-Id.
 const (
-	HeaderEventID        = "Outbox-Event-Id"
-	HeaderEventType      = "Outbox-Event-Type"
-	HeaderAggregateType  = "Outbox-Aggregate-Type" // only when the event has one
-	HeaderAggregateID    = "Outbox-Aggregate-Id"   // only when the event has one
+	// HeaderEventID carries the event ID, the consumer's deduplication key
+	// beyond the duplicate window.
+	HeaderEventID = "Outbox-Event-Id"
+	// HeaderEventType carries the event type.
+	HeaderEventType = "Outbox-Event-Type"
+	// HeaderAggregateType carries the aggregate type, when the event has one.
+	HeaderAggregateType = "Outbox-Aggregate-Type"
+	// HeaderAggregateID carries the aggregate ID, when the event has one.
+	HeaderAggregateID = "Outbox-Aggregate-Id"
+	// HeaderIdempotencyKey carries the publisher's idempotency key.
 	HeaderIdempotencyKey = "Outbox-Idempotency-Key"
-	HeaderOccurredAt     = "Outbox-Occurred-At" // RFC 3339, UTC, microseconds
-	HeaderContentType    = "Content-Type"       // always "application/json"
+	// HeaderOccurredAt carries when the event happened: RFC 3339, UTC,
+	// microseconds.
+	HeaderOccurredAt = "Outbox-Occurred-At"
+	// HeaderContentType is always "application/json": the body is the
+	// event's JSON payload.
+	HeaderContentType = "Content-Type"
 )
 
 // Defaults of [Config].
 const (
+	// DefaultSubjectPrefix is [Config.SubjectPrefix]'s default.
 	DefaultSubjectPrefix = "outbox."
-	DefaultTimeout       = 5 * time.Second
+	// DefaultTimeout is [Config.Timeout]'s default.
+	DefaultTimeout = 5 * time.Second
 )
 
 // JetStream is the part of [jetstream.JetStream] the adapter uses. A value
 // from jetstream.New satisfies it.
 type JetStream interface {
+	// PublishMsg publishes msg and waits for the stream's ack.
 	PublishMsg(ctx context.Context, msg *natsgo.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
 }
 

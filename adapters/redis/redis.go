@@ -32,27 +32,40 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Field names of a stream entry.
+// Field names of a stream entry. Every entry has all of them.
 const (
-	FieldID             = "id"
-	FieldType           = "type"
-	FieldAggregateType  = "aggregate_type"
-	FieldAggregateID    = "aggregate_id"
+	// FieldID holds the event ID, the consumer's deduplication key.
+	FieldID = "id"
+	// FieldType holds the event type.
+	FieldType = "type"
+	// FieldAggregateType holds the aggregate type, "" when none.
+	FieldAggregateType = "aggregate_type"
+	// FieldAggregateID holds the aggregate ID, "" when none.
+	FieldAggregateID = "aggregate_id"
+	// FieldIdempotencyKey holds the publisher's idempotency key.
 	FieldIdempotencyKey = "idempotency_key"
-	FieldOccurredAt     = "occurred_at" // RFC 3339, UTC, microseconds
-	FieldHeaders        = "headers"     // JSON object of the event's headers, "{}" when none
-	FieldPayload        = "payload"     // the event's JSON payload
+	// FieldOccurredAt holds when the event happened: RFC 3339, UTC,
+	// microseconds.
+	FieldOccurredAt = "occurred_at"
+	// FieldHeaders holds the event's headers as a JSON object, "{}" when
+	// there are none.
+	FieldHeaders = "headers"
+	// FieldPayload holds the event's JSON payload.
+	FieldPayload = "payload"
 )
 
 // Defaults of [Config].
 const (
-	DefaultStream  = "outbox:events"
+	// DefaultStream is [Config.Stream]'s default.
+	DefaultStream = "outbox:events"
+	// DefaultTimeout is [Config.Timeout]'s default.
 	DefaultTimeout = 5 * time.Second
 )
 
 // Client is the part of a go-redis client the adapter uses. *redis.Client,
 // *redis.ClusterClient, *redis.Ring and redis.UniversalClient satisfy it.
 type Client interface {
+	// XAdd appends an entry to a stream.
 	XAdd(ctx context.Context, a *goredis.XAddArgs) *goredis.StringCmd
 }
 

@@ -59,12 +59,18 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// Request headers.
+// Request headers set on every delivery.
 const (
-	HeaderEventID   = "X-Outbox-Event-Id"
+	// HeaderEventID carries the event ID, the receiver's deduplication key.
+	HeaderEventID = "X-Outbox-Event-Id"
+	// HeaderEventType carries the event type, for routing without decoding.
 	HeaderEventType = "X-Outbox-Event-Type"
-	HeaderTimestamp = "X-Outbox-Timestamp" // decimal Unix seconds
-	HeaderSignature = "X-Outbox-Signature" // "sha256=" + hex HMAC-SHA256
+	// HeaderTimestamp carries the time of this attempt in decimal Unix
+	// seconds; it is part of the signed string.
+	HeaderTimestamp = "X-Outbox-Timestamp"
+	// HeaderSignature carries "sha256=" and the hex HMAC-SHA256 of
+	// timestamp + "." + body (see [Sign]).
+	HeaderSignature = "X-Outbox-Signature"
 )
 
 // signaturePrefix names the algorithm, leaving room for another one later.
@@ -72,6 +78,7 @@ const signaturePrefix = "sha256="
 
 // Defaults.
 const (
+	// DefaultTimeout is [Config.Timeout]'s default.
 	DefaultTimeout = 10 * time.Second
 	// DefaultMaxAge is the largest difference between a request's timestamp
 	// and the receiver's clock that [Verify] accepts when given 0.
@@ -85,14 +92,23 @@ const maxDrain = 64 << 10
 // Envelope is the request body unless [Config.PayloadOnly] is set.
 // Receivers can decode into it.
 type Envelope struct {
-	ID             string            `json:"id"`
-	Type           string            `json:"type"`
-	AggregateType  string            `json:"aggregate_type,omitempty"`
-	AggregateID    string            `json:"aggregate_id,omitempty"`
-	IdempotencyKey string            `json:"idempotency_key,omitempty"`
-	OccurredAt     time.Time         `json:"occurred_at"`
-	Headers        map[string]string `json:"headers,omitempty"`
-	Payload        json.RawMessage   `json:"payload"`
+	// ID is the event ID; deliveries of one event share it.
+	ID string `json:"id"`
+	// Type is the event type, such as "order.created".
+	Type string `json:"type"`
+	// AggregateType and AggregateID name the entity the event is about;
+	// omitted when empty.
+	AggregateType string `json:"aggregate_type,omitempty"`
+	AggregateID   string `json:"aggregate_id,omitempty"`
+	// IdempotencyKey is the publisher's idempotency key (the ID unless set).
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// OccurredAt is when the event happened, in UTC.
+	OccurredAt time.Time `json:"occurred_at"`
+	// Headers are all the event's headers, trace context included;
+	// omitted when there are none.
+	Headers map[string]string `json:"headers,omitempty"`
+	// Payload is the event's JSON payload, as published.
+	Payload json.RawMessage `json:"payload"`
 }
 
 // Config configures a [Sender]. Its zero value is usable.
@@ -180,9 +196,11 @@ func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
 // StatusError is the error for a response outside 2xx. It is wrapped with
 // [outbox.Permanent] when retrying cannot help (see the package doc).
 type StatusError struct {
+	// StatusCode is the response's HTTP status.
 	StatusCode int
 }
 
+// Error returns the status, such as "status 503 Service Unavailable".
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("status %d %s", e.StatusCode, http.StatusText(e.StatusCode))
 }
