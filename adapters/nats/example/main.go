@@ -67,6 +67,8 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("create stream: %w", err)
 	}
+	// The example cleans up after itself; a service keeps its stream.
+	defer js.DeleteStream(context.Background(), "OUTBOX_EXAMPLE")
 
 	dir, err := os.MkdirTemp("", "outbox-nats-example")
 	if err != nil {
