@@ -96,7 +96,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 
 	start := time.Now()
-	seen := map[string]bool{}       // id|locked_until pairs already attributed
+	seen := map[string]bool{} // id|locked_until pairs already attributed
 	inflight := make([]map[string]bool, rounds)
 	var startupKills, maxInflight, totalInflight int
 	for r := range rounds {
@@ -110,6 +110,20 @@ func TestCrashRecovery(t *testing.T) {
 			waitKillMoment(time.Duration(rng.IntN(300)) * time.Millisecond)
 		}
 		child.kill(t)
+		// The server may still be finishing a statement the child sent just
+		// before it died (a claim that commits after the kill): wait until
+		// its sessions are gone, so that the claims read next are exactly
+		// the dead child's.
+		eventually(t, 30*time.Second, func() error {
+			var n int64
+			if err := db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE application_name = ?`, child.app).Scan(&n).Error; err != nil {
+				return err
+			}
+			if n > 0 {
+				return fmt.Errorf("%d sessions of the killed child still open", n)
+			}
+			return nil
+		})
 		inflight[r] = newClaims(t, db, ob.Table(), seen)
 		require.LessOrEqual(t, len(inflight[r]), crashBatch, "round %d: more claims in flight than one batch", r)
 		maxInflight = max(maxInflight, len(inflight[r]))
@@ -210,6 +224,7 @@ func recordDelivery(db *gorm.DB, round int) outbox.Handler {
 }
 
 type crashChild struct {
+	app    string // application_name of its sessions
 	cmd    *exec.Cmd
 	stdin  io.Closer
 	ready  chan struct{}
@@ -231,11 +246,12 @@ func (c *crashChild) output() string {
 
 func startCrashChild(t *testing.T, dsn string, round int) *crashChild {
 	t.Helper()
+	app := fmt.Sprintf("outbox-crash-%s-%d", randomHex(4), round)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=10m")
 	cmd.Env = append(os.Environ(),
-		childRoleEnv+"=crash", crashDSNEnv+"="+dsn, crashRoundEnv+"="+strconv.Itoa(round),
+		childRoleEnv+"=crash", crashDSNEnv+"="+withParam(t, dsn, "application_name", app), crashRoundEnv+"="+strconv.Itoa(round),
 		"GORACE=halt_on_error=1") // a race in the child ends it, and the parent sees that
-	c := &crashChild{cmd: cmd, ready: make(chan struct{})}
+	c := &crashChild{app: app, cmd: cmd, ready: make(chan struct{})}
 	cmd.Stderr = c
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
