@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Sentinel errors. Callers test for them with [errors.Is]; the errors this
@@ -56,6 +57,34 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
+}
+
+// RetryAfter wraps err to ask the relay to retry the event no sooner than d
+// from now instead of after RelayConfig.Backoff's delay: an HTTP 429 or 503
+// with a Retry-After header, a broker asking to slow down. The attempt still
+// counts towards MaxAttempts. A nil err yields nil.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &retryAfterError{err: err, d: max(d, 0)}
+}
+
+type retryAfterError struct {
+	err error
+	d   time.Duration
+}
+
+func (e *retryAfterError) Error() string { return fmt.Sprintf("%v (retry after %v)", e.err, e.d) }
+func (e *retryAfterError) Unwrap() error { return e.err }
+
+// retryDelay returns the delay a RetryAfter in err's chain asks for.
+func retryDelay(err error) (time.Duration, bool) {
+	var r *retryAfterError
+	if errors.As(err, &r) {
+		return r.d, true
+	}
+	return 0, false
 }
 
 type permanentError struct{ err error }

@@ -441,7 +441,7 @@ func (r *Relay) deliverOne(bctx context.Context, c *claimed, res *batchResult) {
 			hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
 			defer cancel()
 		}
-		err = r.o.deliver(hctx, c.ev)
+		err = r.o.deliver(context.WithValue(hctx, attemptKey{}, c.attempts), c.ev)
 	}
 	took := time.Since(began)
 	status := StatusSent
@@ -462,6 +462,16 @@ func (r *Relay) deliverOne(bctx context.Context, c *claimed, res *batchResult) {
 	}
 }
 
+type attemptKey struct{}
+
+// Attempt returns the delivery attempt (1 for the first) of the event a
+// relay's handler was called for, or 0 outside a relay delivery (memory
+// mode). Useful as a header or a log field.
+func Attempt(ctx context.Context) int {
+	n, _ := ctx.Value(attemptKey{}).(int)
+	return n
+}
+
 func (r *Relay) failure(c *claimed, err error) outcome {
 	out := outcome{id: c.ev.ID, status: StatusPending, err: truncate(err.Error(), maxLastError)}
 	now := r.o.now()
@@ -471,7 +481,11 @@ func (r *Relay) failure(c *claimed, err error) outcome {
 			append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts))...)
 		return out
 	}
-	out.due = now.Add(r.cfg.Backoff(c.attempts)).Truncate(time.Microsecond)
+	delay, ok := retryDelay(err)
+	if !ok {
+		delay = r.cfg.Backoff(c.attempts)
+	}
+	out.due = now.Add(delay).Truncate(time.Microsecond)
 	r.o.logger.Warn("outbox: delivery failed; will retry",
 		append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts), slog.Time("retry_at", out.due))...)
 	return out

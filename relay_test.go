@@ -100,6 +100,29 @@ func testRelayRetries(t *testing.T, b backend) {
 	assert.Equal(t, 0, n, "failed rows stay for a human")
 }
 
+func testRelayRetryAfterAndAttempt(t *testing.T, b backend) {
+	e := b.setup(t)
+	var attempts []int
+	e.ob.Handle("x", func(ctx context.Context, _ Event) error {
+		attempts = append(attempts, Attempt(ctx))
+		return RetryAfter(errors.New("429 too many requests"), 2*time.Hour)
+	})
+	publishN(t, e.db, "x", 1)
+	r := e.relay(RelayConfig{Backoff: func(int) time.Duration { return time.Second }})
+	_, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	rec := e.record("x-00000")
+	assert.WithinDuration(t, e.clock.Now().Add(2*time.Hour), rec.AvailableAt, time.Second, "RetryAfter overrides Backoff")
+	require.NotNil(t, rec.LastError)
+	assert.Contains(t, *rec.LastError, "429 too many requests")
+
+	e.clock.Advance(2*time.Hour + time.Second)
+	_, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, []int{1, 2}, attempts)
+	assert.Equal(t, 0, Attempt(t.Context()))
+}
+
 func testRelayPermanentAndReplay(t *testing.T, b backend) {
 	e := b.setup(t)
 	var fail atomic.Bool
@@ -259,11 +282,14 @@ func testRelayExpiredLease(t *testing.T, b backend) {
 
 func testRelayLeaseBudget(t *testing.T, b backend) {
 	e := b.setup(t)
+	const lease = 2 * time.Second
 	var started []string
+	var deadline time.Time
 	var mu sync.Mutex
 	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
 		mu.Lock()
 		started = append(started, ev.ID)
+		deadline, _ = ctx.Deadline()
 		mu.Unlock()
 		// A handler that blocks until its deadline: it must end before the
 		// lease does.
@@ -271,12 +297,12 @@ func testRelayLeaseBudget(t *testing.T, b backend) {
 		return ctx.Err()
 	})
 	publishN(t, e.db, "x", 3)
-	r := e.relay(RelayConfig{Lease: 300 * time.Millisecond, Workers: 1})
+	r := e.relay(RelayConfig{Lease: lease, Workers: 1})
 	begin := time.Now()
 	n, err := r.ProcessOnce(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, 3, n)
-	assert.Less(t, time.Since(begin), 300*time.Millisecond+100*time.Millisecond)
+	assert.True(t, deadline.Before(begin.Add(lease)), "the handler's deadline ends before the lease: %v after the claim", deadline.Sub(begin))
 	assert.Equal(t, []string{"x-00000"}, started, "no delivery starts once the lease budget is spent")
 
 	first := e.record("x-00000")

@@ -36,6 +36,7 @@ func runSuite(t *testing.T, b backend) {
 		"RelayDeliversAndMarksSent":             testRelayDelivers,
 		"RelayRetriesWithBackoffThenFails":      testRelayRetries,
 		"RelayPermanentErrorAndReplay":          testRelayPermanentAndReplay,
+		"RelayRetryAfterAndAttempt":             testRelayRetryAfterAndAttempt,
 		"RelayPanicAndMissingHandler":           testRelayPanicAndNoHandler,
 		"RelayConcurrentNoDoubleDelivery":       testRelayConcurrent,
 		"RelayReclaimsExpiredLease":             testRelayExpiredLease,
