@@ -99,13 +99,28 @@ func testEvent(id, aggregate string, seq int) outbox.Event {
 	}
 }
 
-// freePort returns a port nothing listens on, for a cluster that must come
-// back on the same address after a restart.
-func freePort(t *testing.T) int {
+// restartable starts a cluster that can be stopped and started again on
+// the same port with the same data, as a broker restart would.
+type restartable struct {
+	t    *testing.T
+	port int
+	dir  string
+}
+
+func newRestartable(t *testing.T) *restartable {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	port := ln.Addr().(*net.TCPAddr).Port
 	require.NoError(t, ln.Close())
-	return port
+	return &restartable{t: t, port: port, dir: t.TempDir()}
+}
+
+// start starts the cluster; it is stopped when the test ends at the latest.
+func (r *restartable) start() *kfake.Cluster {
+	r.t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.Ports(r.port), kfake.DataDir(r.dir), kfake.SeedTopics(3, kafka.DefaultTopic))
+	require.NoError(r.t, err)
+	r.t.Cleanup(c.Close)
+	return c
 }

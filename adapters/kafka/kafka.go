@@ -45,7 +45,10 @@ const (
 type Config struct {
 	// Client is an existing client to produce with, shared with the rest of
 	// the application; the Producer never closes it. It must keep
-	// idempotent writes on and must not be transactional. Defaults to a
+	// idempotent writes on and must not be transactional. Build it with
+	// kgo.AllowIdempotentProduceCancellation, as the Producer does for its
+	// own client: otherwise a publish that timed out stays buffered and is
+	// produced later anyway, besides the relay's retry. Defaults to a
 	// client the Producer builds from SeedBrokers and ClientOptions and
 	// closes in [Producer.Close].
 	Client *kgo.Client
@@ -55,7 +58,8 @@ type Config struct {
 	SeedBrokers []string
 
 	// ClientOptions are added when building the client: TLS, SASL,
-	// compression, timeouts. Ignored when Client is set. Defaults to none.
+	// compression, timeouts. Ignored when Client is set. The built client
+	// always has kgo.AllowIdempotentProduceCancellation. Defaults to none.
 	ClientOptions []kgo.Opt
 
 	// Topic receives every event when TopicFor is nil. Defaults to
@@ -105,7 +109,13 @@ func New(cfg Config) (*Producer, error) {
 		if len(seeds) == 0 {
 			seeds = []string{DefaultSeedBroker}
 		}
-		opts := append([]kgo.Opt{kgo.SeedBrokers(seeds...)}, cfg.ClientOptions...)
+		// Without AllowIdempotentProduceCancellation a record whose produce
+		// was attempted (even one refused at dial) stays buffered when the
+		// handler gives up, and is produced whenever the broker returns, on
+		// top of the relay's retry: an outage would leave one copy per
+		// attempt. With it, a record the handler gave up on is dropped,
+		// and a copy remains only if the broker had in fact stored it.
+		opts := append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.AllowIdempotentProduceCancellation()}, cfg.ClientOptions...)
 		cl, err := kgo.NewClient(opts...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox/kafka: build client: %w", err)

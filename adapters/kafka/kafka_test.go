@@ -1,11 +1,13 @@
 package kafka_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -214,4 +216,47 @@ func TestInvalidPayloadIsPermanent(t *testing.T) {
 	err = p.Publish(t.Context(), outbox.Event{ID: "evt-bad", Type: "x", Payload: json.RawMessage(`{"secret":`)})
 	require.True(t, outbox.IsPermanent(err))
 	assert.False(t, strings.Contains(err.Error(), "secret"), "payloads never appear in errors")
+}
+
+// TestPublishDuringOutage publishes while the broker is down: the publish
+// fails within its context, and the record it gave up on is not produced
+// behind the relay's back once the broker returns, so the relay's retry is
+// the only copy.
+func TestPublishDuringOutage(t *testing.T) {
+	t.Parallel()
+	broker := newRestartable(t)
+	c := broker.start()
+	seeds := c.ListenAddrs()
+	p := newProducer(t, seeds, kafka.Config{ClientOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond)}})
+	require.NoError(t, p.Publish(t.Context(), testEvent("evt-before", "1", 0)))
+	c.Close()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	err := p.Publish(ctx, testEvent("evt-during", "1", 1))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.False(t, outbox.IsPermanent(err))
+	assert.Contains(t, err.Error(), "outbox/kafka: publish event evt-during")
+	assert.Less(t, time.Since(began), 5*time.Second, "the handler returns when its context ends")
+
+	c = broker.start()
+	// The relay's retry of the failed event. It may fail again at first:
+	// franz-go fails a partition's buffered records together, and the
+	// abandoned attempt may still be buffered when the retry joins it.
+	retries := 0
+	require.Eventually(t, func() bool {
+		retries++
+		return p.Publish(t.Context(), testEvent("evt-during", "1", 1)) == nil
+	}, 10*time.Second, 10*time.Millisecond)
+	t.Logf("the retry succeeded at attempt %d", retries)
+	require.NoError(t, p.Publish(t.Context(), testEvent("evt-after", "1", 2)))
+	assert.EqualValues(t, 3, stored(t, c, kafka.DefaultTopic), "no copy of the abandoned attempt")
+	recs := consume(t, seeds, kafka.DefaultTopic, 3)
+	assert.Equal(t, map[string]int{"evt-before": 1, "evt-during": 1, "evt-after": 1}, countIDs(recs))
+	var order []string
+	for _, r := range recs {
+		order = append(order, header(r, kafka.HeaderEventID))
+	}
+	assert.Equal(t, []string{"evt-before", "evt-during", "evt-after"}, order, "one key, one partition, in order")
 }
