@@ -1,0 +1,212 @@
+// Command bench compares the outbox with watermill-sql and with hand-written
+// SQL floors on the same machine, and prints one markdown table.
+//
+//	cd bench && OUTBOX_TEST_POSTGRES_DSN=postgres://... go run . [flags]
+//
+// It starts no service: it uses the PostgreSQL named by
+// OUTBOX_TEST_POSTGRES_DSN, in a schema of its own that it drops at the end,
+// and a SQLite file in a temporary directory. The table goes to stdout,
+// progress to stderr. See ../BENCHMARKS.md for a full run and how to read it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+const dsnEnv = "OUTBOX_TEST_POSTGRES_DSN"
+
+// options are the command-line flags. Every loop the benchmark runs is
+// bounded by one of them, in count or in time.
+type options struct {
+	rounds       int
+	quick        bool
+	only         map[string]bool
+	writeDur     time.Duration
+	writers      []int
+	backlog      int
+	relays       []int
+	tuned        []relayShape
+	drainTimeout time.Duration
+	latencyDur   time.Duration
+	rate         int
+	scaleSent    int
+	scaleBacklog int
+	memBig       int
+	memSmall     int
+	asyncCommit  bool
+}
+
+func parseFlags(args []string) (options, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var (
+		o        options
+		only     string
+		tuned    string
+		writers  string
+		relays   string
+		explicit = map[string]bool{}
+	)
+	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every A/B comparison; medians and min–max are over rounds")
+	fs.BoolVar(&o.quick, "quick", false, "smoke run: small backlogs, short durations, 1 round (unless -rounds is given)")
+	fs.StringVar(&only, "only", "write,relay,latency,scale", "scenarios to run, comma separated")
+	fs.DurationVar(&o.writeDur, "write-dur", 3*time.Second, "how long each write-overhead measurement runs")
+	fs.StringVar(&writers, "writers", "1,8", "concurrent writers for the write-overhead scenario")
+	fs.IntVar(&o.backlog, "backlog", 200000, "events in the relay-throughput backlog")
+	fs.StringVar(&relays, "relays", "1,4", "concurrent relays for the relay-throughput scenario")
+	fs.StringVar(&tuned, "tuned", "1000x1,1000x4", "tuned relay shapes to try, BatchSize x Workers, comma separated")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 3*time.Minute, "longest a single drain may run; a slower contender is reported as partial")
+	fs.DurationVar(&o.latencyDur, "latency-dur", 10*time.Second, "how long each latency measurement publishes")
+	fs.IntVar(&o.rate, "rate", 500, "events per second in the latency scenario")
+	fs.IntVar(&o.scaleSent, "scale-sent", 1000000, "sent rows in the table for the scale scenario")
+	fs.IntVar(&o.scaleBacklog, "scale-backlog", 100000, "pending events drained in the scale scenario's throughput test")
+	fs.IntVar(&o.memBig, "mem-big", 1000000, "large backlog for the relay memory test")
+	fs.IntVar(&o.memSmall, "mem-small", 100000, "small backlog for the relay memory test")
+	fs.BoolVar(&o.asyncCommit, "async-commit", false, "set synchronous_commit=off on the benchmark's PostgreSQL sessions, to see what the WAL flush costs (not a production setting for an outbox)")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	if o.quick {
+		// Each quick value applies only where the flag was not given.
+		set := func(name string, apply func()) {
+			if !explicit[name] {
+				apply()
+			}
+		}
+		set("rounds", func() { o.rounds = 1 })
+		set("write-dur", func() { o.writeDur = time.Second })
+		set("backlog", func() { o.backlog = 20000 })
+		set("latency-dur", func() { o.latencyDur = 2 * time.Second })
+		set("scale-sent", func() { o.scaleSent = 100000 })
+		set("scale-backlog", func() { o.scaleBacklog = 20000 })
+		set("mem-big", func() { o.memBig = 100000 })
+		set("mem-small", func() { o.memSmall = 10000 })
+		set("drain-timeout", func() { o.drainTimeout = time.Minute })
+	}
+	if o.rounds < 1 {
+		return o, errors.New("-rounds must be at least 1")
+	}
+	o.only = map[string]bool{}
+	for _, s := range strings.Split(only, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case "write", "relay", "latency", "scale":
+			o.only[s] = true
+		case "":
+		default:
+			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale)", s)
+		}
+	}
+	var err error
+	if o.writers, err = parseInts(writers); err != nil {
+		return o, fmt.Errorf("-writers: %w", err)
+	}
+	if o.relays, err = parseInts(relays); err != nil {
+		return o, fmt.Errorf("-relays: %w", err)
+	}
+	for _, s := range strings.Split(tuned, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		var sh relayShape
+		if _, err := fmt.Sscanf(s, "%dx%d", &sh.batch, &sh.workers); err != nil || sh.batch < 1 || sh.workers < 1 {
+			return o, fmt.Errorf("-tuned: %q is not BatchSize x Workers (e.g. 1000x4)", s)
+		}
+		o.tuned = append(o.tuned, sh)
+	}
+	for _, v := range []struct {
+		name string
+		n    int
+	}{{"backlog", o.backlog}, {"rate", o.rate}, {"scale-backlog", o.scaleBacklog}, {"mem-big", o.memBig}, {"mem-small", o.memSmall}} {
+		if v.n < 1 {
+			return o, fmt.Errorf("-%s must be positive", v.name)
+		}
+	}
+	if o.scaleSent < 0 {
+		return o, errors.New("-scale-sent must not be negative")
+	}
+	return o, nil
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		var n int
+		if _, err := fmt.Sscanf(strings.TrimSpace(f), "%d", &n); err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func main() {
+	opts, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	dsn := os.Getenv(dsnEnv)
+	if dsn == "" {
+		fmt.Fprintf(os.Stderr, "bench: %s is not set. It starts no database of its own: point it at a PostgreSQL it may create (and drop) a schema in, e.g.\n  export %s='postgres://postgres@127.0.0.1:5432/test?sslmode=disable'\n", dsnEnv, dsnEnv)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, dsn, opts); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		stop()
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, dsn string, opts options) (err error) {
+	e, err := newEnv(ctx, dsn, opts.asyncCommit)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, e.close()) }()
+	progress("PostgreSQL schema %s, SQLite in %s; %d round(s)", e.schema, e.dir, opts.rounds)
+	if opts.asyncCommit {
+		progress("synchronous_commit=off on every benchmark session")
+	}
+
+	t := &table{}
+	started := time.Now()
+	steps := []struct {
+		name string
+		fn   func(context.Context, *env, options, *table) error
+	}{
+		{"write", runWrite},
+		{"relay", runRelay},
+		{"latency", runLatency},
+		{"scale", runScale},
+	}
+	for _, s := range steps {
+		if !opts.only[s.name] {
+			continue
+		}
+		progress("== scenario %s", s.name)
+		if err := s.fn(ctx, e, opts, t); err != nil {
+			return fmt.Errorf("scenario %s: %w", s.name, err)
+		}
+	}
+	progress("done in %s", time.Since(started).Round(time.Second))
+	t.print(os.Stdout)
+	return nil
+}
+
+func progress(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}

@@ -1,0 +1,566 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/gorm-outbox/outbox"
+)
+
+// relayShape is a relay configuration: events per claim and delivering
+// goroutines.
+type relayShape struct{ batch, workers int }
+
+func (s relayShape) String() string {
+	return fmt.Sprintf("BatchSize %d, Workers %d", s.batch, s.workers)
+}
+
+// tally records the arrival of events numbered 1..n: how many distinct ones
+// arrived, how many deliveries in all (the difference is duplicates), and
+// done closes when every one has arrived.
+type tally struct {
+	seen   []atomic.Bool // nil: count only (the memory test, whose heap this would distort)
+	n      int64
+	unique atomic.Int64
+	total  atomic.Int64
+	done   chan struct{}
+}
+
+func newTally(n int, track bool) *tally {
+	t := &tally{n: int64(n), done: make(chan struct{})}
+	if track {
+		t.seen = make([]atomic.Bool, n)
+	}
+	return t
+}
+
+func (t *tally) mark(i int) {
+	t.total.Add(1)
+	if t.seen != nil {
+		if i < 1 || i > len(t.seen) || !t.seen[i-1].CompareAndSwap(false, true) {
+			return
+		}
+	}
+	if t.unique.Add(1) == t.n {
+		close(t.done)
+	}
+}
+
+// relayContender drains a backlog. fill puts n pending events in its table,
+// in its own format; run delivers with the given number of relays until ctx
+// is done (or, for the floors, until nothing is left).
+type relayContender struct {
+	name  string
+	batch int // for matching ours with the floor at the same batch size
+	kind  string
+	fill  func(ctx context.Context, n int) error
+	run   func(ctx context.Context, relays int, t *tally) error
+	notes func() string // extra facts after a drain, e.g. watermill's retries
+}
+
+type drainResult struct {
+	rate    float64
+	elapsed time.Duration
+	unique  int64
+	total   int64
+	partial bool
+	note    string // the contender's notes, taken when the drain ended
+}
+
+// drain fills the contender's backlog, then times run until every event has
+// arrived once, or timeout.
+func drain(ctx context.Context, c relayContender, n, relays int, timeout time.Duration, track bool) (drainResult, error) {
+	if err := c.fill(ctx, n); err != nil {
+		return drainResult{}, err
+	}
+	t := newTally(n, track)
+	dctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() { errc <- c.run(dctx, relays, t) }()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var (
+		res     drainResult
+		runErr  error
+		stopped bool
+	)
+	select {
+	case <-t.done:
+	case <-timer.C:
+		res.partial = true
+	case runErr = <-errc:
+		stopped = true
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	res.elapsed = time.Since(start)
+	// Before cancelling: what a contender logs while being stopped (a
+	// cancelled query) is not part of the drain.
+	if c.notes != nil {
+		res.note = c.notes()
+	}
+	cancel()
+	if !stopped {
+		runErr = <-errc
+	}
+	if runErr != nil {
+		return res, runErr
+	}
+	res.unique, res.total = t.unique.Load(), t.total.Load()
+	if res.unique < int64(n) {
+		res.partial = true
+	}
+	res.rate = float64(res.unique) / res.elapsed.Seconds()
+	return res, nil
+}
+
+func runRelay(ctx context.Context, e *env, opts options, t *table) error {
+	admin, err := e.openPG()
+	if err != nil {
+		return err
+	}
+	defer closeDB(admin)
+	adb := sqlDB(admin)
+
+	shapes := append([]relayShape{{outbox.DefaultBatchSize, outbox.DefaultWorkers}}, opts.tuned...)
+	batches := []int{}
+	for _, s := range shapes {
+		if !containsInt(batches, s.batch) {
+			batches = append(batches, s.batch)
+		}
+	}
+	var cs []relayContender
+	for i, s := range shapes {
+		name := "ours, defaults (" + s.String() + ")"
+		if i > 0 {
+			name = "ours, tuned (" + s.String() + ")"
+		}
+		c, err := oursRelay(ctx, e, adb, "relay_ours", s, name)
+		if err != nil {
+			return err
+		}
+		cs = append(cs, c)
+	}
+	wm, err := watermillRelay(ctx, e, adb, opts.backlog)
+	if err != nil {
+		return err
+	}
+	cs = append(cs, wm)
+	if err := createOutboxTable(ctx, admin, "relay_floor"); err != nil {
+		return err
+	}
+	for _, b := range batches {
+		cs = append(cs, floorRelay(adb, e, "relay_floor", b, false), floorRelay(adb, e, "relay_floor", b, true))
+	}
+
+	type key struct {
+		name   string
+		relays int
+	}
+	rates := map[key]series{}
+	notes := map[key]string{}
+	for _, relays := range opts.relays {
+		for round := range opts.rounds {
+			for _, c := range rotate(cs, round) {
+				res, err := drain(ctx, c, opts.backlog, relays, opts.drainTimeout, true)
+				if err != nil {
+					return fmt.Errorf("%s, %d relay(s): %w", c.name, relays, err)
+				}
+				k := key{c.name, relays}
+				rates[k] = append(rates[k], res.rate)
+				var note string
+				if res.partial {
+					note = fmt.Sprintf("partial: %d of %d in %s", res.unique, opts.backlog, res.elapsed.Round(time.Second))
+				}
+				if d := res.total - res.unique; d > 0 {
+					note = joinNote(note, fmt.Sprintf("%d duplicate deliveries", d))
+				}
+				note = joinNote(note, res.note)
+				if note != "" {
+					notes[k] = joinNote(notes[k], fmt.Sprintf("r%d: %s", round+1, note))
+				}
+				progress("relay %d relay(s) round %d: %-60s %8.0f ev/s %s", relays, round+1, c.name, res.rate, note)
+			}
+		}
+	}
+
+	for _, relays := range opts.relays {
+		scen := fmt.Sprintf("2 relay throughput, %d-event backlog, %d relay(s)", opts.backlog, relays)
+		rowOf := map[string]*row{}
+		for _, c := range cs {
+			k := key{c.name, relays}
+			rowOf[c.name] = t.add(&row{scenario: scen, contender: c.name, metric: "events/s", vals: rates[k], format: fmtRate, note: notes[k]})
+		}
+		floorOf := func(batch int) float64 {
+			for _, c := range cs {
+				if c.kind == "floor-safe" && c.batch == batch {
+					return rates[key{c.name, relays}].median()
+				}
+			}
+			return 0
+		}
+		var best *row
+		for _, c := range cs {
+			if c.kind != "ours" {
+				continue
+			}
+			r := rowOf[c.name]
+			ours := r.vals.median()
+			fl := floorOf(c.batch)
+			r.judge(fmt.Sprintf("≥ 70%% of same-protocol floor at batch %d (%s); got %.0f%%", c.batch, fmtRate(fl), 100*ours/fl), ours >= 0.7*fl)
+			if best == nil || ours > best.vals.median() {
+				best = r
+			}
+		}
+		def := rowOf[cs[0].name]
+		w := rates[key{wm.name, relays}].median()
+		def.judge(fmt.Sprintf("≥ 10× watermill-sql (%s); got %.1f×", fmtRate(w), def.vals.median()/w), def.vals.median() >= 10*w)
+		if relays == 4 {
+			best.judge("≥ 50k/s with 4 relays (best ours)", best.vals.median() >= 50000)
+		}
+	}
+	return nil
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+func joinNote(a, b string) string {
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "; " + b
+}
+
+// oursRelay drains with relays running Relay.Run, each in its own goroutine,
+// on one *gorm.DB with the plugin installed, as an application would.
+func oursRelay(ctx context.Context, e *env, admin *sql.DB, table string, shape relayShape, name string) (relayContender, error) {
+	// Create the table once, through the plugin's own migration.
+	db, err := e.openPG()
+	if err != nil {
+		return relayContender{}, err
+	}
+	err = db.Use(outbox.Plugin(outbox.Config{Table: table, Logger: warnLogger}))
+	closeDB(db)
+	if err != nil {
+		return relayContender{}, fmt.Errorf("install outbox: %w", err)
+	}
+	return relayContender{
+		name:  name,
+		batch: shape.batch,
+		kind:  "ours",
+		fill: func(ctx context.Context, n int) error {
+			if err := exec(ctx, admin, `TRUNCATE "`+table+`"`); err != nil {
+				return err
+			}
+			return fillOutbox(ctx, admin, table, n, outbox.StatusPending)
+		},
+		run: func(ctx context.Context, relays int, t *tally) error {
+			return runOurs(ctx, e, table, outbox.RelayConfig{BatchSize: shape.batch, Workers: shape.workers}, relays, t, nil)
+		},
+	}, nil
+}
+
+// runOurs runs relays concurrent Relay.Run loops until ctx is done, on a
+// fresh pool with a fresh Outbox whose handler marks t. started, if set, is
+// called once the relays are starting.
+func runOurs(ctx context.Context, e *env, table string, cfg outbox.RelayConfig, relays int, t *tally, started func()) error {
+	db, err := e.openPG()
+	if err != nil {
+		return err
+	}
+	defer closeDB(db)
+	ob := outbox.Plugin(outbox.Config{Table: table, Logger: warnLogger, DisableAutoMigrate: true})
+	if err := db.Use(ob); err != nil {
+		return fmt.Errorf("install outbox: %w", err)
+	}
+	ob.Handle("order.created", func(_ context.Context, ev outbox.Event) error {
+		i, _ := strconv.Atoi(ev.AggregateID)
+		t.mark(i)
+		return nil
+	})
+	if started != nil {
+		started()
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, relays)
+	for i := range relays {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = ob.Relay(db, cfg).Run(ctx)
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+const wmRelayTopic = "relay"
+
+// watermillRelay drains with watermill-sql Subscribers at their defaults
+// (batch 100, PostgreSQL schema and offsets adapters), all in one consumer
+// group, each acking every message at once.
+func watermillRelay(ctx context.Context, e *env, admin *sql.DB, backlog int) (relayContender, error) {
+	if err := wmCreateTables(ctx, admin, wmRelayTopic); err != nil {
+		return relayContender{}, err
+	}
+	if err := ensureXIDs(ctx, admin, backlog); err != nil {
+		return relayContender{}, err
+	}
+	log := newWMLogger()
+	var lastRetries, lastErrors int64
+	return relayContender{
+		name:  "watermill-sql Subscriber (defaults: batch 100, consumer group)",
+		batch: 100,
+		kind:  "watermill",
+		fill: func(ctx context.Context, n int) error {
+			lastRetries, lastErrors = log.retries.Load(), log.errors.Load()
+			if err := exec(ctx, admin, `TRUNCATE "watermill_`+wmRelayTopic+`", "watermill_offsets_`+wmRelayTopic+`"`); err != nil {
+				return err
+			}
+			// One transaction ID per message, as when every message comes
+			// from its own business transaction: IDs that are all in the
+			// past (ensureXIDs made sure), so all are visible to the
+			// subscriber's "transaction_id < pg_snapshot_xmin" filter.
+			q := `INSERT INTO "watermill_` + wmRelayTopic + `" (uuid, payload, metadata, transaction_id)
+				SELECT 'wm' || lpad(g::text, 10, '0'), json_build_object('order_id', g, 'total', 42), '{}'::json, ((1000 + g)::text)::xid8
+				FROM generate_series(1, $1::int) g`
+			if _, err := admin.ExecContext(ctx, q, n); err != nil {
+				return fmt.Errorf("fill watermill table: %w", err)
+			}
+			return vacuum(ctx, admin, "watermill_"+wmRelayTopic)
+		},
+		run: func(ctx context.Context, relays int, t *tally) error {
+			db, err := sql.Open("pgx", e.dsn)
+			if err != nil {
+				return fmt.Errorf("open: %w", err)
+			}
+			defer db.Close()
+			var (
+				wg   sync.WaitGroup
+				subs []*wmsql.Subscriber
+			)
+			for range relays {
+				sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromStdSQL(db), wmsql.SubscriberConfig{
+					ConsumerGroup:  "bench",
+					SchemaAdapter:  wmsql.DefaultPostgreSQLSchema{},
+					OffsetsAdapter: wmsql.DefaultPostgreSQLOffsetsAdapter{},
+				}, log)
+				if err != nil {
+					return fmt.Errorf("watermill subscriber: %w", err)
+				}
+				subs = append(subs, sub)
+				ch, err := sub.Subscribe(ctx, wmRelayTopic)
+				if err != nil {
+					return fmt.Errorf("watermill subscribe: %w", err)
+				}
+				wg.Add(1)
+				go func(ch <-chan *message.Message) {
+					defer wg.Done()
+					for msg := range ch {
+						i, _ := strconv.Atoi(msg.UUID[2:])
+						t.mark(i)
+						msg.Ack()
+					}
+				}(ch)
+			}
+			<-ctx.Done()
+			for _, s := range subs {
+				_ = s.Close()
+			}
+			wg.Wait()
+			return nil
+		},
+		notes: func() string {
+			var s string
+			if r := log.retries.Load() - lastRetries; r > 0 {
+				s = fmt.Sprintf("%d silent serialization-failure retries", r)
+			}
+			if n := log.errors.Load() - lastErrors; n > 0 {
+				s = joinNote(s, fmt.Sprintf("%d logged errors (first: %s)", n, *log.firstErr.Load()))
+			}
+			return s
+		},
+	}, nil
+}
+
+// ensureXIDs makes sure the cluster's transaction counter is past
+// 1000+n+1000, so the fabricated per-message transaction IDs of the
+// watermill backlog are all in the past. A young cluster is advanced by
+// committing empty transactions that take an ID (harmless; vacuum freezes
+// far later).
+func ensureXIDs(ctx context.Context, db *sql.DB, n int) error {
+	need := int64(n + 2000)
+	var cur int64
+	if err := db.QueryRowContext(ctx, "SELECT pg_current_xact_id()::text::bigint").Scan(&cur); err != nil {
+		return fmt.Errorf("current transaction ID: %w", err)
+	}
+	if cur >= need {
+		return nil
+	}
+	progress("advancing the transaction ID counter by %d for the watermill backlog (once per cluster)", need-cur)
+	q := fmt.Sprintf(`DO $$ BEGIN
+		SET LOCAL synchronous_commit = off;
+		FOR i IN 1..%d LOOP PERFORM pg_current_xact_id(); COMMIT; END LOOP;
+	END $$`, need-cur)
+	if _, err := db.ExecContext(ctx, q); err != nil {
+		return fmt.Errorf("advance transaction IDs: %w", err)
+	}
+	return nil
+}
+
+// The floors' SQL. The safe one is the claim of sql.go written by hand.
+const (
+	floorClaim = `UPDATE "%[1]s" SET available_at = $1, locked_until = $1, attempts = attempts + 1, updated_at = $2
+		WHERE id IN (SELECT c.id FROM "%[1]s" c WHERE c.status = 'pending' AND c.available_at <= $2
+			ORDER BY c.available_at, c.id LIMIT $3 FOR UPDATE SKIP LOCKED)
+		RETURNING id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, occurred_at, created_at`
+	floorMark = `UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, locked_until = NULL, last_error = NULL
+		WHERE id = ANY($3) AND locked_until = $2 AND status = 'pending'`
+	floorOneStep = `UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, attempts = attempts + 1
+		WHERE id IN (SELECT c.id FROM "%[1]s" c WHERE c.status = 'pending' AND c.available_at <= $1
+			ORDER BY c.available_at, c.id LIMIT $2 FOR UPDATE SKIP LOCKED)
+		RETURNING id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, occurred_at, created_at`
+)
+
+type floorRow struct {
+	id, typ, aggType, aggID, key string
+	payload                      []byte
+	headers                      sql.NullString
+	attempts                     int
+	occurred, created            time.Time
+}
+
+func scanFloor(rows *sql.Rows) ([]floorRow, error) {
+	defer rows.Close()
+	var out []floorRow
+	for rows.Next() {
+		var r floorRow
+		if err := rows.Scan(&r.id, &r.typ, &r.aggType, &r.aggID, &r.key, &r.payload, &r.headers, &r.attempts, &r.occurred, &r.created); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// floorRelay is the raw-SQL floor on a table in our format. Safe: claim
+// with a lease, deliver outside any transaction, mark sent guarded by the
+// lease (what ours does). Unsafe (oneStep): mark sent in the claiming
+// UPDATE and deliver inside that transaction; a crash after the commit
+// loses the batch, and the transaction stays open across the handlers.
+func floorRelay(admin *sql.DB, e *env, table string, batch int, oneStep bool) relayContender {
+	name := fmt.Sprintf("floor a: claim+lease, deliver, mark (batch %d)", batch)
+	kind := "floor-safe"
+	if oneStep {
+		name = fmt.Sprintf("floor b, unsafe: one-step UPDATE…RETURNING, deliver in tx (batch %d)", batch)
+		kind = "floor-unsafe"
+	}
+	claimQ, markQ, oneQ := fmt.Sprintf(floorClaim, table), fmt.Sprintf(floorMark, table), fmt.Sprintf(floorOneStep, table)
+	deliver := func(t *tally, rs []floorRow) {
+		for _, r := range rs {
+			i, _ := strconv.Atoi(r.aggID)
+			t.mark(i)
+		}
+	}
+	safeLoop := func(ctx context.Context, db *sql.DB, t *tally) error {
+		for ctx.Err() == nil {
+			now := time.Now().UTC().Truncate(time.Microsecond)
+			lease := now.Add(time.Minute)
+			rows, err := db.QueryContext(ctx, claimQ, lease, now, batch)
+			if err != nil {
+				return err
+			}
+			rs, err := scanFloor(rows)
+			if err != nil || len(rs) == 0 {
+				return err
+			}
+			deliver(t, rs)
+			ids := make([]string, len(rs))
+			for i, r := range rs {
+				ids[i] = r.id
+			}
+			if _, err := db.ExecContext(ctx, markQ, time.Now().UTC(), lease, ids); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	oneStepLoop := func(ctx context.Context, db *sql.DB, t *tally) error {
+		for ctx.Err() == nil {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				return err
+			}
+			rows, err := tx.QueryContext(ctx, oneQ, time.Now().UTC(), batch)
+			if err != nil {
+				_ = tx.Rollback()
+				return err
+			}
+			rs, err := scanFloor(rows)
+			if err != nil {
+				_ = tx.Rollback()
+				return err
+			}
+			deliver(t, rs)
+			if err := tx.Commit(); err != nil || len(rs) == 0 {
+				return err
+			}
+		}
+		return nil
+	}
+	loop := safeLoop
+	if oneStep {
+		loop = oneStepLoop
+	}
+	return relayContender{
+		name:  name,
+		batch: batch,
+		kind:  kind,
+		fill: func(ctx context.Context, n int) error {
+			if err := exec(ctx, admin, `TRUNCATE "`+table+`"`); err != nil {
+				return err
+			}
+			return fillOutbox(ctx, admin, table, n, outbox.StatusPending)
+		},
+		run: func(ctx context.Context, relays int, t *tally) error {
+			db, err := sql.Open("pgx", e.dsn)
+			if err != nil {
+				return fmt.Errorf("open: %w", err)
+			}
+			defer db.Close()
+			var wg sync.WaitGroup
+			errs := make([]error, relays)
+			for i := range relays {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					if err := loop(ctx, db, t); err != nil && ctx.Err() == nil {
+						errs[i] = err
+					}
+				}()
+			}
+			wg.Wait()
+			return errors.Join(errs...)
+		},
+	}
+}

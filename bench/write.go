@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/gorm-outbox/outbox"
+	"gorm.io/gorm"
+)
+
+// BenchOrder is the business row every write-overhead transaction inserts.
+type BenchOrder struct {
+	ID       uint `gorm:"primaryKey"`
+	Customer string
+	Total    int
+}
+
+// TableName keeps the table name fixed whatever GORM's naming strategy.
+func (BenchOrder) TableName() string { return "bench_orders" }
+
+// orderCreated is the payload every contender publishes, JSON-encoded.
+type orderCreated struct {
+	OrderID uint `json:"order_id"`
+	Total   int  `json:"total"`
+}
+
+// writeContender is one way to write a business row (plus, except for the
+// baseline, one message) in a transaction.
+type writeContender struct {
+	name  string
+	db    *gorm.DB
+	extra func(tx *gorm.DB, o *BenchOrder) error // nil: the business insert alone
+}
+
+const wmWriteTopic = "orders"
+
+func runWrite(ctx context.Context, e *env, opts options, t *table) error {
+	if err := writeBackend(ctx, e, opts, t, "postgres"); err != nil {
+		return fmt.Errorf("postgres: %w", err)
+	}
+	if err := writeBackend(ctx, e, opts, t, "sqlite"); err != nil {
+		return fmt.Errorf("sqlite: %w", err)
+	}
+	return nil
+}
+
+func writeBackend(ctx context.Context, e *env, opts options, t *table, backend string) error {
+	open := e.openPG
+	if backend == "sqlite" {
+		// Every pool of this scenario opens the same file.
+		path := e.newSQLitePath()
+		open = func() (*gorm.DB, error) { return openSQLite(path) }
+	}
+	// The baseline, watermill-sql and the floor run on a plain *gorm.DB;
+	// ours on one with the plugin installed, so its connection-pool hook is
+	// part of what it costs.
+	plain, err := open()
+	if err != nil {
+		return err
+	}
+	defer closeDB(plain)
+	if err := plain.WithContext(ctx).AutoMigrate(&BenchOrder{}); err != nil {
+		return fmt.Errorf("migrate business table: %w", err)
+	}
+	if err := createOutboxTable(ctx, plain, "floor_events"); err != nil {
+		return err
+	}
+	withPlugin := func(cfg outbox.Config) (*gorm.DB, error) {
+		db, err := open()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Logger = warnLogger
+		if err := db.Use(outbox.Plugin(cfg)); err != nil {
+			closeDB(db)
+			return nil, fmt.Errorf("install outbox: %w", err)
+		}
+		return db, nil
+	}
+	ours, err := withPlugin(outbox.Config{})
+	if err != nil {
+		return err
+	}
+	defer closeDB(ours)
+
+	contenders := []writeContender{
+		{name: "business insert alone", db: plain},
+		{name: "+ outbox.Publish (ours)", db: ours, extra: publishOurs},
+		{name: "+ hand-written INSERT (floor)", db: plain, extra: floorInsert(backend)},
+	}
+	tables := []string{"bench_orders", outbox.DefaultTable, "floor_events"}
+	if backend == "postgres" {
+		quiet, err := withPlugin(outbox.Config{DisableNotify: true})
+		if err != nil {
+			return err
+		}
+		defer closeDB(quiet)
+		if err := wmCreateTables(ctx, sqlDB(plain), wmWriteTopic); err != nil {
+			return err
+		}
+		contenders = append(contenders,
+			writeContender{name: "+ outbox.Publish, DisableNotify (ours)", db: quiet, extra: publishOurs},
+			writeContender{name: "+ watermill-sql Publisher in the tx", db: plain, extra: publishWatermill},
+		)
+		tables = append(tables, "watermill_"+wmWriteTopic)
+	}
+
+	for _, writers := range opts.writers {
+		rates := map[string]series{}
+		ratios := map[string]series{}
+		for round := range opts.rounds {
+			got := map[string]float64{}
+			for _, c := range rotate(contenders, round) {
+				if err := clearTables(ctx, plain, backend, tables); err != nil {
+					return err
+				}
+				// A short unmeasured warm-up fills the pools and caches.
+				if _, err := measureWrites(ctx, c.db, writers, opts.writeDur/10, c.extra); err != nil {
+					return fmt.Errorf("%s: %w", c.name, err)
+				}
+				rate, err := measureWrites(ctx, c.db, writers, opts.writeDur, c.extra)
+				if err != nil {
+					return fmt.Errorf("%s: %w", c.name, err)
+				}
+				got[c.name] = rate
+				progress("write %s %d writer(s) round %d: %-40s %8.0f tx/s", backend, writers, round+1, c.name, rate)
+			}
+			base := got[contenders[0].name]
+			for _, c := range contenders {
+				rates[c.name] = append(rates[c.name], got[c.name])
+				ratios[c.name] = append(ratios[c.name], got[c.name]/base)
+			}
+		}
+		scen := fmt.Sprintf("1 write overhead, %s, %d writer(s)", backend, writers)
+		var oursRow *row
+		for i, c := range contenders {
+			if i == 0 {
+				t.add(&row{scenario: scen, contender: c.name, metric: "tx/s", vals: rates[c.name], format: fmtRate})
+				continue
+			}
+			r := t.add(&row{scenario: scen, contender: c.name, metric: "ratio to alone", vals: ratios[c.name], format: fmtRatio,
+				note: "≈ " + fmtRate(rates[c.name].median())})
+			if c.name == contenders[1].name {
+				oursRow = r
+			}
+		}
+		floor := ratios[contenders[2].name].median()
+		ourRatio := ratios[contenders[1].name].median()
+		oursRow.judge(fmt.Sprintf("≥ 0.9 × floor's %.2f", floor), ourRatio >= 0.9*floor)
+		if wm, ok := ratios["+ watermill-sql Publisher in the tx"]; ok {
+			oursRow.judge(fmt.Sprintf("> watermill-sql's %.2f", wm.median()), ourRatio > wm.median())
+		}
+	}
+	return nil
+}
+
+func clearTables(ctx context.Context, db *gorm.DB, backend string, tables []string) error {
+	s := sqlDB(db)
+	if backend == "postgres" {
+		q := "TRUNCATE "
+		for i, t := range tables {
+			if i > 0 {
+				q += ", "
+			}
+			q += `"` + t + `"`
+		}
+		return exec(ctx, s, q+" RESTART IDENTITY")
+	}
+	for _, t := range tables {
+		if err := exec(ctx, s, `DELETE FROM "`+t+`"`); err != nil {
+			return err
+		}
+	}
+	// Start every measurement from a short WAL, as the first one did.
+	return exec(ctx, s, "PRAGMA wal_checkpoint(TRUNCATE)")
+}
+
+// measureWrites runs business transactions on writers goroutines for dur
+// and returns the committed transactions per second.
+func measureWrites(ctx context.Context, db *gorm.DB, writers int, dur time.Duration, extra func(*gorm.DB, *BenchOrder) error) (float64, error) {
+	var (
+		n        atomic.Int64
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	start := time.Now()
+	deadline := start.Add(dur)
+	for range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) && ctx.Err() == nil {
+				err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+					o := BenchOrder{Customer: "customer-42", Total: 42}
+					if err := tx.Create(&o).Error; err != nil {
+						return fmt.Errorf("insert order: %w", err)
+					}
+					if extra != nil {
+						return extra(tx, &o)
+					}
+					return nil
+				})
+				if err != nil {
+					mu.Lock()
+					firstErr = errors.Join(firstErr, err)
+					mu.Unlock()
+					return
+				}
+				n.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return 0, firstErr
+	}
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return float64(n.Load()) / time.Since(start).Seconds(), nil
+}
+
+func publishOurs(tx *gorm.DB, o *BenchOrder) error {
+	return outbox.Publish(tx, outbox.Event{
+		Type:          "order.created",
+		AggregateType: "order",
+		AggregateID:   strconv.FormatUint(uint64(o.ID), 10),
+		Payload:       orderCreated{OrderID: o.ID, Total: o.Total},
+	})
+}
+
+// publishWatermill publishes through watermill-sql in the business
+// transaction, as its docs describe for transactional publishing: a
+// Publisher built on the transaction itself (without AutoInitializeSchema,
+// which it forbids on a transaction).
+func publishWatermill(tx *gorm.DB, o *BenchOrder) error {
+	pub, err := wmsql.NewPublisher(wmExecutor{tx.Statement.ConnPool},
+		wmsql.PublisherConfig{SchemaAdapter: wmsql.DefaultPostgreSQLSchema{}}, nil)
+	if err != nil {
+		return fmt.Errorf("watermill publisher: %w", err)
+	}
+	payload, err := json.Marshal(orderCreated{OrderID: o.ID, Total: o.Total})
+	if err != nil {
+		return fmt.Errorf("encode payload: %w", err)
+	}
+	msg := message.NewMessage(watermill.NewUUID(), payload)
+	msg.SetContext(tx.Statement.Context)
+	if err := pub.Publish(wmWriteTopic, msg); err != nil {
+		return fmt.Errorf("watermill publish: %w", err)
+	}
+	return nil
+}
+
+// floorInsert is the hand-written outbox: one plain INSERT of the same
+// columns into a table with the same DDL as ours, and nothing else (no
+// validation, no ON CONFLICT, no after-commit hook).
+func floorInsert(backend string) func(*gorm.DB, *BenchOrder) error {
+	q := `INSERT INTO floor_events (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
+		status, attempts, available_at, occurred_at, created_at, updated_at)
+		VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $7, $7, $7)`
+	if backend == "sqlite" {
+		q = `INSERT INTO floor_events (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
+		status, attempts, available_at, occurred_at, created_at, updated_at)
+		VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?7, ?7, ?7)`
+	}
+	return func(tx *gorm.DB, o *BenchOrder) error {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return fmt.Errorf("event id: %w", err)
+		}
+		payload, err := json.Marshal(orderCreated{OrderID: o.ID, Total: o.Total})
+		if err != nil {
+			return fmt.Errorf("encode payload: %w", err)
+		}
+		now := time.Now().UTC()
+		_, err = tx.Statement.ConnPool.ExecContext(tx.Statement.Context, q,
+			id.String(), "order.created", "order", strconv.FormatUint(uint64(o.ID), 10), id.String(), string(payload), now)
+		if err != nil {
+			return fmt.Errorf("floor insert: %w", err)
+		}
+		return nil
+	}
+}
