@@ -14,6 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/gorm-outbox/outbox"
+	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
 
 	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -79,6 +80,11 @@ func runLatency(ctx context.Context, e *env, opts options, t *table) error {
 		cs = append(cs, c.latencyContender)
 	}
 	cs = append(cs, watermillLatency(e, plain, clear))
+	floor, err := floorLatency(ctx, e, plain)
+	if err != nil {
+		return err
+	}
+	cs = append(cs, floor)
 
 	type key struct{ name, metric string }
 	vals := map[key]series{}
@@ -354,4 +360,94 @@ func watermillLatency(e *env, plain *gorm.DB, clear func(context.Context) error)
 			return sub.Close()
 		},
 	}
+}
+
+// floorLatency is push delivery written by hand, as a reference for what
+// this machine allows at the moment: the writer sends NOTIFY right after
+// each commit (no debounce); a dedicated connection LISTENs and, on every
+// notification, runs the floor's claim-with-lease, deliver and mark until
+// nothing is due.
+func floorLatency(ctx context.Context, e *env, plain *gorm.DB) (latencyContender, error) {
+	const table, channel = "latency_floor", "latency_floor_wakeup"
+	if err := createOutboxTable(ctx, plain, table); err != nil {
+		return latencyContender{}, err
+	}
+	insert := floorInsertInto(table, "postgres")
+	claimQ, markQ := fmt.Sprintf(floorClaim, table), fmt.Sprintf(floorMark, table)
+	return latencyContender{
+		name: "floor: NOTIFY per commit, LISTEN, claim+lease, deliver, mark (hand-written)",
+		prepare: func(ctx context.Context) error {
+			return exec(ctx, sqlDB(plain), `TRUNCATE bench_orders, "`+table+`"`)
+		},
+		publish: func(ctx context.Context, i int) error {
+			err := plain.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				o := BenchOrder{Customer: "customer-42", Total: 42}
+				if err := tx.Create(&o).Error; err != nil {
+					return fmt.Errorf("insert order: %w", err)
+				}
+				return insert(tx, strconv.Itoa(i), &o)
+			})
+			if err != nil {
+				return err
+			}
+			if _, err := sqlDB(plain).ExecContext(ctx, "SELECT pg_notify($1, '')", channel); err != nil {
+				return fmt.Errorf("notify: %w", err)
+			}
+			return nil
+		},
+		run: func(ctx context.Context, handled func(int), ready func()) error {
+			db, err := sql.Open("pgx", e.dsn)
+			if err != nil {
+				return fmt.Errorf("open: %w", err)
+			}
+			defer db.Close()
+			conn, err := db.Conn(ctx)
+			if err != nil {
+				return fmt.Errorf("listen connection: %w", err)
+			}
+			defer conn.Close()
+			drainDue := func() error {
+				for {
+					now := time.Now().UTC().Truncate(time.Microsecond)
+					lease := now.Add(time.Minute)
+					rows, err := db.QueryContext(ctx, claimQ, lease, now, outbox.DefaultBatchSize)
+					if err != nil {
+						return err
+					}
+					rs, err := scanFloor(rows)
+					if err != nil || len(rs) == 0 {
+						return err
+					}
+					ids := make([]string, len(rs))
+					for k, r := range rs {
+						i, _ := strconv.Atoi(r.aggID)
+						handled(i)
+						ids[k] = r.id
+					}
+					if _, err := db.ExecContext(ctx, markQ, time.Now().UTC(), lease, ids); err != nil {
+						return err
+					}
+				}
+			}
+			err = conn.Raw(func(dc any) error {
+				pc := dc.(*stdlib.Conn).Conn()
+				if _, err := pc.Exec(ctx, "LISTEN "+channel); err != nil {
+					return err
+				}
+				ready()
+				for {
+					if _, err := pc.WaitForNotification(ctx); err != nil {
+						return err
+					}
+					if err := drainDue(); err != nil {
+						return err
+					}
+				}
+			})
+			if ctx.Err() != nil {
+				return nil // stopped
+			}
+			return err
+		},
+	}, nil
 }

@@ -266,15 +266,24 @@ func publishWatermill(tx *gorm.DB, o *BenchOrder) error {
 // columns into a table with the same DDL as ours, and nothing else (no
 // validation, no ON CONFLICT, no after-commit hook).
 func floorInsert(backend string) func(*gorm.DB, *BenchOrder) error {
-	q := `INSERT INTO floor_events (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
+	insert := floorInsertInto("floor_events", backend)
+	return func(tx *gorm.DB, o *BenchOrder) error {
+		return insert(tx, strconv.FormatUint(uint64(o.ID), 10), o)
+	}
+}
+
+// floorInsertInto returns the floor's INSERT into table, with aggID as the
+// aggregate ID.
+func floorInsertInto(table, backend string) func(tx *gorm.DB, aggID string, o *BenchOrder) error {
+	q := `INSERT INTO ` + table + ` (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
 		status, attempts, available_at, occurred_at, created_at, updated_at)
 		VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $7, $7, $7)`
 	if backend == "sqlite" {
-		q = `INSERT INTO floor_events (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
+		q = `INSERT INTO ` + table + ` (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
 		status, attempts, available_at, occurred_at, created_at, updated_at)
 		VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?7, ?7, ?7)`
 	}
-	return func(tx *gorm.DB, o *BenchOrder) error {
+	return func(tx *gorm.DB, aggID string, o *BenchOrder) error {
 		id, err := uuid.NewV7()
 		if err != nil {
 			return fmt.Errorf("event id: %w", err)
@@ -285,7 +294,7 @@ func floorInsert(backend string) func(*gorm.DB, *BenchOrder) error {
 		}
 		now := time.Now().UTC()
 		_, err = tx.Statement.ConnPool.ExecContext(tx.Statement.Context, q,
-			id.String(), "order.created", "order", strconv.FormatUint(uint64(o.ID), 10), id.String(), string(payload), now)
+			id.String(), "order.created", "order", aggID, id.String(), string(payload), now)
 		if err != nil {
 			return fmt.Errorf("floor insert: %w", err)
 		}

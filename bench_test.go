@@ -1,0 +1,117 @@
+package outbox
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// The benchmarks run on SQLite and, when OUTBOX_TEST_POSTGRES_DSN is set,
+// on PostgreSQL. They are bounded by -benchtime; CI runs them as
+//
+//	go test -run '^$' -bench . -benchtime=100x .
+//
+// to keep them compiling. The side-by-side comparison with watermill-sql
+// and the raw-SQL floors is the bench/ module (see BENCHMARKS.md).
+
+var benchBackends = []string{"sqlite", "postgres"}
+
+// benchOutbox opens a fresh database with the plugin installed and the
+// Order table created.
+func benchOutbox(b *testing.B, backend string, cfg Config) (*gorm.DB, *Outbox) {
+	b.Helper()
+	db := openBenchDB(b, backend)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	ob := Plugin(cfg)
+	if err := db.Use(ob); err != nil {
+		b.Fatalf("install: %v", err)
+	}
+	if err := db.AutoMigrate(&Order{}); err != nil {
+		b.Fatalf("migrate: %v", err)
+	}
+	return db, ob
+}
+
+type benchPayload struct {
+	OrderID uint `json:"order_id"`
+	Total   int  `json:"total"`
+}
+
+// BenchmarkPublish is one business transaction: insert an Order and
+// publish one event in it.
+func BenchmarkPublish(b *testing.B) {
+	for _, backend := range benchBackends {
+		b.Run(backend, func(b *testing.B) {
+			db, _ := benchOutbox(b, backend, Config{})
+			ctx := context.Background()
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+					o := Order{Total: i}
+					if err := tx.Create(&o).Error; err != nil {
+						return err
+					}
+					return Publish(tx, Event{
+						Type: "order.created", AggregateType: "order", AggregateID: strconv.Itoa(int(o.ID)),
+						Payload: benchPayload{OrderID: o.ID, Total: o.Total},
+					})
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// relayCycleBatch is the batch one BenchmarkRelayCycle iteration claims.
+const relayCycleBatch = 100
+
+// BenchmarkRelayCycle is one relay cycle: claim a batch of 100 due events,
+// deliver them to a no-op handler, mark them sent. The 100 events are
+// written before each iteration with the timer stopped.
+func BenchmarkRelayCycle(b *testing.B) {
+	for _, backend := range benchBackends {
+		b.Run(backend, func(b *testing.B) {
+			db, ob := benchOutbox(b, backend, Config{DisableNotify: true})
+			ob.Handle("order.created", func(context.Context, Event) error { return nil })
+			relay := ob.Relay(db, RelayConfig{BatchSize: relayCycleBatch, KeepSent: true})
+			ctx := context.Background()
+			events := make([]Event, relayCycleBatch)
+			var (
+				delivered int
+				busy      time.Duration
+			)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				for j := range events {
+					events[j] = Event{Type: "order.created", AggregateType: "order",
+						AggregateID: strconv.Itoa(i*relayCycleBatch + j), Payload: benchPayload{Total: j}}
+				}
+				if err := Publish(db.WithContext(ctx), events...); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				start := time.Now()
+				n, err := relay.ProcessOnce(ctx)
+				busy += time.Since(start)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n != relayCycleBatch {
+					b.Fatalf("claimed %d events, want %d", n, relayCycleBatch)
+				}
+				delivered += n
+			}
+			b.ReportMetric(float64(delivered)/float64(b.N), "events/op")
+			b.ReportMetric(float64(busy.Nanoseconds())/float64(delivered), "ns/event")
+		})
+	}
+}
