@@ -4,13 +4,10 @@ go 1.26.8
 
 require (
 	github.com/gorm-outbox/outbox v0.0.0
+	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/stretchr/testify v1.12.1
 	gorm.io/driver/sqlite v1.6.0
-)
-
-require (
-	github.com/mattn/go-sqlite3 v1.14.22 // indirect
-	go.yaml.in/yaml/v3 v3.0.5 // indirect
+	gorm.io/gorm v1.31.2
 )
 
 require (
@@ -21,10 +18,10 @@ require (
 	github.com/jackc/puddle/v2 v2.2.2 // indirect
 	github.com/jinzhu/inflection v1.0.0 // indirect
 	github.com/jinzhu/now v1.1.5 // indirect
-	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/mattn/go-sqlite3 v1.14.22 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/sync v0.17.0 // indirect
 	golang.org/x/text v0.29.0 // indirect
-	gorm.io/gorm v1.31.2
 )
 
 replace github.com/gorm-outbox/outbox => ../..
