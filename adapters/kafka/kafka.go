@@ -35,7 +35,9 @@ import (
 
 // Defaults of [Config].
 const (
-	DefaultTopic      = "outbox.events"
+	// DefaultTopic is [Config.Topic]'s default.
+	DefaultTopic = "outbox.events"
+	// DefaultSeedBroker is [Config.SeedBrokers]' default.
 	DefaultSeedBroker = "localhost:9092"
 )
 

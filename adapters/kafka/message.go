@@ -16,13 +16,22 @@ import (
 // outbox adapters so that consumers read the same headers whatever the
 // broker.
 const (
-	HeaderEventID        = "Outbox-Event-Id"
-	HeaderEventType      = "Outbox-Event-Type"
-	HeaderAggregateType  = "Outbox-Aggregate-Type" // only when the event has one
-	HeaderAggregateID    = "Outbox-Aggregate-Id"   // only when the event has one
+	// HeaderEventID carries the event ID, the consumer's deduplication key.
+	HeaderEventID = "Outbox-Event-Id"
+	// HeaderEventType carries the event type.
+	HeaderEventType = "Outbox-Event-Type"
+	// HeaderAggregateType carries the aggregate type, when the event has one.
+	HeaderAggregateType = "Outbox-Aggregate-Type"
+	// HeaderAggregateID carries the aggregate ID, when the event has one.
+	HeaderAggregateID = "Outbox-Aggregate-Id"
+	// HeaderIdempotencyKey carries the publisher's idempotency key.
 	HeaderIdempotencyKey = "Outbox-Idempotency-Key"
-	HeaderOccurredAt     = "Outbox-Occurred-At" // RFC 3339, UTC, microseconds
-	HeaderContentType    = "Content-Type"       // always "application/json"
+	// HeaderOccurredAt carries when the event happened: RFC 3339, UTC,
+	// microseconds.
+	HeaderOccurredAt = "Outbox-Occurred-At"
+	// HeaderContentType is always "application/json": the value is the
+	// event's JSON payload.
+	HeaderContentType = "Content-Type"
 )
 
 // occurredAtFormat keeps the microseconds the outbox stores, with a fixed

@@ -36,8 +36,11 @@ import (
 
 // Defaults of [Config].
 const (
-	DefaultURL            = "amqp://guest:guest@localhost:5672/"
-	DefaultExchange       = "outbox.events"
+	// DefaultURL is [Config.URL]'s default: a local broker's guest account.
+	DefaultURL = "amqp://guest:guest@localhost:5672/"
+	// DefaultExchange is [Config.Exchange]'s default.
+	DefaultExchange = "outbox.events"
+	// DefaultConnectionName is [Config.ConnectionName]'s default.
 	DefaultConnectionName = "gorm-outbox"
 )
 
