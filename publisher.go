@@ -59,20 +59,9 @@ type Event struct {
 
 // DecodePayload decodes the event's JSON payload into v.
 func (e Event) DecodePayload(v any) error {
-	var raw []byte
-	switch p := e.Payload.(type) {
-	case json.RawMessage:
-		raw = p
-	case []byte:
-		raw = p
-	default:
-		// An Event that was never published still has its Go payload: encode
-		// it so callers get the same result either way.
-		b, err := json.Marshal(p)
-		if err != nil {
-			return fmt.Errorf("%w: encode payload: %w", ErrInvalidEvent, err)
-		}
-		raw = b
+	raw, err := e.PayloadJSON()
+	if err != nil {
+		return err
 	}
 	if err := json.Unmarshal(raw, v); err != nil {
 		return fmt.Errorf("outbox: decode payload of event %s: %w", e.ID, err)

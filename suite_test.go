@@ -526,3 +526,23 @@ func testSQLiteInMemoryRefused(t *testing.T, b backend) {
 	sqlDB.SetMaxOpenConns(1)
 	require.NoError(t, one.Use(Plugin(Config{})), "a single connection is a single database")
 }
+
+func TestEventHelpers(t *testing.T) {
+	e := Event{ID: "1", Type: "t", IdempotencyKey: "k", AggregateID: "9",
+		OccurredAt: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), Payload: map[string]int{"a": 1}}
+	assert.Equal(t, map[string]string{
+		HeaderEventID: "1", HeaderEventType: "t", HeaderIdempotencyKey: "k", HeaderAggregateID: "9",
+		HeaderOccurredAt: "2026-01-02T03:04:05.000006Z",
+	}, e.Metadata())
+	b, err := e.PayloadJSON()
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"a":1}`, string(b))
+	e.Payload = json.RawMessage(`[1`)
+	_, err = e.PayloadJSON()
+	require.ErrorIs(t, err, ErrInvalidEvent)
+	var v any
+	require.ErrorIs(t, e.DecodePayload(&v), ErrInvalidEvent)
+	e.Payload = nil
+	require.NoError(t, e.DecodePayload(&v))
+	assert.Nil(t, v)
+}

@@ -159,7 +159,7 @@ func (p *Producer) Publish(ctx context.Context, e outbox.Event) error {
 	if err := checkTopic(topic); err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/kafka: publish event %s: topic %q: %w", e.ID, topic, err))
 	}
-	value, err := payloadBytes(e)
+	value, err := e.PayloadJSON()
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/kafka: publish event %s: %w", e.ID, err))
 	}

@@ -1,9 +1,6 @@
 package kafka
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
 	"maps"
 	"slices"
 
@@ -17,26 +14,22 @@ import (
 // broker.
 const (
 	// HeaderEventID carries the event ID, the consumer's deduplication key.
-	HeaderEventID = "Outbox-Event-Id"
+	HeaderEventID = outbox.HeaderEventID
 	// HeaderEventType carries the event type.
-	HeaderEventType = "Outbox-Event-Type"
+	HeaderEventType = outbox.HeaderEventType
 	// HeaderAggregateType carries the aggregate type, when the event has one.
-	HeaderAggregateType = "Outbox-Aggregate-Type"
+	HeaderAggregateType = outbox.HeaderAggregateType
 	// HeaderAggregateID carries the aggregate ID, when the event has one.
-	HeaderAggregateID = "Outbox-Aggregate-Id"
+	HeaderAggregateID = outbox.HeaderAggregateID
 	// HeaderIdempotencyKey carries the publisher's idempotency key.
-	HeaderIdempotencyKey = "Outbox-Idempotency-Key"
+	HeaderIdempotencyKey = outbox.HeaderIdempotencyKey
 	// HeaderOccurredAt carries when the event happened: RFC 3339, UTC,
 	// microseconds.
-	HeaderOccurredAt = "Outbox-Occurred-At"
+	HeaderOccurredAt = outbox.HeaderOccurredAt
 	// HeaderContentType is always "application/json": the value is the
 	// event's JSON payload.
 	HeaderContentType = "Content-Type"
 )
-
-// occurredAtFormat keeps the microseconds the outbox stores, with a fixed
-// width so that the header sorts as text.
-const occurredAtFormat = "2006-01-02T15:04:05.000000Z07:00"
 
 var reserved = map[string]bool{
 	HeaderEventID:        true,
@@ -70,35 +63,8 @@ func headers(e outbox.Event) []kgo.RecordHeader {
 	}
 	add(HeaderIdempotencyKey, e.IdempotencyKey)
 	if !e.OccurredAt.IsZero() {
-		add(HeaderOccurredAt, e.OccurredAt.UTC().Format(occurredAtFormat))
+		add(HeaderOccurredAt, e.OccurredAt.UTC().Format(outbox.OccurredAtFormat))
 	}
 	add(HeaderContentType, "application/json")
 	return h
-}
-
-// payloadBytes returns the JSON value. Relayed events already hold it as
-// json.RawMessage; an event handed over directly is encoded the way
-// outbox.Publish would encode it.
-func payloadBytes(e outbox.Event) ([]byte, error) {
-	var b []byte
-	switch p := e.Payload.(type) {
-	case json.RawMessage:
-		b = p
-	case []byte:
-		b = p
-	default:
-		enc, err := json.Marshal(p)
-		if err != nil {
-			return nil, fmt.Errorf("encode payload: %w", err)
-		}
-		return enc, nil
-	}
-	if b == nil {
-		return []byte("null"), nil
-	}
-	if !json.Valid(b) {
-		// No detail: a syntax error would quote the payload.
-		return nil, errors.New("payload bytes are not valid JSON")
-	}
-	return b, nil
 }

@@ -23,7 +23,6 @@ package nats
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -39,18 +38,18 @@ import (
 const (
 	// HeaderEventID carries the event ID, the consumer's deduplication key
 	// beyond the duplicate window.
-	HeaderEventID = "Outbox-Event-Id"
+	HeaderEventID = outbox.HeaderEventID
 	// HeaderEventType carries the event type.
-	HeaderEventType = "Outbox-Event-Type"
+	HeaderEventType = outbox.HeaderEventType
 	// HeaderAggregateType carries the aggregate type, when the event has one.
-	HeaderAggregateType = "Outbox-Aggregate-Type"
+	HeaderAggregateType = outbox.HeaderAggregateType
 	// HeaderAggregateID carries the aggregate ID, when the event has one.
-	HeaderAggregateID = "Outbox-Aggregate-Id"
+	HeaderAggregateID = outbox.HeaderAggregateID
 	// HeaderIdempotencyKey carries the publisher's idempotency key.
-	HeaderIdempotencyKey = "Outbox-Idempotency-Key"
+	HeaderIdempotencyKey = outbox.HeaderIdempotencyKey
 	// HeaderOccurredAt carries when the event happened: RFC 3339, UTC,
 	// microseconds.
-	HeaderOccurredAt = "Outbox-Occurred-At"
+	HeaderOccurredAt = outbox.HeaderOccurredAt
 	// HeaderContentType is always "application/json": the body is the
 	// event's JSON payload.
 	HeaderContentType = "Content-Type"
@@ -144,7 +143,7 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 	if err := checkSubject(subject); err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: subject %q: %w", e.ID, subject, err))
 	}
-	data, err := payloadBytes(e.Payload)
+	data, err := e.PayloadJSON()
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: %w", e.ID, err))
 	}
@@ -251,21 +250,4 @@ func checkHeader(k, v string) error {
 		return fmt.Errorf("header %q: value contains CR or LF", k)
 	}
 	return nil
-}
-
-// payloadBytes returns the JSON body. Handlers get json.RawMessage from the
-// outbox; other values come from direct calls and are encoded the same way
-// Publish would.
-func payloadBytes(p any) ([]byte, error) {
-	switch v := p.(type) {
-	case json.RawMessage:
-		return v, nil
-	case []byte:
-		return v, nil
-	}
-	b, err := json.Marshal(p)
-	if err != nil {
-		return nil, fmt.Errorf("encode payload: %w", err)
-	}
-	return b, nil
 }

@@ -1,10 +1,6 @@
 package rabbitmq
 
 import (
-	"encoding/json"
-	"errors"
-	"fmt"
-
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/gorm-outbox/outbox"
@@ -14,23 +10,19 @@ import (
 // adapters so that consumers read the same headers whatever the broker.
 const (
 	// HeaderEventID carries the event ID, the consumer's deduplication key.
-	HeaderEventID = "Outbox-Event-Id"
+	HeaderEventID = outbox.HeaderEventID
 	// HeaderEventType carries the event type.
-	HeaderEventType = "Outbox-Event-Type"
+	HeaderEventType = outbox.HeaderEventType
 	// HeaderAggregateType carries the aggregate type, when the event has one.
-	HeaderAggregateType = "Outbox-Aggregate-Type"
+	HeaderAggregateType = outbox.HeaderAggregateType
 	// HeaderAggregateID carries the aggregate ID, when the event has one.
-	HeaderAggregateID = "Outbox-Aggregate-Id"
+	HeaderAggregateID = outbox.HeaderAggregateID
 	// HeaderIdempotencyKey carries the publisher's idempotency key.
-	HeaderIdempotencyKey = "Outbox-Idempotency-Key"
+	HeaderIdempotencyKey = outbox.HeaderIdempotencyKey
 	// HeaderOccurredAt carries when the event happened: RFC 3339, UTC,
 	// microseconds.
-	HeaderOccurredAt = "Outbox-Occurred-At"
+	HeaderOccurredAt = outbox.HeaderOccurredAt
 )
-
-// occurredAtFormat keeps the microseconds the outbox stores, with a fixed
-// width so that the header sorts as text.
-const occurredAtFormat = "2006-01-02T15:04:05.000000Z07:00"
 
 var reserved = map[string]bool{
 	HeaderEventID:        true,
@@ -61,34 +53,7 @@ func headers(e outbox.Event) amqp.Table {
 	}
 	t[HeaderIdempotencyKey] = e.IdempotencyKey
 	if !e.OccurredAt.IsZero() {
-		t[HeaderOccurredAt] = e.OccurredAt.UTC().Format(occurredAtFormat)
+		t[HeaderOccurredAt] = e.OccurredAt.UTC().Format(outbox.OccurredAtFormat)
 	}
 	return t
-}
-
-// payloadBytes returns the JSON body. Relayed events already hold it as
-// json.RawMessage; an event handed over directly is encoded the way
-// outbox.Publish would encode it.
-func payloadBytes(e outbox.Event) ([]byte, error) {
-	var b []byte
-	switch p := e.Payload.(type) {
-	case json.RawMessage:
-		b = p
-	case []byte:
-		b = p
-	default:
-		enc, err := json.Marshal(p)
-		if err != nil {
-			return nil, fmt.Errorf("encode payload: %w", err)
-		}
-		return enc, nil
-	}
-	if b == nil {
-		return []byte("null"), nil
-	}
-	if !json.Valid(b) {
-		// No detail: a syntax error would quote the payload.
-		return nil, errors.New("payload bytes are not valid JSON")
-	}
-	return b, nil
 }

@@ -170,7 +170,7 @@ func (p *Publisher) Handler() outbox.Handler { return p.Publish }
 // Any error leaves the outcome to a retry: the message may or may not have
 // been stored.
 func (p *Publisher) Publish(ctx context.Context, e outbox.Event) error {
-	body, err := payloadBytes(e)
+	body, err := e.PayloadJSON()
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/rabbitmq: publish event %s: %w", e.ID, err))
 	}

@@ -160,7 +160,7 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 }
 
 func entry(e outbox.Event) ([]any, error) {
-	payload, err := payloadBytes(e.Payload)
+	payload, err := e.PayloadJSON()
 	if err != nil {
 		return nil, err
 	}
@@ -186,21 +186,4 @@ func entry(e outbox.Event) ([]any, error) {
 		FieldHeaders, string(headers),
 		FieldPayload, string(payload),
 	}, nil
-}
-
-// payloadBytes returns the JSON payload. Handlers get json.RawMessage from
-// the outbox; other values come from direct calls and are encoded the same
-// way Publish would.
-func payloadBytes(p any) ([]byte, error) {
-	switch v := p.(type) {
-	case json.RawMessage:
-		return v, nil
-	case []byte:
-		return v, nil
-	}
-	b, err := json.Marshal(p)
-	if err != nil {
-		return nil, fmt.Errorf("encode payload: %w", err)
-	}
-	return b, nil
 }

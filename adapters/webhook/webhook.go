@@ -265,7 +265,7 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 }
 
 func (s *Sender) body(e outbox.Event) ([]byte, error) {
-	payload, err := payloadBytes(e.Payload)
+	payload, err := e.PayloadJSON()
 	if err != nil {
 		return nil, err
 	}
@@ -285,29 +285,6 @@ func (s *Sender) body(e outbox.Event) ([]byte, error) {
 	if err != nil {
 		// The payload may be the culprit; its error text could quote it.
 		return nil, errors.New("encode envelope: invalid JSON payload or headers")
-	}
-	return b, nil
-}
-
-// payloadBytes returns the JSON payload. Handlers get json.RawMessage from
-// the outbox; other values come from direct calls and are encoded the same
-// way Publish would.
-func payloadBytes(p any) ([]byte, error) {
-	switch v := p.(type) {
-	case json.RawMessage:
-		if v == nil {
-			return []byte("null"), nil
-		}
-		return v, nil
-	case []byte:
-		if v == nil {
-			return []byte("null"), nil
-		}
-		return v, nil
-	}
-	b, err := json.Marshal(p)
-	if err != nil {
-		return nil, fmt.Errorf("encode payload: %w", err)
 	}
 	return b, nil
 }
