@@ -31,11 +31,12 @@
 // (redirects are not followed: a signed body is not re-posted to another
 // address), is a permanent failure ([outbox.Permanent]): the relay fails the
 // event at once. 5xx, 408, 429, timeouts and network errors are returned as
-// plain errors, which the relay retries with backoff. Errors name the event
+// plain errors, which the relay retries with backoff, or no sooner than a
+// Retry-After header asks (capped at an hour). Errors name the event
 // ID, the host and the status, never the payload or the response body.
 //
-// Ordering: one relay sends events one at a time, oldest first, and waits for
-// each response; a retried event arrives after those sent meanwhile, and
+// Ordering: each relay worker sends one event at a time and waits for the
+// response; a retried event arrives after those sent meanwhile, and
 // several relays interleave, so receivers must not rely on arrival order.
 package webhook
 
@@ -261,7 +262,30 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 	if (code >= 300 && code < 500) && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
 		return outbox.Permanent(err)
 	}
+	if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		return outbox.RetryAfter(err, d)
+	}
 	return err
+}
+
+// maxRetryAfter caps what a receiver can ask for, so a bogus header cannot
+// park an event for days.
+const maxRetryAfter = time.Hour
+
+// retryAfter parses a Retry-After header: delay-seconds or an HTTP date.
+func retryAfter(v string, now time.Time) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	var d time.Duration
+	if secs, err := strconv.Atoi(v); err == nil {
+		d = time.Duration(secs) * time.Second
+	} else if t, err := http.ParseTime(v); err == nil {
+		d = t.Sub(now)
+	} else {
+		return 0, false
+	}
+	return min(max(d, 0), maxRetryAfter), true
 }
 
 func (s *Sender) body(e outbox.Event) ([]byte, error) {

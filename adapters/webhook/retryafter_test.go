@@ -1,0 +1,50 @@
+package webhook
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for v, want := range map[string]time.Duration{
+		"120":                           2 * time.Minute,
+		"-5":                            0,
+		"999999":                        maxRetryAfter,
+		"Thu, 01 Jan 2026 00:00:30 GMT": 30 * time.Second,
+	} {
+		d, ok := retryAfter(v, now)
+		require.True(t, ok, v)
+		assert.Equal(t, want, d, v)
+	}
+	for _, v := range []string{"", "soon"} {
+		_, ok := retryAfter(v, now)
+		assert.False(t, ok, v)
+	}
+}
+
+func TestRetryAfterHeaderReachesTheRelay(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Retry-After", "90")
+		w.WriteHeader(http.StatusTooManyRequests)
+	}))
+	t.Cleanup(srv.Close)
+	s, err := New(srv.URL, []byte("k"), Config{})
+	require.NoError(t, err)
+	err = s.Handler()(context.Background(), outbox.Event{ID: "e1", Type: "t", Payload: []byte(`{}`)})
+	require.Error(t, err)
+	assert.False(t, outbox.IsPermanent(err))
+	var se *StatusError
+	require.True(t, errors.As(err, &se))
+	assert.Equal(t, http.StatusTooManyRequests, se.StatusCode)
+	assert.Contains(t, err.Error(), "retry after 1m30s")
+}
