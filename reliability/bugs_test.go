@@ -1,0 +1,133 @@
+package reliability
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// The tests in this file show bugs in the core found by the fuzz targets
+// and by the scenarios above; they fail until the core is fixed. Each
+// accepts either fix: reject the input with the documented sentinel error
+// before anything reaches the database, or make it work end to end.
+
+// publishMustNotAbort publishes ev in a transaction that also writes a
+// business row, and checks the contract of Publish: either the event is
+// accepted and the transaction commits, or the error wraps ErrInvalidEvent
+// and the transaction is still usable (on PostgreSQL a failed INSERT aborts
+// the caller's whole transaction).
+func publishMustNotAbort(t *testing.T, db *gorm.DB, ev outbox.Event) (accepted bool) {
+	t.Helper()
+	require.NoError(t, db.Exec(`CREATE TABLE IF NOT EXISTS bug_orders (id integer PRIMARY KEY, note text)`).Error)
+	var perr, after error
+	_ = db.Transaction(func(tx *gorm.DB) error {
+		perr = outbox.Publish(tx, ev)
+		after = tx.Exec(`INSERT INTO bug_orders (id, note) VALUES (1, 'after publish')`).Error
+		return errRollback
+	})
+	if perr == nil {
+		require.NoError(t, db.Transaction(func(tx *gorm.DB) error { return outbox.Publish(tx, ev) }))
+		return true
+	}
+	assert.ErrorIs(t, perr, outbox.ErrInvalidEvent,
+		"Publish let the INSERT fail in the database instead of rejecting the event first")
+	assert.NoError(t, after, "the caller's transaction is unusable after Publish returned")
+	return false
+}
+
+// TestBugPostgresRefusesPayloadsValidationAccepts: JSON that encoding/json
+// accepts but PostgreSQL's jsonb refuses (lone UTF-16 surrogate escapes,
+// numbers beyond numeric's range) passes validation; the INSERT then fails
+// with SQLSTATE 22P02 / 22003 and aborts the caller's transaction (the next
+// statement gets 25P02), contrary to "every check runs before the INSERT".
+// Found by FuzzPublish (testdata/fuzz/FuzzPublish/pg-jsonb-*).
+func TestBugPostgresRefusesPayloadsValidationAccepts(t *testing.T) {
+	t.Parallel()
+	db := backends()[1].open(t)
+	install(t, db, outbox.Config{Logger: newLogSink().logger()})
+	for name, payload := range map[string]string{
+		"LoneHighSurrogate": `{"name":"\ud800"}`,
+		"LoneLowSurrogate":  `["\udc00"]`,
+		"ReversedPair":      `"\udc00\ud800"`,
+		"NumericOverflow":   `{"n":1e1000000}`,
+		"NumericUnderflow":  `[1e-1000000]`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			publishMustNotAbort(t, db, outbox.Event{Type: "x", Payload: json.RawMessage(payload)})
+		})
+	}
+}
+
+// TestBugOccurredAtOutsideYears1To9999: OccurredAt is not range-checked.
+// On SQLite a time outside years 0000-9999 is stored as text the driver
+// cannot parse back, and the handler silently receives the zero time; on
+// PostgreSQL a time outside timestamptz's range (4713 BC - 294276 AD) fails
+// the INSERT and aborts the caller's transaction. Found by FuzzPublish
+// (testdata/fuzz/FuzzPublish/occurred-*).
+func TestBugOccurredAtOutsideYears1To9999(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			for _, year := range []int{10000, -1, 300000} {
+				t.Run(fmt.Sprint("Year", year), func(t *testing.T) {
+					db := b.open(t)
+					ob := install(t, db, outbox.Config{Logger: newLogSink().logger()})
+					var got []outbox.Event
+					ob.Handle("x", func(_ context.Context, e outbox.Event) error { got = append(got, e); return nil })
+					occurred := time.Date(year, 6, 1, 12, 0, 0, 0, time.UTC)
+					if !publishMustNotAbort(t, db, outbox.Event{Type: "x", OccurredAt: occurred}) {
+						return
+					}
+					_, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(context.Background())
+					require.NoError(t, err)
+					require.Len(t, got, 1)
+					assert.True(t, occurred.Equal(got[0].OccurredAt), "OccurredAt %v was accepted and delivered as %v", occurred, got[0].OccurredAt)
+				})
+			}
+		})
+	}
+}
+
+// TestBugTableNamesTheDDLCannotCreate: Config.Table accepts every plain
+// identifier of at most 63 bytes, and the runtime statements quote it, but
+// the DDL (schema/*.sql through SchemaSQL) does not: an SQL keyword ("order",
+// "user") is a syntax error at db.Use; on PostgreSQL a name with capitals
+// creates a lower-cased table that Publish then cannot find ("relation
+// \"MyTable\" does not exist"); on PostgreSQL a name of 62-63 bytes makes
+// the derived constraint and index names, truncated to 63 bytes, collide
+// (42P07/42710); on SQLite "sqlite_" names are reserved. Found by
+// FuzzTableName (testdata/fuzz/FuzzTableName/keyword-*, pg-*, sqlite-*).
+func TestBugTableNamesTheDDLCannotCreate(t *testing.T) {
+	t.Parallel()
+	names := []string{"order", "user", "MyTable", strings.Repeat("a", 62), strings.Repeat("b", 63), "sqlite_outbox"}
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			for _, name := range names {
+				t.Run(name[:min(len(name), 12)], func(t *testing.T) {
+					db := b.open(t)
+					ob := outbox.Plugin(outbox.Config{Table: name, Logger: newLogSink().logger()})
+					err := db.Use(ob)
+					if err != nil {
+						assert.ErrorIs(t, err, outbox.ErrInvalidConfig, "a name Config.Table documents as valid failed in the database")
+						return
+					}
+					require.NoError(t, outbox.Publish(db, outbox.Event{Type: "x"}), "publish into %q", name)
+					ob.Handle("x", func(context.Context, outbox.Event) error { return nil })
+					n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(context.Background())
+					require.NoError(t, err)
+					assert.Equal(t, 1, n)
+				})
+			}
+		})
+	}
+}
