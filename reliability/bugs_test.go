@@ -131,3 +131,56 @@ func TestBugTableNamesTheDDLCannotCreate(t *testing.T) {
 		})
 	}
 }
+
+// TestBugRelayHangsOnSilentlyDeadConnection: the claim runs with Run's
+// context, which has no deadline, so a connection whose peer vanished
+// without a reset (network partition, host power loss; simulated by the
+// proxy dropping every byte of the open connections while new connections
+// work) blocks Run inside ProcessOnce until TCP gives up, minutes later:
+// no "cannot reach" log, no delivery, although the database is reachable.
+// (Marks are bounded by their 30 s timeout; the claim is not.) The relay
+// should bound the claim, e.g. by the lease: a claim slower than the lease
+// is useless anyway.
+func TestBugRelayHangsOnSilentlyDeadConnection(t *testing.T) {
+	t.Parallel()
+	e := newFaultEnv(t, 0)
+	e.ob.Handle("x", e.got.handle)
+	r := e.ob.Relay(e.relayDB, outbox.RelayConfig{
+		PollInterval: 50 * time.Millisecond, Lease: faultLease, Backoff: noBackoff, DisableListen: true,
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		e.proxy.close() // unblocks a hung claim so Run can return
+		<-done
+	})
+
+	first := e.publish(t, "before", 5)
+	eventually(t, 30*time.Second, func() error {
+		for _, id := range first {
+			if e.got.count(id) == 0 {
+				return fmt.Errorf("%s not delivered yet", id)
+			}
+		}
+		return nil
+	})
+	e.proxy.blackhole()
+	began := time.Now()
+	second := e.publish(t, "after", 5)
+	eventually(t, 10*faultLease, func() error {
+		missing := 0
+		for _, id := range second {
+			if e.got.count(id) == 0 {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("Run delivered %d of %d events in %v after its connection went silent (the database stayed reachable; %d \"cannot reach\" lines logged)",
+				len(second)-missing, len(second), time.Since(began).Round(time.Millisecond), e.sink.count("cannot reach"))
+		}
+		return nil
+	})
+	t.Logf("recovered from the dead connection in %v", time.Since(began).Round(time.Millisecond))
+}

@@ -40,6 +40,7 @@ type proxyConn struct {
 	client, server net.Conn
 	closed         chan struct{}
 	once           sync.Once
+	blackholed     atomic.Bool // bytes are dropped both ways; nothing is closed
 }
 
 func (c *proxyConn) close() {
@@ -117,6 +118,9 @@ func (p *faultProxy) pipe(pc *proxyConn, from, to net.Conn, dir int) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := from.Read(buf)
+		if n > 0 && pc.blackholed.Load() {
+			continue // dropped, as by a network that silently lost the peer
+		}
 		if n > 0 {
 			p.mu.Lock()
 			gate := p.gates[dir]
@@ -151,6 +155,18 @@ func (p *faultProxy) cut() {
 	p.mu.Unlock()
 	for _, c := range conns {
 		c.close()
+	}
+}
+
+// blackhole makes every open connection drop all bytes both ways without
+// closing anything: to the client the server has silently gone, as after a
+// network partition or a host that died without resetting its connections.
+// New connections are not affected.
+func (p *faultProxy) blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		c.blackholed.Store(true)
 	}
 }
 
