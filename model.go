@@ -60,7 +60,7 @@ var (
 // given dialect ("postgres" or "sqlite"), for teams that run their own
 // migrations. It is the same SQL db.Use runs.
 func SchemaSQL(dialect, table string) (string, error) {
-	if !identRE.MatchString(table) {
+	if !validTable(table) {
 		return "", fmt.Errorf("%w: Table %q is not a plain SQL identifier", ErrInvalidConfig, table)
 	}
 	var ddl string

@@ -163,6 +163,11 @@ func (o *Outbox) encode(in *Event, now time.Time, out *encoded) error {
 		e.OccurredAt = now
 	}
 	e.OccurredAt = e.OccurredAt.UTC().Truncate(time.Microsecond)
+	if y := e.OccurredAt.Year(); y < 1 || y > 9999 {
+		// Both databases' time types and SQLite's text format hold 4-digit
+		// years; outside them the time would not come back as written.
+		return fmt.Errorf("%w: event %s: OccurredAt year %d is outside 1-9999", ErrInvalidEvent, e.ID, y)
+	}
 	for _, f := range [...]struct{ name, v string }{
 		{"ID", e.ID}, {"Type", e.Type}, {"AggregateType", e.AggregateType},
 		{"AggregateID", e.AggregateID}, {"IdempotencyKey", e.IdempotencyKey},
@@ -219,8 +224,6 @@ func checkText(name, v string) error {
 	return nil
 }
 
-var errNULInJSON = errors.New(`payload contains \u0000, which PostgreSQL jsonb cannot store`)
-
 func encodePayload(p any) ([]byte, error) {
 	var b []byte
 	switch v := p.(type) {
@@ -233,10 +236,7 @@ func encodePayload(p any) ([]byte, error) {
 		if b, err = json.Marshal(v); err != nil {
 			return nil, fmt.Errorf("encode payload: %w", err)
 		}
-		if hasNULEscape(b) {
-			return nil, errNULInJSON
-		}
-		return b, nil
+		return b, checkStorableJSON(b)
 	}
 	if b == nil {
 		return []byte("null"), nil
@@ -247,29 +247,152 @@ func encodePayload(p any) ([]byte, error) {
 	if !json.Valid(b) {
 		return nil, errors.New("payload bytes are not valid JSON")
 	}
-	if hasNULEscape(b) {
-		return nil, errNULInJSON
+	if err := checkStorableJSON(b); err != nil {
+		return nil, err
 	}
 	// Own the bytes: the caller may reuse its buffer before the commit.
 	return bytes.Clone(b), nil
 }
 
-// hasNULEscape reports whether valid JSON b contains the escape \u0000 inside
-// a string (an escaped backslash followed by "u0000" does not count).
-func hasNULEscape(b []byte) bool {
-	if !bytes.Contains(b, []byte(`\u0000`)) {
-		return false
+// PostgreSQL's numeric, which jsonb stores numbers as, holds at most this
+// many digits before and after the decimal point.
+const (
+	maxNumericWeight = 131072
+	maxNumericScale  = 16383
+)
+
+// checkStorableJSON rejects valid JSON that PostgreSQL's jsonb refuses: the
+// escape \u0000, UTF-16 surrogate escapes that are not a proper pair, and
+// numbers outside numeric's range. The rule holds on every database, so an
+// event accepted on SQLite is accepted on PostgreSQL and a handler sees the
+// same JSON in both; and it runs before the INSERT, because a failed
+// statement aborts the caller's whole PostgreSQL transaction. The messages
+// never quote the payload.
+func checkStorableJSON(b []byte) error {
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case c == '"':
+			end, err := checkString(b, i+1)
+			if err != nil {
+				return err
+			}
+			i = end
+		case c == '-' || (c >= '0' && c <= '9'):
+			end, err := checkNumber(b, i)
+			if err != nil {
+				return err
+			}
+			i = end - 1
+		}
 	}
-	for i := 0; i+1 < len(b); i++ {
+	return nil
+}
+
+// checkString scans the string starting after its opening quote at i and
+// returns the index of its closing quote.
+func checkString(b []byte, i int) (int, error) {
+	for ; i < len(b) && b[i] != '"'; i++ {
 		if b[i] != '\\' {
 			continue
 		}
-		if b[i+1] == 'u' && i+6 <= len(b) && string(b[i+2:i+6]) == "0000" {
-			return true
+		i++
+		if i >= len(b) || b[i] != 'u' || i+4 >= len(b) {
+			continue
 		}
-		i++ // skip the escaped character
+		r := hex4(b[i+1 : i+5])
+		i += 4
+		switch {
+		case r == 0:
+			return 0, errors.New(`payload contains \u0000, which PostgreSQL jsonb cannot store`)
+		case r >= 0xD800 && r < 0xDC00:
+			// A high surrogate must be followed by a low one.
+			if i+6 < len(b) && b[i+1] == '\\' && b[i+2] == 'u' {
+				if lo := hex4(b[i+3 : i+7]); lo >= 0xDC00 && lo < 0xE000 {
+					i += 6
+					continue
+				}
+			}
+			return 0, errors.New("payload contains an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb cannot store")
+		case r >= 0xDC00 && r < 0xE000:
+			return 0, errors.New("payload contains an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb cannot store")
+		}
 	}
-	return false
+	return i, nil
+}
+
+func hex4(h []byte) rune {
+	var r rune
+	for _, c := range h {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c-'a') + 10
+		case c >= 'A' && c <= 'F':
+			r |= rune(c-'A') + 10
+		}
+	}
+	return r
+}
+
+// checkNumber scans the number starting at i and returns the index after it.
+func checkNumber(b []byte, i int) (int, error) {
+	if b[i] == '-' {
+		i++
+	}
+	intStart := i
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	intDigits := b[intStart:i]
+	var frac []byte
+	if i < len(b) && b[i] == '.' {
+		i++
+		start := i
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		frac = b[start:i]
+	}
+	exp := 0
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		neg := false
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			neg = b[i] == '-'
+			i++
+		}
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			if exp < 1e9 { // saturate: anything beyond is out of range anyway
+				exp = exp*10 + int(b[i]-'0')
+			}
+			i++
+		}
+		if neg {
+			exp = -exp
+		}
+	}
+	outOfRange := errors.New("payload contains a number outside PostgreSQL numeric's range")
+	if exp >= 1e9 || exp <= -1e9 || len(frac)-exp > maxNumericScale {
+		return 0, outOfRange
+	}
+	// weight: digits before the decimal point once the exponent is applied.
+	weight, zero := 0, true
+	if len(intDigits) > 1 || (len(intDigits) == 1 && intDigits[0] != '0') {
+		weight, zero = len(intDigits)+exp, false
+	} else {
+		for k, c := range frac {
+			if c != '0' {
+				weight, zero = exp-k, false
+				break
+			}
+		}
+	}
+	if !zero && weight > maxNumericWeight {
+		return 0, outOfRange
+	}
+	return i, nil
 }
 
 func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {

@@ -58,6 +58,13 @@ type RelayConfig struct {
 	// the lease. Defaults to the time left on the lease.
 	HandlerTimeout time.Duration
 
+	// StatementTimeout bounds each statement the relay runs (claim, mark,
+	// release, retention), so a connection that went silent (a network
+	// partition, a vanished host) fails fast and the relay reconnects
+	// instead of hanging until TCP gives up. Defaults to 10 seconds, and
+	// never more than Lease: a claim slower than its lease is useless.
+	StatementTimeout time.Duration
+
 	// OrderByAggregate delivers the events of one aggregate (same
 	// AggregateType and non-empty AggregateID) one at a time, oldest first,
 	// across all relays that set it: an event waits while an older event of
@@ -116,6 +123,8 @@ const (
 	DefaultMaxAttempts  = 10
 	DefaultLease        = time.Minute
 	DefaultRetainSent   = 72 * time.Hour
+
+	DefaultStatementTimeout = 10 * time.Second
 )
 
 // maxLastError bounds the last_error column: enough for an error chain and a
@@ -163,6 +172,7 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 	r.cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
 	r.cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
 	r.cfg.RetainSent = cmp.Or(cfg.RetainSent, DefaultRetainSent)
+	r.cfg.StatementTimeout = min(cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout), r.cfg.Lease)
 	if r.cfg.Backoff == nil {
 		r.cfg.Backoff = DefaultBackoff
 	}
@@ -183,6 +193,7 @@ func (r *Relay) check() error {
 		{"MaxAttempts", c.MaxAttempts < 0, c.MaxAttempts},
 		{"Lease", c.Lease < 0, c.Lease},
 		{"HandlerTimeout", c.HandlerTimeout < 0, c.HandlerTimeout},
+		{"StatementTimeout", c.StatementTimeout < 0, c.StatementTimeout},
 		{"RetainSent", c.RetainSent < 0, c.RetainSent},
 	} {
 		if f.neg {
@@ -339,7 +350,9 @@ func (r *Relay) process(ctx context.Context, ids []string) (int, error) {
 	start := time.Now()
 	now := r.o.now()
 	lease := now.Add(r.cfg.Lease)
-	batch, err := r.claim(ctx, sqlDB, now, lease, ids)
+	cctx, ccancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	batch, err := r.claim(cctx, sqlDB, now, lease, ids)
+	ccancel()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claim events: %w", err)
 	}
@@ -357,24 +370,20 @@ func (r *Relay) process(ctx context.Context, ids []string) (int, error) {
 
 	// Outcomes are recorded even when ctx is cancelled: a delivered event
 	// left unmarked would be delivered again.
-	mctx, mcancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer mcancel()
 	var errs []error
-	if len(res.sent) > 0 {
-		if err := r.markSent(mctx, sqlDB, res.sent, lease); err != nil {
-			errs = append(errs, fmt.Errorf("outbox: mark %d events sent: %w", len(res.sent), err))
+	record := func(what string, n int, f func(context.Context) error) {
+		if n == 0 {
+			return
+		}
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
+		defer cancel()
+		if err := f(mctx); err != nil {
+			errs = append(errs, fmt.Errorf("outbox: %s %d events: %w", what, n, err))
 		}
 	}
-	if len(res.failed) > 0 {
-		if err := r.markFailed(mctx, sqlDB, res.failed, lease); err != nil {
-			errs = append(errs, fmt.Errorf("outbox: record %d failed deliveries: %w", len(res.failed), err))
-		}
-	}
-	if len(res.release) > 0 {
-		if err := r.release(mctx, sqlDB, res.release, lease); err != nil {
-			errs = append(errs, fmt.Errorf("outbox: release %d undelivered events: %w", len(res.release), err))
-		}
-	}
+	record("mark sent", len(res.sent), func(c context.Context) error { return r.markSent(c, sqlDB, res.sent, lease) })
+	record("record failed deliveries of", len(res.failed), func(c context.Context) error { return r.markFailed(c, sqlDB, res.failed, lease) })
+	record("release undelivered", len(res.release), func(c context.Context) error { return r.release(c, sqlDB, res.release, lease) })
 	return len(batch), errors.Join(errs...)
 }
 

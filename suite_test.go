@@ -447,6 +447,15 @@ func testBadInput(t *testing.T, b backend) {
 		"EmptyHeaderName":    {Type: "x", Headers: map[string]string{"": "v"}},
 		"BadHeaderValue":     {Type: "x", Headers: map[string]string{"k": "\xff"}},
 		"OversizedPayload":   {Type: "x", Payload: strings.Repeat("y", defaultMaxPayload)},
+		"LoneHighSurrogate":  {Type: "x", Payload: json.RawMessage(`{"a":"\ud800"}`)},
+		"LoneLowSurrogate":   {Type: "x", Payload: json.RawMessage(`["\uDC00"]`)},
+		"ReversedSurrogates": {Type: "x", Payload: json.RawMessage(`"\udc00\ud800"`)},
+		"NumberTooLarge":     {Type: "x", Payload: json.RawMessage(`{"n":1e131072}`)},
+		"NumberTooPrecise":   {Type: "x", Payload: json.RawMessage(`[1.5e-16383]`)},
+		"HugeExponentZero":   {Type: "x", Payload: json.RawMessage(`0e2147483647`)},
+		"NumberViaMarshal":   {Type: "x", Payload: map[string]json.Number{"n": "1e200000"}},
+		"YearAfter9999":      {Type: "x", OccurredAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)},
+		"YearBefore1":        {Type: "x", OccurredAt: time.Date(0, 12, 31, 0, 0, 0, 0, time.UTC)},
 	}
 	for name, bev := range bad {
 		t.Run(name, func(t *testing.T) {
@@ -470,19 +479,37 @@ func testBadInput(t *testing.T, b backend) {
 	require.NoError(t, e.db.Model(&Order{}).Count(&n).Error)
 	assert.EqualValues(t, 0, n)
 
-	// An escaped backslash before u0000 is not a NUL escape.
-	require.NoError(t, Publish(e.db, Event{Type: "x", Payload: json.RawMessage(`"\\u0000"`)}))
+	// What PostgreSQL does store is accepted, on every database alike: an
+	// escaped backslash before u0000 (not a NUL escape), a proper surrogate
+	// pair, numbers at numeric's limits, the extreme years.
+	for _, ok := range []Event{
+		{Type: "x", Payload: json.RawMessage(`"\\u0000"`)},
+		{Type: "x", Payload: json.RawMessage(`"\ud83d\ude00"`)},
+		{Type: "x", Payload: json.RawMessage(`[1e131071, 0.1e131072, 1e-16383, 0e200000, -0.00012e131075]`)},
+		{Type: "x", OccurredAt: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)},
+		{Type: "x", OccurredAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)},
+	} {
+		require.NoError(t, Publish(e.db, ok))
+	}
 }
 
 func testUnsafeTableName(t *testing.T, b backend) {
-	for _, name := range []string{`x"; DROP TABLE orders; --`, "1abc", "a b", "a.b", strings.Repeat("a", 64), "ta-ble"} {
+	for _, name := range []string{`x"; DROP TABLE orders; --`, "1abc", "a b", "a.b", strings.Repeat("a", 41), "ta-ble", "sqlite_x", "é"} {
 		db := b.open(t, &gorm.Config{})
 		err := db.Use(Plugin(Config{Table: name}))
 		require.ErrorIs(t, err, ErrInvalidConfig, name)
 	}
-	e := b.setup(t, withConfig(Config{Table: "custom_outbox"}))
-	require.NoError(t, Publish(e.db, ev("x", 1)))
-	assert.EqualValues(t, 1, e.count(""))
+	// Keywords, capitals and the longest name work: every statement quotes
+	// the name.
+	for _, name := range []string{"custom_outbox", "order", "MyOutbox", strings.Repeat("t", 40)} {
+		e := b.setup(t, withConfig(Config{Table: name}))
+		require.NoError(t, Publish(e.db, ev("x", 1)), name)
+		assert.EqualValues(t, 1, e.count(""), name)
+		e.ob.Handle("x", func(context.Context, Event) error { return nil })
+		n, err := e.relay(RelayConfig{OrderByAggregate: true}).ProcessOnce(t.Context())
+		require.NoError(t, err, name)
+		assert.Equal(t, 1, n, name)
+	}
 }
 
 func testPublishWithoutPlugin(t *testing.T, b backend) {

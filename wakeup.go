@@ -269,7 +269,9 @@ func (r *Relay) DeleteSent(ctx context.Context) (int, error) {
 	total := 0
 	q := r.o.sql.deleteSentSQL()
 	for ctx.Err() == nil {
-		res, err := sqlDB.ExecContext(ctx, q, r.o.now().Add(-r.cfg.RetainSent), retentionBatch)
+		sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+		res, err := sqlDB.ExecContext(sctx, q, r.o.now().Add(-r.cfg.RetainSent), retentionBatch)
+		cancel()
 		if err != nil {
 			return total, fmt.Errorf("outbox: delete sent events: %w", err)
 		}
