@@ -14,9 +14,9 @@ import (
 	"gorm.io/gorm"
 )
 
-// The tests in this file show bugs in the core found by the fuzz targets
-// and by the scenarios above; they fail until the core is fixed. Each
-// accepts either fix: reject the input with the documented sentinel error
+// The tests in this file pin bugs in the core that the fuzz targets and the
+// fault scenarios found (they failed until 2b48269 fixed them). Each accepts
+// either kind of fix: reject the input with the documented sentinel error
 // before anything reaches the database, or make it work end to end.
 
 // publishMustNotAbort publishes ev in a transaction that also writes a
@@ -43,13 +43,13 @@ func publishMustNotAbort(t *testing.T, db *gorm.DB, ev outbox.Event) (accepted b
 	return false
 }
 
-// TestBugPostgresRefusesPayloadsValidationAccepts: JSON that encoding/json
-// accepts but PostgreSQL's jsonb refuses (lone UTF-16 surrogate escapes,
-// numbers beyond numeric's range) passes validation; the INSERT then fails
-// with SQLSTATE 22P02 / 22003 and aborts the caller's transaction (the next
-// statement gets 25P02), contrary to "every check runs before the INSERT".
-// Found by FuzzPublish (testdata/fuzz/FuzzPublish/pg-jsonb-*).
-func TestBugPostgresRefusesPayloadsValidationAccepts(t *testing.T) {
+// TestPublishRejectsWhatJSONBCannotStore: JSON that encoding/json accepts
+// but PostgreSQL's jsonb refuses (lone UTF-16 surrogate escapes, numbers
+// beyond numeric's range) used to pass validation; the INSERT then failed
+// with SQLSTATE 22P02 / 22003 and aborted the caller's transaction (the next
+// statement got 25P02), contrary to "every check runs before the INSERT".
+// Found with FuzzPublish (testdata/fuzz/FuzzPublish/invalid-pg-jsonb-*).
+func TestPublishRejectsWhatJSONBCannotStore(t *testing.T) {
 	t.Parallel()
 	db := backends()[1].open(t)
 	install(t, db, outbox.Config{Logger: newLogSink().logger()})
@@ -66,13 +66,13 @@ func TestBugPostgresRefusesPayloadsValidationAccepts(t *testing.T) {
 	}
 }
 
-// TestBugOccurredAtOutsideYears1To9999: OccurredAt is not range-checked.
-// On SQLite a time outside years 0000-9999 is stored as text the driver
-// cannot parse back, and the handler silently receives the zero time; on
-// PostgreSQL a time outside timestamptz's range (4713 BC - 294276 AD) fails
-// the INSERT and aborts the caller's transaction. Found by FuzzPublish
-// (testdata/fuzz/FuzzPublish/occurred-*).
-func TestBugOccurredAtOutsideYears1To9999(t *testing.T) {
+// TestOccurredAtOutsideYears1To9999: OccurredAt used not to be
+// range-checked. On SQLite a time outside years 0000-9999 was stored as text
+// the driver cannot parse back, and the handler silently received the zero
+// time; on PostgreSQL a time outside timestamptz's range (4713 BC - 294276
+// AD) failed the INSERT and aborted the caller's transaction. Found by
+// FuzzPublish (testdata/fuzz/FuzzPublish/invalid-occurred-*).
+func TestOccurredAtOutsideYears1To9999(t *testing.T) {
 	t.Parallel()
 	for _, b := range backends() {
 		t.Run(b.name, func(t *testing.T) {
@@ -97,16 +97,15 @@ func TestBugOccurredAtOutsideYears1To9999(t *testing.T) {
 	}
 }
 
-// TestBugTableNamesTheDDLCannotCreate: Config.Table accepts every plain
-// identifier of at most 63 bytes, and the runtime statements quote it, but
-// the DDL (schema/*.sql through SchemaSQL) does not: an SQL keyword ("order",
-// "user") is a syntax error at db.Use; on PostgreSQL a name with capitals
-// creates a lower-cased table that Publish then cannot find ("relation
-// \"MyTable\" does not exist"); on PostgreSQL a name of 62-63 bytes makes
-// the derived constraint and index names, truncated to 63 bytes, collide
-// (42P07/42710); on SQLite "sqlite_" names are reserved. Found by
-// FuzzTableName (testdata/fuzz/FuzzTableName/keyword-*, pg-*, sqlite-*).
-func TestBugTableNamesTheDDLCannotCreate(t *testing.T) {
+// TestTableNamesAreCreatedOrRefused: Config.Table used to accept every
+// plain identifier of at most 63 bytes, and the runtime statements quoted
+// it, but the DDL did not: an SQL keyword ("order", "user") was a syntax
+// error at db.Use; on PostgreSQL a name with capitals created a lower-cased
+// table that Publish then could not find; on PostgreSQL a name of 62-63
+// bytes made the derived constraint and index names, truncated to 63 bytes,
+// collide; on SQLite "sqlite_" names are reserved. Found with FuzzTableName
+// (testdata/fuzz/FuzzTableName/valid-keyword-*, valid-mixed-case, ...).
+func TestTableNamesAreCreatedOrRefused(t *testing.T) {
 	t.Parallel()
 	names := []string{"order", "user", "MyTable", strings.Repeat("a", 62), strings.Repeat("b", 63), "sqlite_outbox"}
 	for _, b := range backends() {
@@ -132,16 +131,14 @@ func TestBugTableNamesTheDDLCannotCreate(t *testing.T) {
 	}
 }
 
-// TestBugRelayHangsOnSilentlyDeadConnection: the claim runs with Run's
-// context, which has no deadline, so a connection whose peer vanished
+// TestRelayRecoversFromSilentlyDeadConnection: the claim used to run with
+// Run's context, which has no deadline, so a connection whose peer vanished
 // without a reset (network partition, host power loss; simulated by the
 // proxy dropping every byte of the open connections while new connections
-// work) blocks Run inside ProcessOnce until TCP gives up, minutes later:
-// no "cannot reach" log, no delivery, although the database is reachable.
-// (Marks are bounded by their 30 s timeout; the claim is not.) The relay
-// should bound the claim, e.g. by the lease: a claim slower than the lease
-// is useless anyway.
-func TestBugRelayHangsOnSilentlyDeadConnection(t *testing.T) {
+// work) blocked Run inside ProcessOnce until TCP gave up, minutes later: no
+// "cannot reach" log, no delivery, although the database was reachable.
+// RelayConfig.StatementTimeout (at most the lease) now bounds it.
+func TestRelayRecoversFromSilentlyDeadConnection(t *testing.T) {
 	t.Parallel()
 	e := newFaultEnv(t, 0)
 	e.ob.Handle("x", e.got.handle)
