@@ -259,6 +259,9 @@ func encodePayload(p any) ([]byte, error) {
 const (
 	maxNumericWeight = 131072
 	maxNumericScale  = 16383
+
+	// PostgreSQL refuses exponents from 2^30-1 on, even on zero.
+	maxNumericExponent = 1<<30 - 1
 )
 
 // checkStorableJSON rejects valid JSON that PostgreSQL's jsonb refuses: the
@@ -364,7 +367,7 @@ func checkNumber(b []byte, i int) (int, error) {
 			i++
 		}
 		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			if exp < 1e9 { // saturate: anything beyond is out of range anyway
+			if exp < maxNumericExponent { // saturate: anything beyond is out of range anyway
 				exp = exp*10 + int(b[i]-'0')
 			}
 			i++
@@ -374,7 +377,7 @@ func checkNumber(b []byte, i int) (int, error) {
 		}
 	}
 	outOfRange := errors.New("payload contains a number outside PostgreSQL numeric's range")
-	if exp >= 1e9 || exp <= -1e9 || len(frac)-exp > maxNumericScale {
+	if exp >= maxNumericExponent || exp <= -maxNumericExponent || len(frac)-exp > maxNumericScale {
 		return 0, outOfRange
 	}
 	// weight: digits before the decimal point once the exponent is applied.
