@@ -663,7 +663,7 @@ func canonNumber(s string) string {
 var tableNameRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
 
 func validTableName(s string) bool {
-	return tableNameRule.MatchString(s) && !strings.HasPrefix(strings.ToLower(s), "sqlite_")
+	return tableNameRule.MatchString(s) && !strings.HasPrefix(strings.ToLower(s)+"_", "sqlite_")
 }
 
 // FuzzTableName installs the plugin with a fuzzed Config.Table. A name the

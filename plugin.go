@@ -52,8 +52,8 @@ type Config struct {
 	// Table is the outbox table's name. It must be a plain SQL identifier:
 	// ASCII letters, digits and underscores, not starting with a digit, at
 	// most 40 bytes (so that the index, constraint and NOTIFY channel names
-	// derived from it stay within PostgreSQL's 63), and not starting with
-	// "sqlite_" (reserved by SQLite). It is quoted in every statement, so
+	// derived from it stay within PostgreSQL's 63), and neither "sqlite" nor
+	// starting with "sqlite_" (reserved by SQLite). It is quoted in every statement, so
 	// capitals and SQL keywords are kept as they are. Anything else is an
 	// error from db.Use. Defaults to "outbox_events".
 	Table string
@@ -118,7 +118,9 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
 
 // validTable reports whether name is a table name Config.Table accepts.
 func validTable(name string) bool {
-	return identRE.MatchString(name) && !strings.HasPrefix(strings.ToLower(name), "sqlite_")
+	// "sqlite" itself is out too: its derived index names would start with
+	// the reserved "sqlite_".
+	return identRE.MatchString(name) && !strings.HasPrefix(strings.ToLower(name)+"_", "sqlite_")
 }
 
 // Plugin returns the outbox plugin configured by cfg. Install it with
@@ -143,7 +145,7 @@ func Plugin(cfg Config) *Outbox {
 	case cfg.Mode != Persistent && cfg.Mode != Memory:
 		o.cfgErr = fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(cfg.Mode))
 	case !validTable(o.table):
-		o.cfgErr = fmt.Errorf("%w: Table %q is not a plain SQL identifier (use ASCII letters, digits and underscores, not starting with a digit or \"sqlite_\", at most 40 bytes)", ErrInvalidConfig, o.table)
+		o.cfgErr = fmt.Errorf("%w: Table %q is not a plain SQL identifier (use ASCII letters, digits and underscores, not starting with a digit or \"sqlite_\", at most 40 bytes, not \"sqlite\")", ErrInvalidConfig, o.table)
 	case cfg.MaxPayloadBytes < 0:
 		o.cfgErr = fmt.Errorf("%w: MaxPayloadBytes is negative (%d); use 0 for the 1 MiB default", ErrInvalidConfig, cfg.MaxPayloadBytes)
 	}

@@ -494,7 +494,7 @@ func testBadInput(t *testing.T, b backend) {
 }
 
 func testUnsafeTableName(t *testing.T, b backend) {
-	for _, name := range []string{`x"; DROP TABLE orders; --`, "1abc", "a b", "a.b", strings.Repeat("a", 41), "ta-ble", "sqlite_x", "é"} {
+	for _, name := range []string{`x"; DROP TABLE orders; --`, "1abc", "a b", "a.b", strings.Repeat("a", 41), "ta-ble", "sqlite_x", "SQLite", "é"} {
 		db := b.open(t, &gorm.Config{})
 		err := db.Use(Plugin(Config{Table: name}))
 		require.ErrorIs(t, err, ErrInvalidConfig, name)
