@@ -658,8 +658,8 @@ func canonNumber(s string) string {
 }
 
 // tableNameRule is the documented rule for Config.Table: ASCII letters,
-// digits and underscores, not starting with a digit, at most 40 bytes, and
-// not starting with "sqlite_".
+// digits and underscores, not starting with a digit, at most 40 bytes,
+// neither "sqlite" nor starting with "sqlite_".
 var tableNameRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
 
 func validTableName(s string) bool {

@@ -104,7 +104,8 @@ func TestOccurredAtOutsideYears1To9999(t *testing.T) {
 // table that Publish then could not find; on PostgreSQL a name of 62-63
 // bytes made the derived constraint and index names, truncated to 63 bytes,
 // collide; on SQLite "sqlite_" names are reserved, and so is the index
-// "sqlite_pending_idx" derived from the table name "sqlite" (still open).
+// "sqlite_pending_idx" derived from the table name "sqlite" (fixed in
+// 39777a1).
 // Found with FuzzTableName (testdata/fuzz/FuzzTableName/valid-keyword-*,
 // valid-mixed-case, found-by-fuzzer-sqlite, ...).
 func TestTableNamesAreCreatedOrRefused(t *testing.T) {
