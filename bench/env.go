@@ -30,9 +30,10 @@ type env struct {
 	admin   *sql.DB // on baseDSN; creates and drops the schema
 	dir     string
 	sqliteN int
+	maxIdle int // idle connections each pool keeps; 0: database/sql's default of 2
 }
 
-func newEnv(ctx context.Context, dsn string, asyncCommit bool) (*env, error) {
+func newEnv(ctx context.Context, dsn string, asyncCommit bool, maxIdle int) (*env, error) {
 	admin, err := sql.Open("pgx", dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", dsnEnv, err)
@@ -45,7 +46,7 @@ func newEnv(ctx context.Context, dsn string, asyncCommit bool) (*env, error) {
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	e := &env{baseDSN: dsn, admin: admin, schema: "outbox_bench_" + hex.EncodeToString(b)}
+	e := &env{baseDSN: dsn, admin: admin, schema: "outbox_bench_" + hex.EncodeToString(b), maxIdle: maxIdle}
 	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+e.schema); err != nil {
 		_ = admin.Close()
 		return nil, fmt.Errorf("create schema: %w", err)
@@ -99,9 +100,34 @@ var warnLogger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Le
 
 // openPG opens a new connection pool on the benchmark's schema.
 func (e *env) openPG() (*gorm.DB, error) {
+	return e.openPGIdle(e.maxIdle)
+}
+
+// openPGIdle is openPG with the pool keeping maxIdle idle connections (0:
+// database/sql's default of 2). With fewer idle slots than goroutines using
+// the pool, every release past the limit closes a connection and the next
+// acquire opens one (a new PostgreSQL backend): that churn, not the work
+// under test, would dominate.
+func (e *env) openPGIdle(maxIdle int) (*gorm.DB, error) {
 	db, err := gorm.Open(postgres.Open(e.dsn), gormCfg())
 	if err != nil {
 		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	if maxIdle > 0 {
+		sqlDB(db).SetMaxIdleConns(maxIdle)
+	}
+	return db, nil
+}
+
+// openSQL opens a plain database/sql pool on the benchmark's schema, sized
+// like openPG's.
+func (e *env) openSQL() (*sql.DB, error) {
+	db, err := sql.Open("pgx", e.dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	if e.maxIdle > 0 {
+		db.SetMaxIdleConns(e.maxIdle)
 	}
 	return db, nil
 }
@@ -114,10 +140,13 @@ func (e *env) newSQLitePath() string {
 
 // openSQLite opens a pool on the SQLite file at path with the settings the
 // README recommends for concurrent use.
-func openSQLite(path string) (*gorm.DB, error) {
+func openSQLite(path string, maxIdle int) (*gorm.DB, error) {
 	db, err := gorm.Open(sqlite.Open("file:"+path+"?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"), gormCfg())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite: %w", err)
+	}
+	if maxIdle > 0 {
+		sqlDB(db).SetMaxIdleConns(maxIdle)
 	}
 	return db, nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -67,12 +66,17 @@ func runLatency(ctx context.Context, e *env, opts options, t *table) error {
 		cfg    outbox.Config
 		relay  outbox.RelayConfig
 		shared bool // the relay runs on the writers' pool and Outbox
+		idle   int  // the pools' idle connections
 	}{
-		{"ours, push: NOTIFY to a relay on another pool", outbox.Config{}, outbox.RelayConfig{}, false},
-		{"ours, polling at defaults (DisableNotify, DisableListen)", outbox.Config{DisableNotify: true}, outbox.RelayConfig{DisableListen: true}, false},
-		{"ours, DeliverAfterCommit, relay in-process", outbox.Config{DeliverAfterCommit: true}, outbox.RelayConfig{}, true},
+		{"ours, push: NOTIFY to a relay on another pool", outbox.Config{}, outbox.RelayConfig{}, false, e.maxIdle},
+		{"ours, polling at defaults (DisableNotify, DisableListen)", outbox.Config{DisableNotify: true}, outbox.RelayConfig{DisableListen: true}, false, e.maxIdle},
+		{"ours, DeliverAfterCommit, relay in-process", outbox.Config{DeliverAfterCommit: true}, outbox.RelayConfig{}, true, e.maxIdle},
+		// The same push path on pools left at database/sql's default of
+		// two idle connections, as many applications run: the notifier
+		// borrows a connection from the writers' pool for every NOTIFY.
+		{"ours, push, pools at database/sql's default MaxIdleConns (2)", outbox.Config{}, outbox.RelayConfig{}, false, 0},
 	} {
-		c, err := oursLatency(ctx, e, table, v.name, v.cfg, v.relay, v.shared, clear)
+		c, err := oursLatency(ctx, e, table, v.name, v.cfg, v.relay, v.shared, v.idle, clear)
 		if err != nil {
 			return err
 		}
@@ -240,8 +244,8 @@ type oursLatencyContender struct {
 	close func()
 }
 
-func oursLatency(ctx context.Context, e *env, table, name string, cfg outbox.Config, rcfg outbox.RelayConfig, shared bool, clear func(context.Context) error) (oursLatencyContender, error) {
-	writer, err := e.openPG()
+func oursLatency(ctx context.Context, e *env, table, name string, cfg outbox.Config, rcfg outbox.RelayConfig, shared bool, idle int, clear func(context.Context) error) (oursLatencyContender, error) {
+	writer, err := e.openPGIdle(idle)
 	if err != nil {
 		return oursLatencyContender{}, err
 	}
@@ -285,7 +289,7 @@ func oursLatency(ctx context.Context, e *env, table, name string, cfg outbox.Con
 	// A second pool and a second Outbox: the writers' commits cannot wake
 	// this relay in-process, only through PostgreSQL (or its poll).
 	c.run = func(ctx context.Context, handled func(int), ready func()) error {
-		relayDB, err := e.openPG()
+		relayDB, err := e.openPGIdle(idle)
 		if err != nil {
 			return err
 		}
@@ -334,7 +338,7 @@ func watermillLatency(e *env, plain *gorm.DB, clear func(context.Context) error)
 			})
 		},
 		run: func(ctx context.Context, handled func(int), ready func()) error {
-			db, err := sql.Open("pgx", e.dsn)
+			db, err := e.openSQL()
 			if err != nil {
 				return fmt.Errorf("open: %w", err)
 			}
@@ -396,7 +400,7 @@ func floorLatency(ctx context.Context, e *env, plain *gorm.DB) (latencyContender
 			return nil
 		},
 		run: func(ctx context.Context, handled func(int), ready func()) error {
-			db, err := sql.Open("pgx", e.dsn)
+			db, err := e.openSQL()
 			if err != nil {
 				return fmt.Errorf("open: %w", err)
 			}

@@ -41,7 +41,9 @@ type options struct {
 	scaleBacklog int
 	memBig       int
 	memSmall     int
+	memTimeout   time.Duration
 	asyncCommit  bool
+	maxIdle      int
 }
 
 func parseFlags(args []string) (options, error) {
@@ -61,7 +63,7 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&writers, "writers", "1,8", "concurrent writers for the write-overhead scenario")
 	fs.IntVar(&o.backlog, "backlog", 200000, "events in the relay-throughput backlog")
 	fs.StringVar(&relays, "relays", "1,4", "concurrent relays for the relay-throughput scenario")
-	fs.StringVar(&tuned, "tuned", "1000x1,1000x4", "tuned relay shapes to try, BatchSize x Workers, comma separated")
+	fs.StringVar(&tuned, "tuned", "1000x1", "tuned relay shapes to try, BatchSize x Workers, comma separated")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 3*time.Minute, "longest a single drain may run; a slower contender is reported as partial")
 	fs.DurationVar(&o.latencyDur, "latency-dur", 10*time.Second, "how long each latency measurement publishes")
 	fs.IntVar(&o.rate, "rate", 500, "events per second in the latency scenario")
@@ -69,6 +71,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.scaleBacklog, "scale-backlog", 100000, "pending events drained in the scale scenario's throughput test")
 	fs.IntVar(&o.memBig, "mem-big", 1000000, "large backlog for the relay memory test")
 	fs.IntVar(&o.memSmall, "mem-small", 100000, "small backlog for the relay memory test")
+	fs.DurationVar(&o.memTimeout, "mem-timeout", 90*time.Second, "longest the memory test samples one drain; a longer drain is sampled over its start (a relay that loaded its backlog would peak there)")
+	fs.IntVar(&o.maxIdle, "max-idle", 16, "SetMaxIdleConns of every PostgreSQL pool, at least the concurrency used so connections are reused; 0 keeps database/sql's default of 2 (connection churn; see BENCHMARKS.md)")
 	fs.BoolVar(&o.asyncCommit, "async-commit", false, "set synchronous_commit=off on the benchmark's PostgreSQL sessions, to see what the WAL flush costs (not a production setting for an outbox)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -172,12 +176,13 @@ func main() {
 }
 
 func run(ctx context.Context, dsn string, opts options) (err error) {
-	e, err := newEnv(ctx, dsn, opts.asyncCommit)
+	e, err := newEnv(ctx, dsn, opts.asyncCommit, opts.maxIdle)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, e.close()) }()
 	progress("PostgreSQL schema %s, SQLite in %s; %d round(s)", e.schema, e.dir, opts.rounds)
+	progress("PostgreSQL pools keep %d idle connections (0: database/sql default)", opts.maxIdle)
 	if opts.asyncCommit {
 		progress("synchronous_commit=off on every benchmark session")
 	}

@@ -133,11 +133,12 @@ func runRelay(ctx context.Context, e *env, opts options, t *table) error {
 	adb := sqlDB(admin)
 
 	shapes := append([]relayShape{{outbox.DefaultBatchSize, outbox.DefaultWorkers}}, opts.tuned...)
-	batches := []int{}
-	for _, s := range shapes {
-		if !containsInt(batches, s.batch) {
-			batches = append(batches, s.batch)
-		}
+	var batches []int
+	// Each of ours sits next to the floors at its batch size, so that in a
+	// round they run minutes apart at most; the per-round ratio between
+	// them is what the target is judged on.
+	if err := createOutboxTable(ctx, admin, "relay_floor"); err != nil {
+		return err
 	}
 	var cs []relayContender
 	for i, s := range shapes {
@@ -150,18 +151,16 @@ func runRelay(ctx context.Context, e *env, opts options, t *table) error {
 			return err
 		}
 		cs = append(cs, c)
+		if !containsInt(batches, s.batch) {
+			batches = append(batches, s.batch)
+			cs = append(cs, floorRelay(adb, e, "relay_floor", s.batch, false), floorRelay(adb, e, "relay_floor", s.batch, true))
+		}
 	}
 	wm, err := watermillRelay(ctx, e, adb, opts.backlog)
 	if err != nil {
 		return err
 	}
 	cs = append(cs, wm)
-	if err := createOutboxTable(ctx, admin, "relay_floor"); err != nil {
-		return err
-	}
-	for _, b := range batches {
-		cs = append(cs, floorRelay(adb, e, "relay_floor", b, false), floorRelay(adb, e, "relay_floor", b, true))
-	}
 
 	type key struct {
 		name   string
@@ -201,13 +200,21 @@ func runRelay(ctx context.Context, e *env, opts options, t *table) error {
 			k := key{c.name, relays}
 			rowOf[c.name] = t.add(&row{scenario: scen, contender: c.name, metric: "events/s", vals: rates[k], format: fmtRate, note: notes[k]})
 		}
-		floorOf := func(batch int) float64 {
+		// ratio is the median over rounds of a/b measured in the same round.
+		ratio := func(a, b string) float64 {
+			var rs series
+			for i, v := range rates[key{a, relays}] {
+				rs = append(rs, v/rates[key{b, relays}][i])
+			}
+			return rs.median()
+		}
+		floorOf := func(batch int) string {
 			for _, c := range cs {
 				if c.kind == "floor-safe" && c.batch == batch {
-					return rates[key{c.name, relays}].median()
+					return c.name
 				}
 			}
-			return 0
+			return ""
 		}
 		var best *row
 		for _, c := range cs {
@@ -215,16 +222,15 @@ func runRelay(ctx context.Context, e *env, opts options, t *table) error {
 				continue
 			}
 			r := rowOf[c.name]
-			ours := r.vals.median()
-			fl := floorOf(c.batch)
-			r.judge(fmt.Sprintf("≥ 70%% of same-protocol floor at batch %d (%s); got %.0f%%", c.batch, fmtRate(fl), 100*ours/fl), ours >= 0.7*fl)
-			if best == nil || ours > best.vals.median() {
+			q := ratio(c.name, floorOf(c.batch))
+			r.judge(fmt.Sprintf("≥ 70%% of the same-protocol floor at batch %d; got %.0f%% (median of per-round ratios)", c.batch, 100*q), q >= 0.7)
+			if best == nil || r.vals.median() > best.vals.median() {
 				best = r
 			}
 		}
 		def := rowOf[cs[0].name]
-		w := rates[key{wm.name, relays}].median()
-		def.judge(fmt.Sprintf("≥ 10× watermill-sql (%s); got %.1f×", fmtRate(w), def.vals.median()/w), def.vals.median() >= 10*w)
+		q := ratio(cs[0].name, wm.name)
+		def.judge(fmt.Sprintf("≥ 10× watermill-sql at the same batch size; got %.1f×", q), q >= 10)
 		if relays == 4 {
 			best.judge("≥ 50k/s with 4 relays (best ours)", best.vals.median() >= 50000)
 		}
@@ -350,7 +356,7 @@ func watermillRelay(ctx context.Context, e *env, admin *sql.DB, backlog int) (re
 			return vacuum(ctx, admin, "watermill_"+wmRelayTopic)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
-			db, err := sql.Open("pgx", e.dsn)
+			db, err := e.openSQL()
 			if err != nil {
 				return fmt.Errorf("open: %w", err)
 			}
@@ -543,7 +549,7 @@ func floorRelay(admin *sql.DB, e *env, table string, batch int, oneStep bool) re
 			return fillOutbox(ctx, admin, table, n, outbox.StatusPending)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
-			db, err := sql.Open("pgx", e.dsn)
+			db, err := e.openSQL()
 			if err != nil {
 				return fmt.Errorf("open: %w", err)
 			}

@@ -100,6 +100,7 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 	heap := map[int]series{}
 	resident := map[int]series{}
 	memRates := map[int]series{}
+	memNotes := map[int]string{}
 	sizes := []int{opts.memSmall, opts.memBig}
 	for round := range opts.rounds {
 		for _, n := range rotate(sizes, round) {
@@ -126,13 +127,16 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 					return err
 				},
 			}
-			res, err := drain(ctx, c, n, 1, opts.drainTimeout, false)
+			res, err := drain(ctx, c, n, 1, opts.memTimeout, false)
 			if err != nil {
 				return fmt.Errorf("memory, %d backlog: %w", n, err)
 			}
 			heap[n] = append(heap[n], float64(peak.heapInuse))
 			resident[n] = append(resident[n], float64(peak.mapped))
 			memRates[n] = append(memRates[n], res.rate)
+			if res.partial {
+				memNotes[n] = joinNote(memNotes[n], fmt.Sprintf("r%d: sampled over the first %d events (%s)", round+1, res.unique, res.elapsed.Round(time.Second)))
+			}
 			progress("memory round %d: backlog %7d: peak HeapInuse %.1f MiB, mapped %.1f MiB, %.0f ev/s", round+1, n,
 				float64(peak.heapInuse)/(1<<20), float64(peak.mapped)/(1<<20), res.rate)
 		}
@@ -140,7 +144,7 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 	scen = "4 scale: relay memory while draining, 1 relay at defaults"
 	for _, n := range sizes {
 		r := t.add(&row{scenario: scen, contender: fmt.Sprintf("ours, %d-event backlog", n), metric: "peak HeapInuse",
-			vals: heap[n], format: fmtMiB, note: "drain " + fmtRate(memRates[n].median())})
+			vals: heap[n], format: fmtMiB, note: joinNote("drain "+fmtRate(memRates[n].median()), memNotes[n])})
 		if n == opts.memBig {
 			small := heap[opts.memSmall].median()
 			r.judge(fmt.Sprintf("flat: ≤ 1.25 × the %d backlog's %s", opts.memSmall, fmtMiB(small)), r.vals.median() <= 1.25*small)
