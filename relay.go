@@ -248,7 +248,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var (
 		failing  bool
 		retryIn  = r.cfg.PollInterval
-		maxRetry = max(30*time.Second, r.cfg.PollInterval)
+		maxRetry = max(5*time.Second, r.cfg.PollInterval) // a failed attempt is cheap; resume soon after an outage
 		timer    = time.NewTimer(0)
 	)
 	defer timer.Stop()
@@ -375,9 +375,22 @@ func (r *Relay) process(ctx context.Context, ids []string) (int, error) {
 		if n == 0 {
 			return
 		}
-		mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
-		defer cancel()
-		if err := f(mctx); err != nil {
+		// The outcome statements are guarded by the lease, so repeating one
+		// is safe; retrying a dropped connection a couple of times saves a
+		// whole batch from being delivered again.
+		var err error
+		for attempt, pause := range []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond} {
+			if attempt > 0 {
+				time.Sleep(pause)
+			}
+			mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
+			err = f(mctx)
+			cancel()
+			if err == nil || time.Since(start) > r.cfg.Lease {
+				break // done, or the lease is gone and the row belongs to whoever claims it next
+			}
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("outbox: %s %d events: %w", what, n, err))
 		}
 	}

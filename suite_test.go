@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -45,6 +47,7 @@ func runSuite(t *testing.T, b backend) {
 		"RelayConfigValidation":                 testRelayConfig,
 		"DisableAutoMigrate":                    testDisableAutoMigrate,
 		"SQLiteInMemoryRefused":                 testSQLiteInMemoryRefused,
+		"SQLiteSettingsWarning":                 testSQLiteSettingsWarning,
 	}
 	for name, fn := range productionTests {
 		tests[name] = fn
@@ -572,4 +575,25 @@ func TestEventHelpers(t *testing.T) {
 	e.Payload = nil
 	require.NoError(t, e.DecodePayload(&v))
 	assert.Nil(t, v)
+}
+
+func testSQLiteSettingsWarning(t *testing.T, b backend) {
+	if b.name != "sqlite" {
+		t.Skip("SQLite only")
+	}
+	install := func(dsn string) string {
+		db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(t.TempDir(), "w.db")+dsn), &gorm.Config{Logger: logger.Discard})
+		require.NoError(t, err)
+		sqlDB, err := db.DB()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sqlDB.Close() })
+		var logs strings.Builder
+		require.NoError(t, db.Use(Plugin(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})))
+		return logs.String()
+	}
+	got := install("")
+	assert.Contains(t, got, "database is locked")
+	assert.Contains(t, got, "_journal_mode=WAL")
+	assert.Contains(t, got, "_txlock=immediate")
+	assert.Empty(t, install(recommendedSQLiteDSN), "no warning with the recommended settings")
 }

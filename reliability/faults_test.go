@@ -269,13 +269,16 @@ func TestFaultCutMidMark(t *testing.T) {
 			arm.Store(false)
 			e.proxy.cut()
 			e.proxy.unhold(tc.dir)
+			// The relay retries an outcome statement on a fresh connection
+			// (it is guarded by the lease, so repeating it is safe): the
+			// cut may be invisible to ProcessOnce, and then nothing at all
+			// is delivered twice.
 			got := waitResult(t, res)
-			require.Error(t, got.err)
 
 			drain(t, e.direct, e.ob.Table(), r, 30*time.Second)
 			dups := e.checkDelivered(t, ids)
-			if tc.committed {
-				assert.Zero(t, dups, "a mark that committed is not redone")
+			if tc.committed || got.err == nil {
+				assert.Zero(t, dups, "a mark that committed, or was retried, is not redone")
 			} else {
 				assert.LessOrEqual(t, dups, batch)
 			}
