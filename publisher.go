@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -398,6 +399,37 @@ func checkNumber(b []byte, i int) (int, error) {
 	return i, nil
 }
 
+// insertChunk bounds the rows of one INSERT, keeping its arguments (9 a row)
+// under PostgreSQL's limit of 65535 per statement.
+const insertChunk = 1000
+
+// insert writes enc with one statement. It goes straight to the
+// transaction's connection, not through GORM's logger, which would print the
+// payload arguments of a slow statement.
+func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time) error {
+	query := o.sql.insertOne
+	if len(enc) > 1 {
+		query = o.sql.insert(len(enc))
+	}
+	args := make([]any, 0, len(enc)*insertArgs)
+	for i := range enc {
+		e := &enc[i]
+		var headers any
+		if e.headers != nil {
+			headers = string(e.headers)
+		}
+		args = append(args, e.ID, e.Type, e.AggregateType, e.AggregateID, e.IdempotencyKey,
+			string(e.payload), headers, e.OccurredAt, now)
+	}
+	if _, err := pool.ExecContext(ctx, query, args...); err != nil {
+		if len(enc) == 1 {
+			return fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
+		}
+		return fmt.Errorf("outbox: insert %d events: %w", len(enc), err)
+	}
+	return nil
+}
+
 func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
 	ctx := tx.Statement.Context
 	if ctx == nil {
@@ -418,29 +450,15 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
 		return nil
 	}
 
-	query := o.sql.insertOne
-	if len(enc) > 1 {
-		query = o.sql.insert(len(enc))
+	if len(enc) > insertChunk && !inTx {
+		// Several statements must commit together: give them a transaction.
+		return tx.Transaction(func(tx *gorm.DB) error { return o.publishEncoded(tx, enc) })
 	}
 	now := o.now()
-	args := make([]any, 0, len(enc)*insertArgs)
-	for i := range enc {
-		e := &enc[i]
-		var headers any
-		if e.headers != nil {
-			headers = string(e.headers)
+	for chunk := range slices.Chunk(enc, insertChunk) {
+		if err := o.insert(ctx, pool, chunk, now); err != nil {
+			return err
 		}
-		args = append(args, e.ID, e.Type, e.AggregateType, e.AggregateID, e.IdempotencyKey,
-			string(e.payload), headers, e.OccurredAt, now)
-	}
-	// The statement goes straight to the transaction's connection, not
-	// through GORM's logger, which would print the payload arguments of a
-	// slow statement.
-	if _, err := pool.ExecContext(ctx, query, args...); err != nil {
-		if len(enc) == 1 {
-			return fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
-		}
-		return fmt.Errorf("outbox: insert %d events: %w", len(enc), err)
 	}
 	ids := make([]string, len(enc))
 	for i := range enc {

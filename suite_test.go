@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"path/filepath"
 	"strings"
@@ -126,6 +127,22 @@ func testPersistentOutsideTx(t *testing.T, b backend) {
 	assert.Equal(t, recs[0].ID, recs[0].IdempotencyKey)
 	assert.WithinDuration(t, e.clock.Now(), recs[0].OccurredAt, time.Millisecond)
 	assert.NotEqual(t, recs[0].ID, recs[1].ID)
+
+	// More events than one INSERT takes (PostgreSQL allows 65535 arguments
+	// a statement): chunked, and atomic outside a transaction too.
+	many := make([]Event, 2500)
+	for i := range many {
+		many[i] = Event{Type: "bulk", IdempotencyKey: fmt.Sprint("bulk-", i), Payload: i}
+	}
+	require.NoError(t, Publish(e.db, many...))
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return Publish(tx, many[:1500]...) }), "duplicates are skipped")
+	assert.EqualValues(t, 2500, e.count("event_type = ?", "bulk"))
+	for i := range many {
+		many[i].IdempotencyKey = fmt.Sprint("other-", i)
+	}
+	many[2400].Type = ""
+	require.ErrorIs(t, Publish(e.db, many...), ErrInvalidEvent)
+	assert.EqualValues(t, 2500, e.count("event_type = ?", "bulk"), "an invalid event rejects the whole call")
 }
 
 func testDuplicateKey(t *testing.T, b backend) {
