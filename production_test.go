@@ -2,17 +2,24 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 )
 
 // productionTests cover the relay features meant for running several
@@ -29,6 +36,7 @@ var productionTests = map[string]func(*testing.T, backend){
 	"ClaimUsesPendingIndex":           testClaimPlan,
 	"ShutdownReleasesClaims":          testShutdownReleases,
 	"StatsAndOnDelivery":              testStatsAndOnDelivery,
+	"ListenUnavailablePolls":          testListenUnavailable,
 }
 
 func testWorkers(t *testing.T, b backend) {
@@ -472,4 +480,65 @@ func testStatsAndOnDelivery(t *testing.T, b backend) {
 		}
 	}
 	assert.Equal(t, map[string]int{StatusSent: 2, StatusFailed: 1, StatusPending: 1}, byStatus)
+}
+
+// otherConn is a pgx connection behind a type the relay does not know, as a
+// driver other than pgx's stdlib would be: LISTEN cannot be used on it.
+type otherConn struct{ *stdlib.Conn }
+
+type otherConnector struct{ driver.Connector }
+
+func (c otherConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	cn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return otherConn{cn.(*stdlib.Conn)}, nil
+}
+
+func testListenUnavailable(t *testing.T, b backend) {
+	if b.name != "postgres" {
+		t.Skip("LISTEN is PostgreSQL's")
+	}
+	e := b.setup(t)
+	v, ok := dsns.Load(e.db)
+	require.True(t, ok)
+	cfg, err := pgx.ParseConfig(v.(string))
+	require.NoError(t, err)
+	sqlDB := sql.OpenDB(otherConnector{stdlib.GetConnector(*cfg)})
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	db, err := gorm.Open(postgres.New(postgres.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+
+	var logs syncBuffer
+	ob := Plugin(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), DisableNotify: true})
+	require.NoError(t, db.Use(ob))
+	got := make(chan string, 10)
+	ob.Handle("x", func(_ context.Context, ev Event) error { got <- ev.ID; return nil })
+	runRelay(t, ob.Relay(db, RelayConfig{PollInterval: 20 * time.Millisecond}))
+
+	for i := range 3 {
+		require.NoError(t, Publish(db, Event{ID: fmt.Sprint("polled-", i), Type: "x"}))
+		assert.Equal(t, fmt.Sprint("polled-", i), receive(t, got), "the relay keeps delivering by polling")
+	}
+	assert.Equal(t, 1, strings.Count(logs.String(), "LISTEN unavailable"), "logged once:\n%s", logs.String())
+}
+
+// syncBuffer is a strings.Builder safe for the concurrent writes of a
+// logger.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
