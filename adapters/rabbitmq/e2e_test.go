@@ -1,50 +1,30 @@
 package rabbitmq
 
 import (
-	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 )
 
-// openOutbox returns a SQLite database in a temporary file with the outbox
-// plugin installed in persistent mode.
+// openOutbox returns a SQLite database with the outbox plugin installed.
 func openOutbox(t *testing.T) (*gorm.DB, *outbox.Outbox) {
-	t.Helper()
-	dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
-	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			_ = sqlDB.Close()
-		}
-	})
-	// The relay logs every failed attempt; the outage test makes many.
-	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, db.Use(ob))
-	return db, ob
+	return outboxtest.SQLite(t, outbox.Config{})
 }
 
 func record(t *testing.T, db *gorm.DB, id string) outbox.Record {
 	t.Helper()
-	var r outbox.Record
-	require.NoError(t, db.Table(outbox.DefaultTable).Where("id = ?", id).Take(&r).Error)
-	return r
+	return outboxtest.Row(t, db, id)
 }
 
 func publishEvents(t *testing.T, db *gorm.DB, events ...outbox.Event) {
 	t.Helper()
-	require.NoError(t, db.WithContext(t.Context()).Transaction(func(tx *gorm.DB) error {
-		return outbox.Publish(tx, events...)
-	}))
+	outboxtest.Publish(t, db, events...)
 }
 
 func TestEndToEnd(t *testing.T) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -15,11 +14,10 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 )
 
 const (
@@ -74,25 +72,12 @@ func newKey(t *testing.T, rdb *goredis.Client) string {
 
 // openDB returns a SQLite database with the outbox plugin installed.
 func openDB(t *testing.T) (*gorm.DB, *outbox.Outbox) {
-	t.Helper()
-	dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
-	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			_ = sqlDB.Close()
-		}
-	})
-	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, db.Use(ob))
-	return db, ob
+	return outboxtest.SQLite(t, outbox.Config{})
 }
 
 func record(t *testing.T, db *gorm.DB, id string) outbox.Record {
 	t.Helper()
-	var r outbox.Record
-	require.NoError(t, db.Table(outbox.DefaultTable).Where("id = ?", id).Take(&r).Error)
-	return r
+	return outboxtest.Row(t, db, id)
 }
 
 // server is a redis-server owned by one test, so that the test can stop it

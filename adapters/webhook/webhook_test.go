@@ -5,11 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -17,11 +15,10 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/webhook"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 )
 
 var secret = []byte("test-secret")
@@ -264,19 +261,9 @@ func TestVerify(t *testing.T) {
 	assert.Error(t, webhook.Verify(nil, signed(now, body), body, time.Minute))
 }
 
+// openDB returns a SQLite database with the outbox plugin installed.
 func openDB(t *testing.T) (*gorm.DB, *outbox.Outbox) {
-	t.Helper()
-	dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
-	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			_ = sqlDB.Close()
-		}
-	})
-	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
-	require.NoError(t, db.Use(ob))
-	return db, ob
+	return outboxtest.SQLite(t, outbox.Config{})
 }
 
 // TestEndToEnd wires the real outbox: an accepted event ends sent, a
