@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -44,6 +45,7 @@ type options struct {
 	memTimeout   time.Duration
 	asyncCommit  bool
 	maxIdle      int
+	cpuProfile   string
 }
 
 func parseFlags(args []string) (options, error) {
@@ -73,6 +75,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.memSmall, "mem-small", 100000, "small backlog for the relay memory test")
 	fs.DurationVar(&o.memTimeout, "mem-timeout", 90*time.Second, "longest the memory test samples one drain; a longer drain is sampled over its start (a relay that loaded its backlog would peak there)")
 	fs.IntVar(&o.maxIdle, "max-idle", 16, "SetMaxIdleConns of every PostgreSQL pool, at least the concurrency used so connections are reused; 0 keeps database/sql's default of 2 (connection churn; see BENCHMARKS.md)")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.BoolVar(&o.asyncCommit, "async-commit", false, "set synchronous_commit=off on the benchmark's PostgreSQL sessions, to see what the WAL flush costs (not a production setting for an outbox)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -187,6 +190,17 @@ func run(ctx context.Context, dsn string, opts options) (err error) {
 		progress("synchronous_commit=off on every benchmark session")
 	}
 
+	if opts.cpuProfile != "" {
+		f, err := os.Create(opts.cpuProfile)
+		if err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("cpu profile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	t := &table{}
 	started := time.Now()
 	steps := []struct {
