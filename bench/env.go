@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -52,9 +53,12 @@ func newEnv(ctx context.Context, dsn string, asyncCommit bool, maxIdle int) (*en
 		return nil, fmt.Errorf("create schema: %w", err)
 	}
 	u, err := url.Parse(dsn)
-	if err != nil || u.Scheme == "" {
+	if err == nil && u.Scheme == "" {
+		err = errors.New("no scheme")
+	}
+	if err != nil {
 		_ = e.close()
-		return nil, fmt.Errorf("%s must be a URL (postgres://...): %v", dsnEnv, err)
+		return nil, fmt.Errorf("%s must be a URL (postgres://...): %w", dsnEnv, err)
 	}
 	q := u.Query()
 	q.Set("search_path", e.schema)

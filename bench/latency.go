@@ -56,7 +56,7 @@ func runLatency(ctx context.Context, e *env, opts options, t *table) error {
 		return err
 	}
 	const table = "latency_ours"
-	clear := func(ctx context.Context) error {
+	truncate := func(ctx context.Context) error {
 		return exec(ctx, sqlDB(plain), `TRUNCATE bench_orders, "`+table+`", "watermill_`+wmLatencyTopic+`", "watermill_offsets_`+wmLatencyTopic+`"`)
 	}
 
@@ -76,14 +76,14 @@ func runLatency(ctx context.Context, e *env, opts options, t *table) error {
 		// borrows a connection from the writers' pool for every NOTIFY.
 		{"ours, push, pools at database/sql's default MaxIdleConns (2)", outbox.Config{}, outbox.RelayConfig{}, false, 0},
 	} {
-		c, err := oursLatency(ctx, e, table, v.name, v.cfg, v.relay, v.shared, v.idle, clear)
+		c, err := oursLatency(e, table, v.name, v.cfg, v.relay, v.shared, v.idle, truncate)
 		if err != nil {
 			return err
 		}
 		defer c.close()
 		cs = append(cs, c.latencyContender)
 	}
-	cs = append(cs, watermillLatency(e, plain, clear))
+	cs = append(cs, watermillLatency(e, plain, truncate))
 	floor, err := floorLatency(ctx, e, plain)
 	if err != nil {
 		return err
@@ -244,7 +244,7 @@ type oursLatencyContender struct {
 	close func()
 }
 
-func oursLatency(ctx context.Context, e *env, table, name string, cfg outbox.Config, rcfg outbox.RelayConfig, shared bool, idle int, clear func(context.Context) error) (oursLatencyContender, error) {
+func oursLatency(e *env, table, name string, cfg outbox.Config, rcfg outbox.RelayConfig, shared bool, idle int, truncate func(context.Context) error) (oursLatencyContender, error) {
 	writer, err := e.openPGIdle(idle)
 	if err != nil {
 		return oursLatencyContender{}, err
@@ -257,7 +257,7 @@ func oursLatency(ctx context.Context, e *env, table, name string, cfg outbox.Con
 	}
 	c := oursLatencyContender{close: func() { closeDB(writer) }}
 	c.name = name
-	c.prepare = clear
+	c.prepare = truncate
 	c.publish = func(ctx context.Context, i int) error {
 		return writer.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			o := BenchOrder{Customer: "customer-42", Total: 42}
@@ -310,10 +310,10 @@ const wmLatencyTopic = "latency"
 
 // watermillLatency publishes through watermill-sql in the business
 // transaction and consumes with one Subscriber at its defaults.
-func watermillLatency(e *env, plain *gorm.DB, clear func(context.Context) error) latencyContender {
+func watermillLatency(e *env, plain *gorm.DB, truncate func(context.Context) error) latencyContender {
 	return latencyContender{
 		name:    "watermill-sql at defaults",
-		prepare: clear,
+		prepare: truncate,
 		publish: func(ctx context.Context, i int) error {
 			return plain.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 				o := BenchOrder{Customer: "customer-42", Total: 42}

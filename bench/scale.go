@@ -177,8 +177,11 @@ func explainClaim(ctx context.Context, db *sql.DB, table string, batch int) (flo
 			var out []struct {
 				Execution float64 `json:"Execution Time"`
 			}
-			if err := json.Unmarshal(plan, &out); err != nil || len(out) == 0 {
-				return 0, fmt.Errorf("explain claim on %s: unexpected plan %.200s: %v", table, plan, err)
+			if err := json.Unmarshal(plan, &out); err != nil {
+				return 0, fmt.Errorf("explain claim on %s: decode plan: %w", table, err)
+			}
+			if len(out) == 0 {
+				return 0, fmt.Errorf("explain claim on %s: empty plan %.200s", table, plan)
 			}
 			return out[0].Execution, nil
 		}()
