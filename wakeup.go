@@ -120,12 +120,22 @@ func (n *notifier) signal() {
 }
 
 func (n *notifier) loop() {
+	// One connection held for as long as the loop runs: borrowing one from
+	// the pool per NOTIFY churns connections when the pool keeps few idle
+	// ones (database/sql's default is two), and a new PostgreSQL backend per
+	// NOTIFY put tens of milliseconds on the wake-up (BENCHMARKS.md).
+	var conn *sql.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close()
+		}
+	}()
 	idle := time.NewTimer(time.Second)
 	defer idle.Stop()
 	for {
 		select {
 		case <-n.poke:
-			n.send()
+			conn = n.send(conn)
 			time.Sleep(notifyGap) // rate limit, not synchronisation
 			if !idle.Stop() {
 				<-idle.C
@@ -143,10 +153,23 @@ func (n *notifier) loop() {
 	}
 }
 
-func (n *notifier) send() {
+// send sends one NOTIFY on conn (taking a connection when conn is nil) and
+// returns the connection to use next time: nil after an error, so that a
+// broken one is replaced.
+func (n *notifier) send(conn *sql.Conn) *sql.Conn {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err := n.db.ExecContext(ctx, "SELECT pg_notify($1, '')", n.channel)
+	var err error
+	if conn == nil {
+		conn, err = n.db.Conn(ctx)
+	}
+	if err == nil {
+		_, err = conn.ExecContext(ctx, "SELECT pg_notify($1, '')", n.channel)
+		if err != nil {
+			_ = conn.Close()
+			conn = nil
+		}
+	}
 	switch {
 	case err != nil && n.failing.CompareAndSwap(false, true):
 		// A lost hint delays delivery to the next poll; it loses nothing.
@@ -154,6 +177,7 @@ func (n *notifier) send() {
 	case err == nil && n.failing.Load():
 		n.failing.Store(false)
 	}
+	return conn
 }
 
 var errListenUnsupported = errors.New("the database driver is not pgx (github.com/jackc/pgx/v5/stdlib)")
