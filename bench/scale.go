@@ -88,8 +88,11 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 	scen := fmt.Sprintf("4 scale: %d-event backlog, 1 relay at defaults", opts.scaleBacklog)
 	t.add(&row{scenario: scen, contender: "ours, " + label[empty], metric: "events/s", vals: rates[empty], format: fmtRate})
 	r := t.add(&row{scenario: scen, contender: "ours, " + label[full], metric: "events/s", vals: rates[full], format: fmtRate})
-	r.judge(fmt.Sprintf("≥ 80%% of the empty table's; got %.0f%%", 100*rates[full].median()/rates[empty].median()),
-		rates[full].median() >= 0.8*rates[empty].median())
+	var q series // per-round ratios: the two drains of a round run back to back
+	for i := range rates[full] {
+		q = append(q, rates[full][i]/rates[empty][i])
+	}
+	r.judge(fmt.Sprintf("≥ 80%% of the empty table's; got %.0f%% (median of per-round ratios)", 100*q.median()), q.median() >= 0.8)
 	for _, tb := range []string{empty, full} {
 		t.add(&row{scenario: scen, contender: "claim of 100, " + label[tb], metric: "EXPLAIN ANALYZE execution time",
 			vals: claims[tb], format: fmtMS, note: "median of 5 per round, full backlog pending"})
