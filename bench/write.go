@@ -181,10 +181,10 @@ func writeBackend(ctx context.Context, e *env, opts options, t *table, backend s
 			return q.median()
 		}
 		q := quot(contenders[1].name, contenders[2].name)
-		oursRow.judge(fmt.Sprintf("within 10%% of the floor: ours/floor %.2f ≥ 0.90", q), q >= 0.9)
+		oursRow.judge(fmt.Sprintf("within 10%% of the floor: ours/floor ≥ 0.90, got %.2f", q), q >= 0.9)
 		if _, ok := rates[wmName]; ok {
 			q := quot(contenders[1].name, wmName)
-			oursRow.judge(fmt.Sprintf("better than watermill-sql: ours/watermill %.2f > 1", q), q > 1)
+			oursRow.judge(fmt.Sprintf("better than watermill-sql: ours/watermill > 1, got %.2f", q), q > 1)
 		}
 	}
 	return nil
