@@ -92,7 +92,7 @@ func (p *connPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnP
 	if !ok {
 		return inner, nil // not a transaction we can wrap; hooks fail closed on it
 	}
-	return &txPool{Tx: tx, pool: p, ctx: ctx}, nil
+	return &txPool{Tx: tx, pool: p, ctx: ctx, st: txState{idHook: -1}}, nil
 }
 
 // GetDBConn implements gorm.GetDBConnector, so db.DB() keeps working.
@@ -188,7 +188,7 @@ type txState struct {
 	done  bool
 
 	// The IDs of the persistent events written in this transaction, and
-	// where in work the one hook that announces them sits (-1: none yet).
+	// where in work the one hook that announces them sits (-1: none).
 	ids    []string
 	idHook int
 }
@@ -213,9 +213,6 @@ func (s *txState) addPublished(o *Outbox, ids []string) {
 	defer s.mu.Unlock()
 	if s.done {
 		return
-	}
-	if s.ids == nil {
-		s.idHook = -1
 	}
 	s.ids = append(s.ids, ids...)
 	if s.idHook >= 0 {

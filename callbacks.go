@@ -153,7 +153,8 @@ func commitIfStarted(db *gorm.DB) {
 // wrote something: Save on a missing primary key first runs an UPDATE that
 // touches no row, then a Create, and the events belong to the Create.
 func harvest(db *gorm.DB) {
-	if db.Error != nil || db.RowsAffected == 0 || !hasRecorded(db) {
+	if db.Error != nil || db.RowsAffected == 0 || db.Statement.Schema == nil ||
+		!holds(db.Statement.Schema.ModelType) || !db.Statement.ReflectValue.IsValid() {
 		return
 	}
 	var (
@@ -166,6 +167,9 @@ func harvest(db *gorm.DB) {
 			events = append(events, r.recorded...)
 		}
 	})
+	if len(events) == 0 {
+		return
+	}
 	if err := Publish(db, events...); err != nil {
 		_ = db.AddError(err)
 		return

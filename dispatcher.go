@@ -54,20 +54,26 @@ func (o *Outbox) Handle(eventType string, h Handler) {
 // so that it is never silently counted as delivered.
 func (o *Outbox) deliver(ctx context.Context, e Event) error {
 	var errs []error
-	matched := false
+	if !o.runHandlers(ctx, e, func(err error) { errs = append(errs, err) }) {
+		return fmt.Errorf("%w %q", ErrNoHandler, e.Type)
+	}
+	return errors.Join(errs...)
+}
+
+// runHandlers calls every handler that matches e, in registration order,
+// passes each failure to failed, and reports whether any handler matched.
+// Both modes dispatch through it, so they match handlers alike.
+func (o *Outbox) runHandlers(ctx context.Context, e Event, failed func(error)) (matched bool) {
 	for _, r := range *o.handlers.Load() {
 		if r.eventType != e.Type && r.eventType != AnyEvent {
 			continue
 		}
 		matched = true
 		if err := callHandler(ctx, r.h, e); err != nil {
-			errs = append(errs, err)
+			failed(err)
 		}
 	}
-	if !matched {
-		return fmt.Errorf("%w %q", ErrNoHandler, e.Type)
-	}
-	return errors.Join(errs...)
+	return matched
 }
 
 // errHandlerPanic is wrapped by the error a recovered handler panic becomes.
@@ -88,16 +94,9 @@ func callHandler(ctx context.Context, h Handler, e Event) (err error) {
 func (o *Outbox) dispatchMemory(ctx context.Context, events []encoded) {
 	for i := range events {
 		e := events[i].event()
-		matched := false
-		for _, r := range *o.handlers.Load() {
-			if r.eventType != e.Type && r.eventType != AnyEvent {
-				continue
-			}
-			matched = true
-			if err := callHandler(ctx, r.h, e); err != nil {
-				o.logger.ErrorContext(ctx, "outbox: handler failed", eventAttrs(e, err)...)
-			}
-		}
+		matched := o.runHandlers(ctx, e, func(err error) {
+			o.logger.ErrorContext(ctx, "outbox: handler failed", eventAttrs(e, err)...)
+		})
 		if !matched {
 			o.logger.WarnContext(ctx, "outbox: no handler for event; dropped (memory mode)", eventAttrs(e, nil)...)
 		}

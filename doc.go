@@ -55,5 +55,7 @@
 // # Testing
 //
 // Use memory mode, or persistent mode with [Relay.ProcessOnce] to deliver
-// deterministically from a test.
+// deterministically from a test. Package outboxtest wraps the usual steps: a
+// SQLite outbox in a temporary file, publishing, draining a relay, reading a
+// row back.
 package outbox

@@ -534,10 +534,8 @@ func (r *Relay) claim(ctx context.Context, db *sql.DB, now, lease time.Time, ids
 	}
 	args := []any{lease, now, r.cfg.BatchSize}
 	if len(ids) > 0 {
-		var arr bool
 		query = r.o.sql.claimSQL(r.cfg.OrderByAggregate, len(ids))
-		_, arr = r.o.sql.idList(4, len(ids))
-		args = idArgs(args, ids, arr)
+		args = idArgs(args, ids, r.o.dialect == "postgres")
 	}
 	rows, err := db.QueryContext(ctx, query, args...)
 	if err != nil {
