@@ -37,6 +37,7 @@ var productionTests = map[string]func(*testing.T, backend){
 	"ShutdownReleasesClaims":          testShutdownReleases,
 	"StatsAndOnDelivery":              testStatsAndOnDelivery,
 	"ListenUnavailablePolls":          testListenUnavailable,
+	"OutcomesGuardedByLease":          testOutcomeGuards,
 }
 
 func testWorkers(t *testing.T, b backend) {

@@ -340,10 +340,6 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 // process claims due events (only those in ids, when given) and delivers
 // them.
 func (r *Relay) process(ctx context.Context, ids []string) (int, error) {
-	sqlDB, err := r.db.DB()
-	if err != nil {
-		return 0, fmt.Errorf("outbox: relay: %w", err)
-	}
 	if err := r.ensureOrdering(ctx); err != nil {
 		return 0, err
 	}
@@ -351,7 +347,7 @@ func (r *Relay) process(ctx context.Context, ids []string) (int, error) {
 	now := r.o.now()
 	lease := now.Add(r.cfg.Lease)
 	cctx, ccancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
-	batch, err := r.claim(cctx, sqlDB, now, lease, ids)
+	batch, err := r.claim(cctx, now, lease, ids)
 	ccancel()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: claim events: %w", err)
@@ -394,9 +390,9 @@ func (r *Relay) process(ctx context.Context, ids []string) (int, error) {
 			errs = append(errs, fmt.Errorf("outbox: %s %d events: %w", what, n, err))
 		}
 	}
-	record("mark sent", len(res.sent), func(c context.Context) error { return r.markSent(c, sqlDB, res.sent, lease) })
-	record("record failed deliveries of", len(res.failed), func(c context.Context) error { return r.markFailed(c, sqlDB, res.failed, lease) })
-	record("release undelivered", len(res.release), func(c context.Context) error { return r.release(c, sqlDB, res.release, lease) })
+	record("mark sent", len(res.sent), func(c context.Context) error { return r.markSent(c, res.sent, lease) })
+	record("record failed deliveries of", len(res.failed), func(c context.Context) error { return r.markFailed(c, res.failed, lease) })
+	record("release undelivered", len(res.release), func(c context.Context) error { return r.release(c, res.release, lease) })
 	return len(batch), errors.Join(errs...)
 }
 
@@ -527,7 +523,11 @@ func (r *Relay) ensureOrdering(ctx context.Context) error {
 	return r.orderingErr
 }
 
-func (r *Relay) claim(ctx context.Context, db *sql.DB, now, lease time.Time, ids []string) ([]claimed, error) {
+func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string) ([]claimed, error) {
+	db, err := r.db.DB()
+	if err != nil {
+		return nil, err
+	}
 	query := r.o.sql.claim
 	if r.cfg.OrderByAggregate {
 		query = r.o.sql.claimOrdered
@@ -574,25 +574,37 @@ func (r *Relay) claim(ctx context.Context, db *sql.DB, now, lease time.Time, ids
 	return batch, nil
 }
 
-func (r *Relay) markSent(ctx context.Context, db *sql.DB, ids []string, lease time.Time) error {
+func (r *Relay) markSent(ctx context.Context, ids []string, lease time.Time) error {
+	db, err := r.db.DB()
+	if err != nil {
+		return err
+	}
 	q, arr := r.o.sql.markSentSQL(len(ids))
-	_, err := db.ExecContext(ctx, q, idArgs([]any{r.o.now(), lease}, ids, arr)...)
+	_, err = db.ExecContext(ctx, q, idArgs([]any{r.o.now(), lease}, ids, arr)...)
 	return err
 }
 
-func (r *Relay) release(ctx context.Context, db *sql.DB, ids []string, lease time.Time) error {
+func (r *Relay) release(ctx context.Context, ids []string, lease time.Time) error {
+	db, err := r.db.DB()
+	if err != nil {
+		return err
+	}
 	q, arr := r.o.sql.releaseSQL(len(ids))
-	_, err := db.ExecContext(ctx, q, idArgs([]any{r.o.now(), lease}, ids, arr)...)
+	_, err = db.ExecContext(ctx, q, idArgs([]any{r.o.now(), lease}, ids, arr)...)
 	return err
 }
 
-func (r *Relay) markFailed(ctx context.Context, db *sql.DB, outs []outcome, lease time.Time) error {
+func (r *Relay) markFailed(ctx context.Context, outs []outcome, lease time.Time) error {
+	db, err := r.db.DB()
+	if err != nil {
+		return err
+	}
 	args := make([]any, 0, 2+4*len(outs))
 	args = append(args, r.o.now(), lease)
 	for _, o := range outs {
 		args = append(args, o.id, o.status, o.err, o.due)
 	}
-	_, err := db.ExecContext(ctx, r.o.sql.markFailedSQL(len(outs)), args...)
+	_, err = db.ExecContext(ctx, r.o.sql.markFailedSQL(len(outs)), args...)
 	return err
 }
 

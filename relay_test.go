@@ -238,10 +238,8 @@ func testRelayExpiredLease(t *testing.T, b backend) {
 
 	// A relay claims the batch and dies before recording anything.
 	dead := e.relay(RelayConfig{Lease: time.Minute})
-	sqlDB, err := e.db.DB()
-	require.NoError(t, err)
 	now := e.ob.now()
-	batch, err := dead.claim(t.Context(), sqlDB, now, now.Add(time.Minute), nil)
+	batch, err := dead.claim(t.Context(), now, now.Add(time.Minute), nil)
 	require.NoError(t, err)
 	require.Len(t, batch, 2)
 
@@ -259,14 +257,14 @@ func testRelayExpiredLease(t *testing.T, b backend) {
 
 	// The dead relay's late outcome is ignored: its lease is no longer the
 	// row's.
-	require.NoError(t, dead.release(t.Context(), sqlDB, []string{"x-00000"}, now.Add(time.Minute)))
+	require.NoError(t, dead.release(t.Context(), []string{"x-00000"}, now.Add(time.Minute)))
 	assert.Equal(t, StatusSent, e.record("x-00000").Status)
 
 	// A row whose relays keep dying is eventually failed, not retried forever.
 	publishN(t, e.db, "y", 1)
 	for range 2 {
 		now := e.ob.now()
-		_, err := dead.claim(t.Context(), sqlDB, now, now.Add(time.Minute), nil)
+		_, err := dead.claim(t.Context(), now, now.Add(time.Minute), nil)
 		require.NoError(t, err)
 		e.clock.Advance(time.Minute + time.Second)
 	}
