@@ -32,7 +32,9 @@ func testOutcomeGuards(t *testing.T, b backend) {
 	}
 	steps := []step{
 		{"MarkSent",
-			func(ctx context.Context, id string, lease time.Time) error { return r.markSent(ctx, []string{id}, lease) },
+			func(ctx context.Context, id string, lease time.Time) error {
+				return r.markSent(ctx, []string{id}, lease)
+			},
 			func(t *testing.T, rec Record) { assert.Equal(t, StatusSent, rec.Status) }},
 		{"Retry", fail(StatusPending),
 			func(t *testing.T, rec Record) {
@@ -43,7 +45,9 @@ func testOutcomeGuards(t *testing.T, b backend) {
 		{"Failed", fail(StatusFailed),
 			func(t *testing.T, rec Record) { assert.Equal(t, StatusFailed, rec.Status) }},
 		{"HandBack",
-			func(ctx context.Context, id string, lease time.Time) error { return r.release(ctx, []string{id}, lease) },
+			func(ctx context.Context, id string, lease time.Time) error {
+				return r.release(ctx, []string{id}, lease)
+			},
 			func(t *testing.T, rec Record) {
 				assert.Equal(t, StatusPending, rec.Status)
 				assert.Nil(t, rec.LockedUntil)
