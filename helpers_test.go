@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -85,6 +87,47 @@ func postgresBackend(t *testing.T) backend {
 	}
 }
 
+const mysqlDSNEnv = "OUTBOX_TEST_MYSQL_DSN"
+
+// mysqlBackend gives every test its own database, dropped afterwards. The
+// DSN is the one GORM's documentation shows (parseTime=True&loc=Local).
+func mysqlBackend(t *testing.T) backend {
+	dsn := os.Getenv(mysqlDSNEnv)
+	if dsn == "" {
+		t.Skipf("%s is not set; set it (e.g. root@tcp(127.0.0.1:3306)/test?charset=utf8mb4&parseTime=True&loc=Local) to run the MySQL/MariaDB suite", mysqlDSNEnv)
+	}
+	cfg, err := mysqldriver.ParseDSN(dsn)
+	require.NoError(t, err, "%s", mysqlDSNEnv)
+	admin, err := gorm.Open(mysql.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err, "%s is set but MySQL is unreachable", mysqlDSNEnv)
+	sqlAdmin, err := admin.DB()
+	require.NoError(t, err)
+	require.NoError(t, sqlAdmin.Ping(), "%s is set but MySQL is unreachable", mysqlDSNEnv)
+	t.Cleanup(func() { _ = sqlAdmin.Close() })
+
+	return backend{
+		name: "mysql",
+		open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
+			b := make([]byte, 6)
+			_, _ = rand.Read(b)
+			name := "t_" + hex.EncodeToString(b)
+			require.NoError(t, admin.Exec("CREATE DATABASE "+name).Error)
+			t.Cleanup(func() { _ = admin.Exec("DROP DATABASE " + name).Error })
+			c := cfg.Clone()
+			c.DBName = name
+			db, err := gorm.Open(mysql.Open(c.FormatDSN()), gcfg)
+			require.NoError(t, err)
+			dsns.Store(db, c.FormatDSN())
+			t.Cleanup(func() {
+				if sqlDB, err := db.DB(); err == nil {
+					_ = sqlDB.Close()
+				}
+			})
+			return db
+		},
+	}
+}
+
 // dsns maps each test database to its DSN, so a test can open a second
 // connection pool on it, as another process would.
 var dsns sync.Map
@@ -93,9 +136,14 @@ var dsns sync.Map
 func (e *testEnv) reopen(t *testing.T) *gorm.DB {
 	v, ok := dsns.Load(e.db)
 	require.True(t, ok)
-	var dial gorm.Dialector = sqlite.Open(v.(string))
-	if e.name == "postgres" {
+	var dial gorm.Dialector
+	switch e.name {
+	case "postgres":
 		dial = postgres.Open(v.(string))
+	case "mysql":
+		dial = mysql.Open(v.(string))
+	default:
+		dial = sqlite.Open(v.(string))
 	}
 	db, err := gorm.Open(dial, &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err)
@@ -105,6 +153,11 @@ func (e *testEnv) reopen(t *testing.T) *gorm.DB {
 		}
 	})
 	return db
+}
+
+// asUTC reads t's wall clock as UTC.
+func asUTC(t time.Time) time.Time {
+	return time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
 }
 
 func containsByte(s string, c byte) bool {
@@ -204,6 +257,14 @@ func (e *testEnv) record(id string) Record {
 	e.t.Helper()
 	var r Record
 	require.NoError(e.t, e.db.Table(e.ob.Table()).Where("id = ?", id).Take(&r).Error)
+	if e.name == "mysql" {
+		// The columns hold UTC; the driver labels them with the DSN's loc.
+		for _, p := range []*time.Time{&r.AvailableAt, &r.OccurredAt, &r.CreatedAt, &r.UpdatedAt, r.LockedUntil, r.SentAt} {
+			if p != nil {
+				*p = asUTC(*p)
+			}
+		}
+	}
 	return r
 }
 

@@ -1,11 +1,6 @@
 package outbox
 
-import (
-	_ "embed"
-	"fmt"
-	"strings"
-	"time"
-)
+import "time"
 
 // Status values of an outbox row.
 const (
@@ -25,7 +20,11 @@ const (
 //	db.Table(ob.Table()).Where("status = ?", outbox.StatusFailed).Find(&failed)
 //
 // The library itself writes the table with plain SQL; the column names are
-// fixed and documented in schema/postgres.sql and schema/sqlite.sql.
+// fixed and documented in schema/postgres.sql, schema/sqlite.sql and
+// schema/mysql.sql.
+//
+// On MySQL the time columns hold UTC: read them with loc=UTC in the DSN,
+// or take a time.Time read with another loc as UTC wall-clock time.
 type Record struct {
 	ID             string `gorm:"primaryKey;size:255"`
 	EventType      string `gorm:"size:255;not null"`
@@ -48,29 +47,3 @@ type Record struct {
 // TableName is the default table name; use db.Table(ob.Table()) when
 // Config.Table is set.
 func (Record) TableName() string { return DefaultTable }
-
-var (
-	//go:embed schema/postgres.sql
-	schemaPostgres string
-	//go:embed schema/sqlite.sql
-	schemaSQLite string
-)
-
-// SchemaSQL returns the DDL that creates the outbox table named table on the
-// given dialect ("postgres" or "sqlite"), for teams that run their own
-// migrations. It is the same SQL db.Use runs.
-func SchemaSQL(dialect, table string) (string, error) {
-	if !validTable(table) {
-		return "", fmt.Errorf("%w: Table %q is not a plain SQL identifier", ErrInvalidConfig, table)
-	}
-	var ddl string
-	switch dialect {
-	case "postgres":
-		ddl = schemaPostgres
-	case "sqlite":
-		ddl = schemaSQLite
-	default:
-		return "", fmt.Errorf("%w: %q", ErrUnsupportedDialect, dialect)
-	}
-	return strings.ReplaceAll(ddl, DefaultTable, table), nil
-}

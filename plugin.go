@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -99,9 +98,9 @@ type Outbox struct {
 	maxPayload int
 	cfgErr     error
 
-	mu      sync.Mutex // serialises Handle and Initialize
-	dialect string     // "postgres" or "sqlite", fixed by the first Initialize
-	sql     *statements
+	mu          sync.Mutex // serialises Handle and Initialize
+	dialectName string     // GORM's dialector name, fixed by the first persistent Initialize
+	dialect     dialect    // nil in Memory mode, which needs no SQL
 
 	handlers atomic.Pointer[[]route] // copy-on-write, read without locks
 
@@ -166,7 +165,9 @@ func (o *Outbox) Table() string { return o.table }
 // Initialize implements gorm.Plugin; db.Use calls it. It checks the
 // configuration, hooks the connection pool so that after-commit work runs on
 // the outermost commit, registers the model callbacks and, in persistent mode,
-// creates the table unless Config.DisableAutoMigrate is set.
+// checks the database's settings and creates the table unless
+// Config.DisableAutoMigrate is set. Memory mode runs no SQL, so it works on
+// any database GORM supports.
 //
 // Install the plugin before other plugins that wrap the connection pool or
 // re-initialize plugins (such as dbresolver), and before creating sessions
@@ -175,149 +176,58 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 	if o.cfgErr != nil {
 		return o.cfgErr
 	}
-	dialect := db.Dialector.Name()
-	switch dialect {
-	case "postgres", "sqlite":
-	default:
-		return fmt.Errorf("%w: %q (supported: postgres, sqlite)", ErrUnsupportedDialect, dialect)
-	}
-	o.mu.Lock()
-	switch {
-	case o.dialect == "":
-		o.dialect = dialect
-		o.sql = buildStatements(dialect, o.table)
-		if dialect == "postgres" && o.mode == Persistent && o.notify {
-			sqlDB, err := db.DB()
-			if err != nil {
-				o.mu.Unlock()
-				return fmt.Errorf("outbox: %w", err)
-			}
-			o.notifier = newNotifier(o, sqlDB)
-		}
-	case o.dialect != dialect:
-		o.mu.Unlock()
-		return fmt.Errorf("%w: this Outbox is already installed on a %s database; create one Outbox per database", ErrInvalidConfig, o.dialect)
-	}
-	o.mu.Unlock()
-
-	if dialect == "sqlite" && o.mode == Persistent {
-		if err := checkSQLiteFile(db); err != nil {
+	if o.mode == Persistent {
+		if err := o.bindDialect(db); err != nil {
 			return err
 		}
-		o.warnSQLiteSettings(db)
 	}
 	hookConnPool(db, o)
 	if err := registerCallbacks(db); err != nil {
 		return fmt.Errorf("outbox: register callbacks: %w", err)
 	}
-	if o.mode == Persistent && o.migrate {
-		if err := o.Migrate(db.Statement.Context, db); err != nil {
-			return err
-		}
+	if o.mode != Persistent || db.DryRun {
+		return nil
 	}
-	return nil
-}
-
-// Migrate creates the outbox table and its indexes if they do not exist. It
-// is what db.Use runs unless Config.DisableAutoMigrate is set.
-func (o *Outbox) Migrate(ctx context.Context, db *gorm.DB) error {
-	ddl, err := SchemaSQL(db.Dialector.Name(), o.table)
-	if err != nil {
+	ctx := db.Statement.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if err := o.dialect.check(ctx, db, o); err != nil {
 		return err
 	}
-	// One statement at a time: PostgreSQL refuses several commands in one
-	// prepared statement (PrepareStmt mode).
-	for _, stmt := range strings.Split(ddl, ";") {
-		if strings.TrimSpace(stripSQLComments(stmt)) == "" {
-			continue
-		}
-		if err := db.WithContext(ctx).Exec(stmt).Error; err != nil {
-			return fmt.Errorf("outbox: create table %s: %w", o.table, err)
-		}
+	if o.migrate {
+		return o.Migrate(ctx, db)
 	}
 	return nil
 }
 
-func stripSQLComments(s string) string {
-	var b strings.Builder
-	for _, line := range strings.Split(s, "\n") {
-		if i := strings.Index(line, "--"); i >= 0 {
-			line = line[:i]
+// bindDialect fixes the database the outbox writes to; one Outbox serves
+// one database.
+func (o *Outbox) bindDialect(db *gorm.DB) error {
+	name := db.Dialector.Name()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch {
+	case o.dialect == nil:
+		d, err := newDialect(name, o.table)
+		if err != nil {
+			return err
 		}
-		b.WriteString(line)
-		b.WriteByte('\n')
+		if d.notifies() && o.notify {
+			sqlDB, err := rawDB(db)
+			if err != nil {
+				return err
+			}
+			o.notifier = newNotifier(o, sqlDB)
+		}
+		o.dialect, o.dialectName = d, name
+	case o.dialectName != name:
+		return fmt.Errorf("%w: this Outbox is already installed on a %s database; create one Outbox per database", ErrInvalidConfig, o.dialectName)
 	}
-	return b.String()
+	return nil
 }
 
 func (o *Outbox) now() time.Time { return o.clock().UTC().Truncate(time.Microsecond) }
-
-// checkSQLiteFile refuses a pooled in-memory SQLite database in persistent
-// mode: every pooled connection would get its own empty database, so the
-// relay would not see the events the writers committed.
-func checkSQLiteFile(db *gorm.DB) error {
-	var (
-		seq        int
-		name, file string
-	)
-	if err := db.Raw("PRAGMA database_list").Row().Scan(&seq, &name, &file); err != nil {
-		return fmt.Errorf("outbox: inspect the SQLite database: %w", err)
-	}
-	if file != "" {
-		return nil
-	}
-	if sqlDB, err := db.DB(); err == nil && sqlDB.Stats().MaxOpenConnections == 1 {
-		return nil // one connection, one database: it works
-	}
-	return fmt.Errorf("%w: persistent mode needs a SQLite file: an in-memory database (\":memory:\") gives each pooled connection its own database, so relays would not see committed events; use a file (see README, SQLite settings), Mode: outbox.Memory, or SetMaxOpenConns(1) before db.Use", ErrInvalidConfig)
-}
-
-// recommendedSQLiteDSN is the DSN suffix the README recommends.
-const recommendedSQLiteDSN = "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
-
-// warnSQLiteSettings logs once when the SQLite settings concurrent writers
-// need are missing. Without them nothing is lost, but writers whose
-// transactions read before they write are refused with "database is
-// locked" (measured in RELIABILITY.md: 401 of 480 transactions of 8 writers
-// on a default DSN). Immediate transactions are the BEGIN the driver sends,
-// which no PRAGMA shows, so the DSN is read (by reflection, to keep the
-// cgo driver out of the core's imports).
-func (o *Outbox) warnSQLiteSettings(db *gorm.DB) {
-	var missing []string
-	var mode string
-	if err := db.Raw("PRAGMA journal_mode").Row().Scan(&mode); err == nil && !strings.EqualFold(mode, "wal") {
-		missing = append(missing, "WAL journal mode (_journal_mode=WAL)")
-	}
-	if dsn, ok := dialectorDSN(db.Dialector); ok {
-		q := strings.ToLower(dsn)
-		if !strings.Contains(q, "_txlock=immediate") && !strings.Contains(q, "_txlock=exclusive") {
-			missing = append(missing, "immediate transactions (_txlock=immediate)")
-		}
-	}
-	if len(missing) > 0 {
-		o.logger.Warn("outbox: SQLite lacks settings concurrent writers need; they may see \"database is locked\" (nothing is lost). Add "+recommendedSQLiteDSN+" to the DSN",
-			slog.String("missing", strings.Join(missing, ", ")))
-	}
-}
-
-// dialectorDSN reads a dialector's DSN field, if it has one.
-func dialectorDSN(d gorm.Dialector) (string, bool) {
-	v := reflect.ValueOf(d)
-	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
-		if v.IsNil() {
-			return "", false
-		}
-		v = v.Elem()
-	}
-	if v.Kind() != reflect.Struct {
-		return "", false
-	}
-	f := v.FieldByName("DSN")
-	if !f.IsValid() || f.Kind() != reflect.String || f.String() == "" {
-		return "", false
-	}
-	return f.String(), true
-}
 
 // fromDB returns the plugin installed on db, or nil.
 func fromDB(db *gorm.DB) *Outbox {

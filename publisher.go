@@ -399,29 +399,16 @@ func checkNumber(b []byte, i int) (int, error) {
 	return i, nil
 }
 
-// insertChunk bounds the rows of one INSERT, keeping its arguments (9 a row)
-// under PostgreSQL's limit of 65535 per statement.
+// insertChunk bounds the rows of one INSERT, keeping its arguments (11 a
+// row) under SQLite's 32766 and PostgreSQL's and MySQL's 65535.
 const insertChunk = 1000
 
 // insert writes enc with one statement. It goes straight to the
 // transaction's connection, not through GORM's logger, which would print the
 // payload arguments of a slow statement.
 func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time) error {
-	query := o.sql.insertOne
-	if len(enc) > 1 {
-		query = o.sql.insert(len(enc))
-	}
-	args := make([]any, 0, len(enc)*insertArgs)
-	for i := range enc {
-		e := &enc[i]
-		var headers any
-		if e.headers != nil {
-			headers = string(e.headers)
-		}
-		args = append(args, e.ID, e.Type, e.AggregateType, e.AggregateID, e.IdempotencyKey,
-			string(e.payload), headers, e.OccurredAt, now)
-	}
-	if _, err := pool.ExecContext(ctx, query, args...); err != nil {
+	q := o.dialect.insert(enc, now)
+	if _, err := pool.ExecContext(ctx, q.sql, q.args...); err != nil {
 		if len(enc) == 1 {
 			return fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
 		}

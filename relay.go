@@ -3,8 +3,6 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -236,7 +234,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer bg.Wait()
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer stopBG()
-	if r.o.dialect == "postgres" && !r.cfg.DisableListen {
+	if r.o.dialect.notifies() && !r.cfg.DisableListen {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.listen(bgCtx, w) }()
 	}
@@ -516,55 +514,25 @@ func (r *Relay) ensureOrdering(ctx context.Context) error {
 		return nil
 	}
 	r.orderingOnce.Do(func() {
-		if err := r.db.WithContext(ctx).Exec(r.o.sql.orderingIndexSQL(r.o.table)).Error; err != nil {
+		name, ddl := r.o.dialect.orderingIndex()
+		if err := ensure(ctx, r.db, r.o.dialect, name, ddl); err != nil {
 			r.orderingErr = fmt.Errorf("outbox: create the per-aggregate ordering index: %w", err)
 		}
 	})
 	return r.orderingErr
 }
 
+// claim leases up to BatchSize due events (only those in ids, when given)
+// until lease and returns them oldest first.
 func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string) ([]claimed, error) {
-	db, err := r.db.DB()
+	db, err := rawDB(r.db)
 	if err != nil {
 		return nil, err
 	}
-	query := r.o.sql.claim
-	if r.cfg.OrderByAggregate {
-		query = r.o.sql.claimOrdered
-	}
-	args := []any{lease, now, r.cfg.BatchSize}
-	if len(ids) > 0 {
-		query = r.o.sql.claimSQL(r.cfg.OrderByAggregate, len(ids))
-		args = idArgs(args, ids, r.o.dialect == "postgres")
-	}
-	rows, err := db.QueryContext(ctx, query, args...)
+	batch, err := r.o.dialect.claim(ctx, db, claimSpec{
+		now: now, lease: lease, limit: r.cfg.BatchSize, ids: ids, ordered: r.cfg.OrderByAggregate,
+	})
 	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var batch []claimed
-	for rows.Next() {
-		var (
-			c          claimed
-			payload    []byte
-			headers    sql.NullString
-			occ, added dbTime
-		)
-		if err := rows.Scan(&c.ev.ID, &c.ev.Type, &c.ev.AggregateType, &c.ev.AggregateID, &c.ev.IdempotencyKey,
-			&payload, &headers, &c.attempts, &occ, &added); err != nil {
-			return nil, err
-		}
-		c.ev.Payload = json.RawMessage(payload)
-		c.ev.OccurredAt = occ.t
-		c.createdAt = added.t
-		if headers.Valid && headers.String != "" {
-			if err := json.Unmarshal([]byte(headers.String), &c.ev.Headers); err != nil {
-				c.bad = fmt.Errorf("outbox: decode headers of event %s: %w", c.ev.ID, err)
-			}
-		}
-		batch = append(batch, c)
-	}
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	// RETURNING has no order; deliver oldest first.
@@ -575,49 +543,38 @@ func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string) (
 }
 
 func (r *Relay) markSent(ctx context.Context, ids []string, lease time.Time) error {
-	db, err := r.db.DB()
-	if err != nil {
-		return err
-	}
-	q, arr := r.o.sql.markSentSQL(len(ids))
-	_, err = db.ExecContext(ctx, q, idArgs([]any{r.o.now(), lease}, ids, arr)...)
-	return err
+	now := r.o.now()
+	return r.execChunks(ctx, len(ids), func(i, j int) query { return r.o.dialect.markSent(ids[i:j], now, lease) })
 }
 
 func (r *Relay) release(ctx context.Context, ids []string, lease time.Time) error {
-	db, err := r.db.DB()
-	if err != nil {
-		return err
-	}
-	q, arr := r.o.sql.releaseSQL(len(ids))
-	_, err = db.ExecContext(ctx, q, idArgs([]any{r.o.now(), lease}, ids, arr)...)
-	return err
+	now := r.o.now()
+	return r.execChunks(ctx, len(ids), func(i, j int) query { return r.o.dialect.release(ids[i:j], now, lease) })
 }
 
 func (r *Relay) markFailed(ctx context.Context, outs []outcome, lease time.Time) error {
-	db, err := r.db.DB()
+	now := r.o.now()
+	return r.execChunks(ctx, len(outs), func(i, j int) query { return r.o.dialect.markFailed(outs[i:j], now, lease) })
+}
+
+// outcomeChunk bounds the rows of one outcome statement, keeping its
+// arguments far below every database's limit (SQLite allows 32766).
+const outcomeChunk = 1000
+
+// execChunks runs the statements build returns for n rows, outcomeChunk
+// rows at a time.
+func (r *Relay) execChunks(ctx context.Context, n int, build func(i, j int) query) error {
+	db, err := rawDB(r.db)
 	if err != nil {
 		return err
 	}
-	args := make([]any, 0, 2+4*len(outs))
-	args = append(args, r.o.now(), lease)
-	for _, o := range outs {
-		args = append(args, o.id, o.status, o.err, o.due)
+	for i := 0; i < n; i += outcomeChunk {
+		q := build(i, min(i+outcomeChunk, n))
+		if _, err := db.ExecContext(ctx, q.sql, q.args...); err != nil {
+			return err
+		}
 	}
-	_, err = db.ExecContext(ctx, r.o.sql.markFailedSQL(len(outs)), args...)
-	return err
-}
-
-// idArgs appends ids to args: as one array argument on PostgreSQL, one
-// argument each elsewhere.
-func idArgs(args []any, ids []string, asArray bool) []any {
-	if asArray {
-		return append(args, ids)
-	}
-	for _, id := range ids {
-		args = append(args, id)
-	}
-	return args
+	return nil
 }
 
 // Replay puts failed events back to pending, due now, with their attempts
@@ -627,22 +584,24 @@ func (o *Outbox) Replay(ctx context.Context, db *gorm.DB, ids ...string) (int, e
 	if o.mode == Memory {
 		return 0, ErrMemoryMode
 	}
-	if o.sql == nil {
+	if o.dialect == nil {
 		return 0, ErrNotInstalled
 	}
-	if len(ids) == 0 {
-		return 0, nil
+	total := 0
+	now := o.now()
+	for chunk := range slices.Chunk(ids, outcomeChunk) {
+		q := o.dialect.replay(chunk, now)
+		res, err := db.Statement.ConnPool.ExecContext(ctx, q.sql, q.args...)
+		if err != nil {
+			return total, fmt.Errorf("outbox: replay %d events: %w", len(ids), err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, fmt.Errorf("outbox: replay: %w", err)
+		}
+		total += int(n)
 	}
-	q, arr := o.sql.replaySQL(len(ids))
-	res, err := db.Statement.ConnPool.ExecContext(ctx, q, idArgs([]any{o.now()}, ids, arr)...)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: replay %d events: %w", len(ids), err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("outbox: replay: %w", err)
-	}
-	return int(n), nil
+	return total, nil
 }
 
 func truncate(s string, n int) string {
@@ -654,41 +613,4 @@ func truncate(s string, n int) string {
 		n--
 	}
 	return s[:n] + "…"
-}
-
-// dbTime scans a timestamp from either driver: PostgreSQL returns
-// time.Time; SQLite may return the stored text.
-type dbTime struct{ t time.Time }
-
-var sqliteTimeFormats = []string{
-	"2006-01-02 15:04:05.999999999-07:00",
-	"2006-01-02T15:04:05.999999999-07:00",
-	"2006-01-02 15:04:05.999999999",
-	"2006-01-02T15:04:05.999999999",
-	time.RFC3339Nano,
-}
-
-func (d *dbTime) Scan(v any) error {
-	var s string
-	switch x := v.(type) {
-	case time.Time:
-		d.t = x.UTC()
-		return nil
-	case nil:
-		d.t = time.Time{}
-		return nil
-	case string:
-		s = x
-	case []byte:
-		s = string(x)
-	default:
-		return fmt.Errorf("outbox: cannot scan %T as a time", v)
-	}
-	for _, f := range sqliteTimeFormats {
-		if t, err := time.Parse(f, s); err == nil {
-			d.t = t.UTC()
-			return nil
-		}
-	}
-	return fmt.Errorf("outbox: cannot parse time %q", s)
 }

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -27,10 +26,11 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 	if o.mode == Memory {
 		return st, ErrMemoryMode
 	}
-	if o.sql == nil {
+	if o.dialect == nil {
 		return st, ErrNotInstalled
 	}
-	rows, err := db.Statement.ConnPool.QueryContext(ctx, o.sql.statsSQL())
+	q := o.dialect.stats()
+	rows, err := db.Statement.ConnPool.QueryContext(ctx, q.sql, q.args...)
 	if err != nil {
 		return st, fmt.Errorf("outbox: stats: %w", err)
 	}
@@ -61,5 +61,3 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 	}
 	return st, nil
 }
-
-var _ sql.Scanner = (*dbTime)(nil)

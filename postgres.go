@@ -1,0 +1,73 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+//go:embed schema/postgres.sql
+var schemaPostgres string
+
+func init() { dialects["postgres"] = newPostgres }
+
+// postgresDialect: one UPDATE ... RETURNING claims, FOR UPDATE SKIP LOCKED
+// lets concurrent relays take disjoint batches instead of queueing on each
+// other's row locks, ID lists travel as one array argument, and partial
+// indexes keep sent rows out of the claim's way.
+type postgresDialect struct {
+	sqlSyntax
+	name string
+}
+
+func newPostgres(table string) dialect {
+	return &postgresDialect{name: table, sqlSyntax: sqlSyntax{
+		table:       `"` + table + `"`,
+		placeholder: dollar,
+		arrays:      true,
+		timeArg:     sameTime,
+		timeCol:     bareCol,
+		unsent:      "p.status <> 'sent'",
+	}}
+}
+
+const skipLocked = " FOR UPDATE SKIP LOCKED"
+
+func (d *postgresDialect) check(context.Context, *gorm.DB, *Outbox) error { return nil }
+
+func (d *postgresDialect) schema() string { return schemaFor(schemaPostgres, d.name) }
+
+func (d *postgresDialect) exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
+	var ok bool
+	err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", `"`+name+`"`).Scan(&ok)
+	return ok, err
+}
+
+func (d *postgresDialect) insert(rows []encoded, now time.Time) query {
+	// ON CONFLICT DO NOTHING: a duplicate is a no-op, and the caller's
+	// transaction is not aborted by a unique violation.
+	return d.insertRows(rows, now, " ON CONFLICT DO NOTHING")
+}
+
+func (d *postgresDialect) claim(ctx context.Context, db *sql.DB, c claimSpec) ([]claimed, error) {
+	return queryClaimed(ctx, db, d.claimUpdate(c, skipLocked))
+}
+
+func (d *postgresDialect) markFailed(outs []outcome, now, lease time.Time) query {
+	return d.markFailedValues(outs, now, lease, "::timestamptz")
+}
+
+func (d *postgresDialect) deleteSent(before time.Time, limit int) query {
+	return d.deleteSentIn(before, limit, skipLocked)
+}
+
+func (d *postgresDialect) orderingIndex() (string, string) {
+	name := d.name + "_aggregate_idx"
+	return name, `CREATE INDEX IF NOT EXISTS "` + name + `" ON ` + d.table +
+		" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent'"
+}
+
+func (d *postgresDialect) notifies() bool { return true }

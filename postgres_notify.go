@@ -1,0 +1,189 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// PostgreSQL carries wake-ups between processes: the writing process sends
+// NOTIFY after a commit that wrote events, debounced, and relays LISTEN on
+// a dedicated connection. The NOTIFY is deliberately not part of the
+// business transaction: PostgreSQL serialises the commits of transactions
+// that notify.
+
+// notifyGap bounds the NOTIFY rate of one process: wake-ups arriving while a
+// NOTIFY is in flight, or within this gap after it, share the next one.
+const notifyGap = time.Millisecond
+
+// notifier sends the debounced NOTIFY of one process. Its goroutine runs
+// while there is something to send and exits after a second idle.
+type notifier struct {
+	o       *Outbox
+	db      *sql.DB
+	channel string
+	poke    chan struct{}
+	running atomic.Bool
+	failing atomic.Bool
+}
+
+func newNotifier(o *Outbox, db *sql.DB) *notifier {
+	return &notifier{o: o, db: db, channel: channelName(o.table), poke: make(chan struct{}, 1)}
+}
+
+// channelName derives the NOTIFY channel from the table, within
+// PostgreSQL's 63-byte identifier limit.
+func channelName(table string) string {
+	const suffix = "_outbox_wakeup"
+	if len(table)+len(suffix) > 63 {
+		table = table[:63-len(suffix)]
+	}
+	return table + suffix
+}
+
+func (n *notifier) signal() {
+	select {
+	case n.poke <- struct{}{}:
+	default:
+	}
+	if n.running.CompareAndSwap(false, true) {
+		go n.loop()
+	}
+}
+
+func (n *notifier) loop() {
+	// One connection held for as long as the loop runs: borrowing one from
+	// the pool per NOTIFY churns connections when the pool keeps few idle
+	// ones (database/sql's default is two), and a new PostgreSQL backend per
+	// NOTIFY put tens of milliseconds on the wake-up (BENCHMARKS.md).
+	var conn *sql.Conn
+	defer func() {
+		if conn != nil {
+			_ = conn.Close()
+		}
+	}()
+	idle := time.NewTimer(time.Second)
+	defer idle.Stop()
+	for {
+		select {
+		case <-n.poke:
+			conn = n.send(conn)
+			time.Sleep(notifyGap) // rate limit, not synchronisation
+			if !idle.Stop() {
+				<-idle.C
+			}
+			idle.Reset(time.Second)
+		case <-idle.C:
+			n.running.Store(false)
+			// A signal may have come in after the timer fired but before
+			// running was cleared; it found running set and started nothing.
+			if len(n.poke) == 0 || !n.running.CompareAndSwap(false, true) {
+				return
+			}
+			idle.Reset(time.Second)
+		}
+	}
+}
+
+// send sends one NOTIFY on conn (taking a connection when conn is nil) and
+// returns the connection to use next time: nil after an error, so that a
+// broken one is replaced.
+func (n *notifier) send(conn *sql.Conn) *sql.Conn {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var err error
+	if conn == nil {
+		conn, err = n.db.Conn(ctx)
+	}
+	if err == nil {
+		_, err = conn.ExecContext(ctx, "SELECT pg_notify($1, '')", n.channel)
+		if err != nil {
+			_ = conn.Close()
+			conn = nil
+		}
+	}
+	switch {
+	case err != nil && n.failing.CompareAndSwap(false, true):
+		// A lost hint delays delivery to the next poll; it loses nothing.
+		n.o.logger.Warn("outbox: NOTIFY after commit failed; relays in other processes will find the events by polling", slog.Any("error", err))
+	case err == nil && n.failing.Load():
+		n.failing.Store(false)
+	}
+	return conn
+}
+
+var errListenUnsupported = errors.New("the database driver is not pgx (github.com/jackc/pgx/v5/stdlib)")
+
+// listen keeps a LISTEN connection open and pokes w on every notification.
+// It reconnects with backoff; if LISTEN cannot work at all it logs that once
+// and returns, leaving the relay to poll.
+func (r *Relay) listen(ctx context.Context, w *waker) {
+	retry := r.cfg.PollInterval
+	failing := false
+	for ctx.Err() == nil {
+		err := r.listenOnce(ctx, w, func() {
+			if failing {
+				r.o.logger.InfoContext(ctx, "outbox: relay listening for notifications again")
+			}
+			failing, retry = false, r.cfg.PollInterval
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errListenUnsupported) {
+			r.o.logger.WarnContext(ctx, "outbox: LISTEN unavailable; the relay polls every PollInterval", slog.Any("error", err))
+			return
+		}
+		if !failing {
+			r.o.logger.WarnContext(ctx, "outbox: LISTEN connection lost; polling until it is back", slog.Any("error", err))
+			failing = true
+		}
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		retry = min(retry*2, 30*time.Second)
+	}
+}
+
+func (r *Relay) listenOnce(ctx context.Context, w *waker, listening func()) error {
+	sqlDB, err := r.db.DB()
+	if err != nil {
+		return err
+	}
+	conn, err := sqlDB.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return errListenUnsupported
+		}
+		pc := sc.Conn()
+		if _, err := pc.Exec(ctx, `LISTEN "`+channelName(r.o.table)+`"`); err != nil {
+			return err
+		}
+		listening()
+		r.listening.Store(true)
+		defer r.listening.Store(false)
+		w.poke() // events committed before LISTEN took effect
+		for {
+			if _, err := pc.WaitForNotification(ctx); err != nil {
+				// The connection carries a LISTEN and may be mid-read: never
+				// hand it back to the pool.
+				return errors.Join(err, driver.ErrBadConn)
+			}
+			w.poke()
+		}
+	})
+}
