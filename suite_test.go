@@ -614,3 +614,47 @@ func testSQLiteSettingsWarning(t *testing.T, b backend) {
 	assert.Contains(t, got, "_txlock=immediate")
 	assert.Empty(t, install(recommendedSQLiteDSN), "no warning with the recommended settings")
 }
+
+// renamedDialector is SQLite under a name the outbox has no dialect for, as
+// any other GORM driver would be.
+type renamedDialector struct{ gorm.Dialector }
+
+func (renamedDialector) Name() string { return "otherdb" }
+
+// TestMemoryModeAnyDriver: memory mode runs no SQL of its own, so it works on
+// a database the outbox has no dialect for; persistent mode refuses it.
+func TestMemoryModeAnyDriver(t *testing.T) {
+	t.Parallel()
+	open := func() *gorm.DB {
+		db, err := gorm.Open(renamedDialector{sqlite.Open(filepath.Join(t.TempDir(), "other.db"))}, &gorm.Config{Logger: logger.Discard})
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			if sqlDB, err := db.DB(); err == nil {
+				_ = sqlDB.Close()
+			}
+		})
+		return db
+	}
+	db := open()
+	err := db.Use(Plugin(Config{}))
+	require.ErrorIs(t, err, ErrUnsupportedDialect)
+	assert.ErrorContains(t, err, "otherdb")
+
+	db = open()
+	ob := Plugin(Config{Mode: Memory})
+	require.NoError(t, db.Use(ob))
+	c := &collector{}
+	ob.Handle("x", c.handle)
+	require.NoError(t, db.AutoMigrate(&Order{}))
+	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+		order := Order{Total: 1}
+		order.Record(Event{ID: "recorded", Type: "x"})
+		if err := tx.Create(&order).Error; err != nil {
+			return err
+		}
+		return Publish(tx, Event{ID: "published", Type: "x"})
+	}))
+	assert.Equal(t, []string{"recorded", "published"}, c.ids())
+	_, err = ob.Stats(t.Context(), db)
+	assert.ErrorIs(t, err, ErrMemoryMode)
+}
