@@ -23,6 +23,8 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/stretchr/testify/require"
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -30,8 +32,9 @@ import (
 )
 
 // The fuzz targets check the public contract of Publish and of Config.Table
-// against SQLite (always) and PostgreSQL (when OUTBOX_TEST_POSTGRES_DSN is
-// set). Plain `go test` runs their seeds (f.Add and testdata/fuzz); fuzz
+// against SQLite (always), PostgreSQL (when OUTBOX_TEST_POSTGRES_DSN is set)
+// and MySQL/MariaDB (when OUTBOX_TEST_MYSQL_DSN is set): the same inputs on
+// every database, so handlers are shown to receive equal JSON on all of them. Plain `go test` runs their seeds (f.Add and testdata/fuzz); fuzz
 // with, for example:
 //
 //	go test -run='^$' -fuzz='^FuzzPublish$' -fuzztime=60s .
@@ -70,6 +73,9 @@ func fuzzDatabases(f *testing.F) []*fuzzDB {
 		return db
 	}})
 
+	if my := mysqlFuzzDB(f); my != nil {
+		out = append(out, my)
+	}
 	dsn := os.Getenv("OUTBOX_TEST_POSTGRES_DSN")
 	if dsn == "" {
 		return out
@@ -98,6 +104,36 @@ func fuzzDatabases(f *testing.F) []*fuzzDB {
 		return db
 	}})
 	return out
+}
+
+// mysqlFuzzDB is a database of its own on the server OUTBOX_TEST_MYSQL_DSN
+// names, or nil when that is unset.
+func mysqlFuzzDB(f *testing.F) *fuzzDB {
+	dsn := os.Getenv("OUTBOX_TEST_MYSQL_DSN")
+	if dsn == "" {
+		return nil
+	}
+	admin, err := gorm.Open(mysql.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(f, err, "OUTBOX_TEST_MYSQL_DSN is set but MySQL is unreachable")
+	f.Cleanup(func() { closeGorm(admin) })
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "fuzz_" + hex.EncodeToString(b)
+	require.NoError(f, admin.Exec("CREATE DATABASE "+name).Error)
+	f.Cleanup(func() { _ = admin.Exec("DROP DATABASE " + name).Error })
+	cfg, err := mysqldriver.ParseDSN(dsn)
+	require.NoError(f, err)
+	cfg.DBName = name
+	my, err := gorm.Open(mysql.Open(cfg.FormatDSN()), &gorm.Config{Logger: logger.Discard})
+	require.NoError(f, err)
+	f.Cleanup(func() { closeGorm(my) })
+	return &fuzzDB{name: "mysql", sqlDB: my, open: func(t testing.TB) *gorm.DB {
+		conn, err := my.DB()
+		require.NoError(t, err)
+		db, err := gorm.Open(mysql.New(mysql.Config{Conn: conn}), &gorm.Config{Logger: logger.Discard})
+		require.NoError(t, err)
+		return db
+	}}
 }
 
 func closeGorm(db *gorm.DB) {
@@ -183,6 +219,8 @@ func publishSeeds() []publishSeed {
 		{typ: "x", payload: []byte("a\x00b"), kind: 2},
 		{typ: "x", payload: []byte("\xff\xfe plain string"), kind: 2},
 		{typ: "x", payload: []byte(`{"nested":{"deep":[[[{"k":"v"}]]]}}`), kind: 3},
+		{typ: "x", payload: []byte(strings.Repeat(`{"a":[`, 15) + `{}` + strings.Repeat(`]}`, 15)), kind: 1}, // 31 levels
+		{typ: "x", payload: []byte(strings.Repeat(`{"a":[`, 16) + strings.Repeat(`]}`, 16)), kind: 1},        // 32 levels
 		{typ: "x", payload: nil, kind: 0},
 		{typ: "x", payload: []byte{}, kind: 1},
 		{typ: "x", hk1: "", hv1: "v"},
@@ -348,12 +386,33 @@ func (in publishInput) invalidReason() string {
 		return "payload over 1 MiB"
 	case jsonHasNUL(p):
 		return `payload contains \u0000`
+	case jsonDepth(p) > 31:
+		return "payload nests deeper than MariaDB's 31 levels"
 	case in.storable == storableNo:
 		return "PostgreSQL's jsonb cannot store the payload"
 	case in.storable == storableUnknown:
 		return "?"
 	}
 	return ""
+}
+
+// jsonDepth returns how deeply valid JSON p nests arrays and objects.
+func jsonDepth(p []byte) int {
+	dec := json.NewDecoder(bytes.NewReader(p))
+	depth, deepest := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return deepest
+		}
+		switch tok {
+		case json.Delim('['), json.Delim('{'):
+			depth++
+			deepest = max(deepest, depth)
+		case json.Delim(']'), json.Delim('}'):
+			depth--
+		}
+	}
 }
 
 // hasUnpairedSurrogate reports whether valid JSON p spells a UTF-16
@@ -731,8 +790,11 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 func tableCount(t *testing.T, fdb *fuzzDB, name string) int64 {
 	var n int64
 	q := "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
-	if fdb.name == "postgres" {
+	switch fdb.name {
+	case "postgres":
 		q = "SELECT count(*) FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?"
+	case "mysql":
+		q = "SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = CAST(? AS BINARY)"
 	}
 	require.NoError(t, fdb.sqlDB.Raw(q, name).Scan(&n).Error)
 	return n
@@ -741,8 +803,11 @@ func tableCount(t *testing.T, fdb *fuzzDB, name string) int64 {
 func listTables(t *testing.T, fdb *fuzzDB) []string {
 	var names []string
 	q := "SELECT name FROM sqlite_master WHERE type = 'table'"
-	if fdb.name == "postgres" {
+	switch fdb.name {
+	case "postgres":
 		q = "SELECT table_name FROM information_schema.tables WHERE table_schema = current_schema()"
+	case "mysql":
+		q = "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()"
 	}
 	require.NoError(t, fdb.sqlDB.Raw(q).Scan(&names).Error)
 	return names
@@ -750,7 +815,11 @@ func listTables(t *testing.T, fdb *fuzzDB) []string {
 
 func dropTable(t *testing.T, fdb *fuzzDB, name string) {
 	for _, n := range []string{name, strings.ToLower(name)} {
-		require.NoError(t, fdb.sqlDB.Exec(fmt.Sprintf(`DROP TABLE IF EXISTS %q`, n)).Error)
+		q := fmt.Sprintf(`DROP TABLE IF EXISTS %q`, n)
+		if fdb.name == "mysql" {
+			q = "DROP TABLE IF EXISTS `" + n + "`"
+		}
+		require.NoError(t, fdb.sqlDB.Exec(q).Error)
 	}
 }
 

@@ -265,16 +265,28 @@ const (
 	maxNumericExponent = 1<<30 - 1
 )
 
-// checkStorableJSON rejects valid JSON that PostgreSQL's jsonb refuses: the
-// escape \u0000, UTF-16 surrogate escapes that are not a proper pair, and
-// numbers outside numeric's range. The rule holds on every database, so an
-// event accepted on SQLite is accepted on PostgreSQL and a handler sees the
-// same JSON in both; and it runs before the INSERT, because a failed
-// statement aborts the caller's whole PostgreSQL transaction. The messages
-// never quote the payload.
+// maxJSONDepth is the deepest nesting of arrays and objects MariaDB's JSON
+// column accepts (its json_valid check refuses 32 levels).
+const maxJSONDepth = 31
+
+// checkStorableJSON rejects valid JSON that one of the databases refuses:
+// PostgreSQL's jsonb refuses the escape \u0000, UTF-16 surrogate escapes
+// that are not a proper pair, and numbers outside numeric's range; MariaDB
+// refuses nesting deeper than 31 levels. The rule holds on every database,
+// so an event accepted on SQLite is accepted on PostgreSQL and MySQL and a
+// handler sees the same JSON on all of them; and it runs before the INSERT,
+// because a failed statement aborts the caller's whole PostgreSQL
+// transaction. The messages never quote the payload.
 func checkStorableJSON(b []byte) error {
+	depth := 0
 	for i := 0; i < len(b); i++ {
 		switch c := b[i]; {
+		case c == '[' || c == '{':
+			if depth++; depth > maxJSONDepth {
+				return fmt.Errorf("payload nests arrays and objects deeper than %d levels, which MariaDB's JSON cannot store", maxJSONDepth)
+			}
+		case c == ']' || c == '}':
+			depth--
 		case c == '"':
 			end, err := checkString(b, i+1)
 			if err != nil {
