@@ -21,9 +21,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/gorm-outbox/outbox"
 	"github.com/stretchr/testify/require"
-	mysqldriver "github.com/go-sql-driver/mysql"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
