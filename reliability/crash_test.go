@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -21,7 +20,6 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 )
@@ -29,6 +27,7 @@ import (
 const (
 	childRoleEnv   = "OUTBOX_RELIABILITY_CHILD" // "crash" in the child process
 	crashDSNEnv    = "OUTBOX_CRASH_DSN"
+	crashServerEnv = "OUTBOX_CRASH_SERVER" // the server's name (see servers)
 	crashRoundEnv  = "OUTBOX_CRASH_ROUND"
 	crashRoundsEnv = "OUTBOX_CRASH_ROUNDS" // rounds of the parent; default 20
 	crashSeedEnv   = "OUTBOX_CRASH_SEED"   // seed of the kill moments; default random
@@ -50,12 +49,6 @@ func crashRelayConfig() outbox.RelayConfig {
 	}
 }
 
-const crashDDL = `
-CREATE TABLE crash_orders (id text PRIMARY KEY, event_id text NOT NULL, round integer NOT NULL);
-CREATE TABLE crash_deliveries (seq bigserial PRIMARY KEY, event_id text NOT NULL, round integer NOT NULL,
-    delivered_at timestamptz NOT NULL DEFAULT now());
-CREATE INDEX crash_deliveries_event ON crash_deliveries (event_id)`
-
 func envInt(t testing.TB, name string, def int) int {
 	v := os.Getenv(name)
 	if v == "" {
@@ -68,8 +61,9 @@ func envInt(t testing.TB, name string, def int) int {
 
 // TestCrashRecovery runs a writer and a relay in a child process (this test
 // binary re-executed), SIGKILLs it at a random moment, starts another, and
-// so on for OUTBOX_CRASH_ROUNDS rounds (default 20). A relay in this process
-// then drains the table, and the database is checked:
+// so on for OUTBOX_CRASH_ROUNDS rounds (default 20), on each server (a
+// subtest per server). A relay in this process then drains the table, and
+// the database is checked:
 //
 //   - every committed business row has its outbox row and at least one
 //     delivery (nothing lost), and no outbox row or delivery exists for a
@@ -79,19 +73,24 @@ func envInt(t testing.TB, name string, def int) int {
 //   - every redundant delivery is explained by a claim in flight at a kill:
 //     if an event delivered in round r was delivered again later, the dead
 //     child of round r held a claim on it when it was killed. Claims in
-//     flight are read from the table right after each kill, and there are
-//     at most BatchSize of them per kill.
+//     flight are read from the table right after each kill, once the dead
+//     child's sessions have left the server, and there are at most
+//     BatchSize of them per kill.
 func TestCrashRecovery(t *testing.T) {
 	t.Parallel()
-	dsn := postgresSchema(t)
+	forEachServer(t, testCrashRecovery)
+}
+
+func testCrashRecovery(t *testing.T, s server) {
+	dsn := s.fresh(t)
 	rounds := envInt(t, crashRoundsEnv, 20)
 	seed := uint64(envInt(t, crashSeedEnv, int(rand.Int32())))
 	rng := rand.New(rand.NewPCG(seed, seed))
-	t.Logf("crash test: %d rounds, seed %d (%s=%d reproduces the kill moments)", rounds, seed, crashSeedEnv, seed)
+	t.Logf("crash test on %s: %d rounds, seed %d (%s=%d reproduces the kill moments)", s.name, rounds, seed, crashSeedEnv, seed)
 
-	db := openGorm(t, postgres.Open(dsn))
+	db := openGorm(t, s.open(dsn))
 	ob := install(t, db, outbox.Config{Logger: newLogSink().logger()})
-	for _, stmt := range strings.Split(crashDDL, ";") {
+	for _, stmt := range s.crashDDL {
 		require.NoError(t, db.Exec(stmt).Error)
 	}
 
@@ -100,13 +99,19 @@ func TestCrashRecovery(t *testing.T) {
 	inflight := make([]map[string]bool, rounds)
 	var startupKills, maxInflight, totalInflight int
 	for r := range rounds {
-		child := startCrashChild(t, dsn, r)
+		child := startCrashChild(t, s, db, dsn, r)
 		if rng.IntN(5) == 0 {
 			// Kill it while it starts up.
 			startupKills++
 			waitKillMoment(time.Duration(rng.IntN(150)) * time.Millisecond)
 		} else {
 			child.waitReady(t)
+			// The child has connected: its sessions must show under its
+			// tag, or the wait for them to end after the kill proves
+			// nothing.
+			n, err := s.sessions(db, child.tag)
+			require.NoError(t, err)
+			require.Positive(t, n, "round %d: no session of the running child is visible under %q", r, child.tag)
 			waitKillMoment(time.Duration(rng.IntN(300)) * time.Millisecond)
 		}
 		child.kill(t)
@@ -115,8 +120,8 @@ func TestCrashRecovery(t *testing.T) {
 		// its sessions are gone, so that the claims read next are exactly
 		// the dead child's.
 		eventually(t, 30*time.Second, func() error {
-			var n int64
-			if err := db.Raw(`SELECT count(*) FROM pg_stat_activity WHERE application_name = ?`, child.app).Scan(&n).Error; err != nil {
+			n, err := s.sessions(db, child.tag)
+			if err != nil {
 				return err
 			}
 			if n > 0 {
@@ -181,8 +186,8 @@ func TestCrashRecovery(t *testing.T) {
 	assert.LessOrEqual(t, maxPerKill, crashBatch)
 	assert.EqualValues(t, deliveries-distinct, len(redundant))
 
-	t.Logf("CRASH-RESULT rounds=%d kills=%d startup_kills=%d committed=%d delivered=%d lost=%d deliveries=%d duplicated=%d max_dup_per_kill=%d claims_in_flight_at_kills=%d max_in_flight=%d batch=%d kill_phase=%v total=%v",
-		rounds, rounds, startupKills, committed, distinct, lost, deliveries, deliveries-distinct, maxPerKill,
+	t.Logf("CRASH-RESULT server=%s rounds=%d kills=%d startup_kills=%d committed=%d delivered=%d lost=%d deliveries=%d duplicated=%d max_dup_per_kill=%d claims_in_flight_at_kills=%d max_in_flight=%d batch=%d kill_phase=%v total=%v",
+		s.name, rounds, rounds, startupKills, committed, distinct, lost, deliveries, deliveries-distinct, maxPerKill,
 		totalInflight, maxInflight, crashBatch, killed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
@@ -224,7 +229,7 @@ func recordDelivery(db *gorm.DB, round int) outbox.Handler {
 }
 
 type crashChild struct {
-	app    string // application_name of its sessions
+	tag    string // names its sessions (server.tagged)
 	cmd    *exec.Cmd
 	stdin  io.Closer
 	ready  chan struct{}
@@ -244,14 +249,15 @@ func (c *crashChild) output() string {
 	return c.stderr.String()
 }
 
-func startCrashChild(t *testing.T, dsn string, round int) *crashChild {
+func startCrashChild(t *testing.T, s server, db *gorm.DB, dsn string, round int) *crashChild {
 	t.Helper()
-	app := fmt.Sprintf("outbox-crash-%s-%d", randomHex(4), round)
+	tag := fmt.Sprintf("outbox-crash-%s-%d", randomHex(4), round)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=10m")
 	cmd.Env = append(os.Environ(),
-		childRoleEnv+"=crash", crashDSNEnv+"="+withParam(t, dsn, "application_name", app), crashRoundEnv+"="+strconv.Itoa(round),
+		childRoleEnv+"=crash", crashServerEnv+"="+s.name, crashDSNEnv+"="+s.tagged(t, db, dsn, tag),
+		crashRoundEnv+"="+strconv.Itoa(round),
 		"GORACE=halt_on_error=1") // a race in the child ends it, and the parent sees that
-	c := &crashChild{app: app, cmd: cmd, ready: make(chan struct{})}
+	c := &crashChild{tag: tag, cmd: cmd, ready: make(chan struct{})}
 	cmd.Stderr = c
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
@@ -318,7 +324,11 @@ func TestCrashChild(t *testing.T) {
 	if err != nil {
 		fail("round: %v", err)
 	}
-	db, err := gorm.Open(postgres.Open(os.Getenv(crashDSNEnv)), &gorm.Config{Logger: logger.Discard})
+	s, ok := serverNamed(os.Getenv(crashServerEnv))
+	if !ok {
+		fail("unknown server %q", os.Getenv(crashServerEnv))
+	}
+	db, err := gorm.Open(s.open(os.Getenv(crashDSNEnv)), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		fail("open: %v", err)
 	}

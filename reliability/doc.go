@@ -9,4 +9,12 @@
 // postgres://postgres@127.0.0.1:5432/test?sslmode=disable); they skip when it
 // is unset and fail when it is set but the server is unreachable. Each test
 // works in its own schema, dropped afterwards.
+//
+// The crash and connection-fault tests also run on MySQL/MariaDB, in a
+// subtest per server, reading OUTBOX_TEST_MYSQL_DSN (for example
+// root@tcp(127.0.0.1:3306)/test?charset=utf8mb4&parseTime=True&loc=Local)
+// the same way. Each test works in a database of its own (t_<random>),
+// dropped afterwards; the crash test also creates a user per child process
+// (MySQL shows sessions by user, not by application name), so the DSN's
+// user needs CREATE USER and GRANT OPTION, as root has.
 package reliability

@@ -11,7 +11,6 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 )
 
@@ -19,9 +18,11 @@ import (
 // become due again this long after their claim.
 const faultLease = 2 * time.Second
 
-// faultEnv is a PostgreSQL schema with two views of it: direct (the writer
-// and the test's own checks) and through a fault proxy (the relay).
+// faultEnv is a PostgreSQL schema or a MySQL database with two views of
+// it: direct (the writer and the test's own checks) and through a fault
+// proxy (the relay).
 type faultEnv struct {
+	srv     server
 	direct  *gorm.DB
 	relayDB *gorm.DB
 	ob      *outbox.Outbox // installed on relayDB
@@ -31,19 +32,19 @@ type faultEnv struct {
 	got     *deliveries
 }
 
-// newFaultEnv sets up the schema. maxConns bounds the relay's pool (0: no
-// bound); one connection makes "the connection the relay uses" definite.
-func newFaultEnv(t *testing.T, maxConns int) *faultEnv {
-	dsn := postgresSchema(t)
-	return newFaultEnvDSN(t, dsn, maxConns)
+// newFaultEnv sets up a schema or database on s. maxConns bounds the
+// relay's pool (0: no bound); one connection makes "the connection the
+// relay uses" definite.
+func newFaultEnv(t *testing.T, s server, maxConns int) *faultEnv {
+	return newFaultEnvDSN(t, s, s.fresh(t), maxConns)
 }
 
-func newFaultEnvDSN(t *testing.T, dsn string, maxConns int) *faultEnv {
-	e := &faultEnv{sink: newLogSink(), got: newDeliveries()}
-	e.direct = openGorm(t, postgres.Open(dsn))
+func newFaultEnvDSN(t *testing.T, s server, dsn string, maxConns int) *faultEnv {
+	e := &faultEnv{srv: s, sink: newLogSink(), got: newDeliveries()}
+	e.direct = openGorm(t, s.open(dsn))
 	e.wob = install(t, e.direct, outbox.Config{Logger: e.sink.logger()})
-	e.proxy = newFaultProxy(t, upstreamAddr(t, dsn))
-	e.relayDB = openGorm(t, postgres.Open(withHost(t, dsn, e.proxy.addr())))
+	e.proxy = newFaultProxy(t, s.addr(t, dsn))
+	e.relayDB = openGorm(t, s.open(s.via(t, dsn, e.proxy.addr())))
 	if maxConns > 0 {
 		sqlDB, err := e.relayDB.DB()
 		require.NoError(t, err)
@@ -84,9 +85,16 @@ func (e *faultEnv) sentRows(t *testing.T) int64 {
 	return statusCounts(t, e.direct, e.ob.Table())[outbox.StatusSent]
 }
 
-// warmUp delivers one event through the relay, so that the claim and the
-// mark statements are prepared on the relay's (single) connection: a held
-// answer then holds the statement itself, not its preparation.
+// holdAt shuts direction dir of the proxy as soon as the relay sends the
+// wire message that begins step (the bytes that carry it are held too when
+// dir is toServer).
+func (e *faultEnv) holdAt(dir int, step wireStep) {
+	e.proxy.holdWhen(dir, e.srv.starts(step))
+}
+
+// warmUp delivers one event through the relay, so that its (single)
+// connection is open and, on PostgreSQL, the claim and the mark statements
+// are prepared on it.
 func (e *faultEnv) warmUp(t *testing.T, r *outbox.Relay) {
 	t.Helper()
 	e.publish(t, "warmup", 1)
@@ -137,43 +145,74 @@ func (e *faultEnv) checkDelivered(t *testing.T, ids []string) (dups int) {
 	return dups
 }
 
-// TestFaultCutMidClaim cuts the relay's connection after its claim has
-// committed on the server but before the claimed rows reach the relay. The
-// relay must report the error and deliver nothing; once the orphaned lease
-// expires the rows are claimed again and delivered exactly once.
+// TestFaultCutMidClaim cuts the relay's connection at the round trip that
+// commits its claim: PostgreSQL's UPDATE ... RETURNING, MySQL's COMMIT
+// (after its locking SELECT and UPDATE). Either the claim committed on the
+// server and its answer is lost, or the request never reached the server.
+// The relay must report the error and deliver nothing. A committed claim's
+// rows are claimed again once the orphaned lease expires, and that claim
+// counts as an attempt; a claim that never committed leaves nothing behind
+// (MySQL rolls its transaction back when the connection drops). Either way
+// every event is delivered exactly once.
 func TestFaultCutMidClaim(t *testing.T) {
 	t.Parallel()
-	e := newFaultEnv(t, 1)
-	e.ob.Handle("x", e.got.handle)
-	r := e.relay(outbox.RelayConfig{BatchSize: 10})
-	e.warmUp(t, r)
-	ids := e.publish(t, "claim", 20)
+	forEachServer(t, func(t *testing.T, s server) {
+		for _, tc := range []struct {
+			name      string
+			dir       int
+			committed bool
+		}{
+			{"AnswerLost", toClient, true},
+			{"RequestLost", toServer, false},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				const batch = 10
+				e := newFaultEnv(t, s, 1)
+				e.ob.Handle("x", e.got.handle)
+				r := e.relay(outbox.RelayConfig{BatchSize: batch})
+				e.warmUp(t, r)
+				ids := e.publish(t, "claim", 20)
 
-	e.proxy.hold(toClient)
-	res := processAsync(r)
-	eventually(t, 30*time.Second, func() error {
-		if n := e.claimedRows(t); n != 10 {
-			return fmt.Errorf("%d rows claimed", n)
+				heldBefore := e.proxy.held.Load()
+				e.holdAt(tc.dir, claimCommit)
+				res := processAsync(r)
+				eventually(t, 30*time.Second, func() error {
+					if tc.committed {
+						if n := e.claimedRows(t); n != batch {
+							return fmt.Errorf("%d rows claimed", n)
+						}
+						return nil
+					}
+					if e.proxy.held.Load() == heldBefore {
+						return fmt.Errorf("claim not sent yet")
+					}
+					return nil
+				})
+				e.proxy.cut()
+				e.proxy.unhold(tc.dir)
+				got := waitResult(t, res)
+				require.Error(t, got.err, "the claim's answer was lost")
+				for _, id := range ids {
+					require.Zero(t, e.got.count(id), "nothing may be delivered from a claim the relay never saw")
+				}
+
+				start := time.Now()
+				drain(t, e.direct, e.ob.Table(), r, 30*time.Second)
+				dups := e.checkDelivered(t, ids)
+				assert.Zero(t, dups, "a lost claim causes no duplicate")
+				var reclaimed int64
+				require.NoError(t, e.direct.Table(e.ob.Table()).Where("id IN ? AND attempts = 2", ids).Count(&reclaimed).Error)
+				if tc.committed {
+					assert.EqualValues(t, batch, reclaimed, "the lost claim counts as an attempt")
+				} else {
+					assert.Zero(t, reclaimed, "a claim that never committed counts no attempt")
+				}
+				t.Logf("FAULT-RESULT server=%s scenario=cut-mid-claim/%s events=%d delivered=%d lost=0 duplicated=%d reclaimed=%d claim_error=%q recovered_in=%v",
+					s.name, tc.name, len(ids), len(ids), dups, reclaimed, got.err, time.Since(start).Round(time.Millisecond))
+			})
 		}
-		return nil
 	})
-	e.proxy.cut()
-	e.proxy.unhold(toClient)
-	got := waitResult(t, res)
-	require.Error(t, got.err, "the claim's answer was lost")
-	for _, id := range ids {
-		require.Zero(t, e.got.count(id), "nothing may be delivered from a claim the relay never saw")
-	}
-
-	start := time.Now()
-	drain(t, e.direct, e.ob.Table(), r, 30*time.Second)
-	dups := e.checkDelivered(t, ids)
-	assert.Zero(t, dups, "a lost claim causes no duplicate")
-	var reclaimed int64
-	require.NoError(t, e.direct.Table(e.ob.Table()).Where("attempts = 2").Count(&reclaimed).Error)
-	assert.EqualValues(t, 10, reclaimed, "the lost claim counts as an attempt")
-	t.Logf("FAULT-RESULT scenario=cut-mid-claim events=%d delivered=%d lost=0 duplicated=%d claim_error=%q recovered_in=%v",
-		len(ids), len(ids), dups, got.err, time.Since(start).Round(time.Millisecond))
 }
 
 // TestFaultCutMidDelivery cuts every connection while handlers are running
@@ -183,7 +222,11 @@ func TestFaultCutMidClaim(t *testing.T) {
 // are at most one batch.
 func TestFaultCutMidDelivery(t *testing.T) {
 	t.Parallel()
-	e := newFaultEnv(t, 0)
+	forEachServer(t, testFaultCutMidDelivery)
+}
+
+func testFaultCutMidDelivery(t *testing.T, s server) {
+	e := newFaultEnv(t, s, 0)
 	entered := make(chan struct{})
 	release := make(chan struct{})
 	var once sync.Once
@@ -215,16 +258,21 @@ func TestFaultCutMidDelivery(t *testing.T) {
 	drain(t, e.direct, e.ob.Table(), r, 30*time.Second)
 	dups := e.checkDelivered(t, ids)
 	assert.LessOrEqual(t, dups, batch, "redundant deliveries are bounded by the batch in flight")
-	t.Logf("FAULT-RESULT scenario=cut-mid-delivery events=%d delivered=%d lost=0 duplicated=%d mark_error=%q recovered_in=%v",
-		len(ids), len(ids), dups, got.err, time.Since(start).Round(time.Millisecond))
+	t.Logf("FAULT-RESULT server=%s scenario=cut-mid-delivery events=%d delivered=%d lost=0 duplicated=%d mark_error=%q recovered_in=%v",
+		s.name, len(ids), len(ids), dups, got.err, time.Since(start).Round(time.Millisecond))
 }
 
 // TestFaultCutMidMark cuts the relay's connection while it records that a
-// batch was delivered: once after the server committed the mark (its answer
-// is lost), once before the mark reached the server. The first costs
-// nothing; the second redelivers at most the batch.
+// batch was delivered, at the mark's execution (on MySQL its preparation
+// goes through): once after the server committed the mark (its answer is
+// lost), once before the mark reached the server. The first costs nothing;
+// the second redelivers at most the batch.
 func TestFaultCutMidMark(t *testing.T) {
 	t.Parallel()
+	forEachServer(t, testFaultCutMidMark)
+}
+
+func testFaultCutMidMark(t *testing.T, s server) {
 	for _, tc := range []struct {
 		name      string
 		dir       int
@@ -236,15 +284,15 @@ func TestFaultCutMidMark(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			const batch = 10
-			e := newFaultEnv(t, 1)
+			e := newFaultEnv(t, s, 1)
 			var delivered atomic.Int64
 			var arm atomic.Bool
 			e.ob.Handle("x", func(ctx context.Context, ev outbox.Event) error {
 				_ = e.got.handle(ctx, ev)
 				if arm.Load() && delivered.Add(1) == batch {
-					// The last handler of the batch returns: the next bytes
-					// on the wire are the mark.
-					e.proxy.hold(tc.dir)
+					// The last handler of the batch returns: the next
+					// statement the relay executes is the mark.
+					e.holdAt(tc.dir, outcomeExec)
 				}
 				return nil
 			})
@@ -282,8 +330,8 @@ func TestFaultCutMidMark(t *testing.T) {
 			} else {
 				assert.LessOrEqual(t, dups, batch)
 			}
-			t.Logf("FAULT-RESULT scenario=cut-mid-mark/%s events=%d delivered=%d lost=0 duplicated=%d mark_error=%q",
-				tc.name, len(ids), len(ids), dups, got.err)
+			t.Logf("FAULT-RESULT server=%s scenario=cut-mid-mark/%s events=%d delivered=%d lost=0 duplicated=%d mark_error=%q",
+				s.name, tc.name, len(ids), len(ids), dups, got.err)
 		})
 	}
 }
@@ -410,7 +458,11 @@ const maxAttemptsPerOutage = 40
 // committed.
 func TestRelayRunSurvivesConnectionOutages(t *testing.T) {
 	t.Parallel()
-	e := newFaultEnv(t, 0)
+	forEachServer(t, testRelayRunSurvivesConnectionOutages)
+}
+
+func testRelayRunSurvivesConnectionOutages(t *testing.T, s server) {
+	e := newFaultEnv(t, s, 0)
 	const outages = 2
 	rep := runThroughOutages(t, e, outages, func(int) {
 		resume := e.proxy.outage()
@@ -421,6 +473,6 @@ func TestRelayRunSurvivesConnectionOutages(t *testing.T) {
 	for i, a := range rep.attempts {
 		assert.LessOrEqual(t, a, int64(maxAttemptsPerOutage), "outage %d: the relay spun", i+1)
 	}
-	t.Logf("FAULT-RESULT scenario=run-through-cuts outages=%d attempts_per_outage=%v events=%d delivered=%d lost=0 duplicated=%d cannot_reach_logs=%d recovered_logs=%d",
-		outages, rep.attempts, rep.published, rep.delivered, rep.duplicated, rep.cannotReach, rep.recovered)
+	t.Logf("FAULT-RESULT server=%s scenario=run-through-cuts outages=%d attempts_per_outage=%v events=%d delivered=%d lost=0 duplicated=%d cannot_reach_logs=%d recovered_logs=%d",
+		s.name, outages, rep.attempts, rep.published, rep.delivered, rep.duplicated, rep.cannotReach, rep.recovered)
 }

@@ -72,27 +72,6 @@ func withParam(t testing.TB, dsn, key, value string) string {
 	return u.String()
 }
 
-// withHost points a URL-form DSN at another host:port (the fault proxy).
-func withHost(t testing.TB, dsn, hostport string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	require.NoError(t, err, "%s must be a URL (postgres://...)", postgresDSNEnv)
-	require.NotEmpty(t, u.Host, "%s must name a TCP host:port for the fault proxy", postgresDSNEnv)
-	u.Host = hostport
-	return u.String()
-}
-
-func upstreamAddr(t testing.TB, dsn string) string {
-	t.Helper()
-	u, err := url.Parse(dsn)
-	require.NoError(t, err)
-	host := u.Host
-	if !strings.Contains(host, ":") {
-		host += ":5432"
-	}
-	return host
-}
-
 func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
@@ -256,7 +235,7 @@ func statusCounts(t testing.TB, db *gorm.DB, table string) map[string]int64 {
 		Status string
 		N      int64
 	}
-	require.NoError(t, db.Raw(fmt.Sprintf(`SELECT status, count(*) AS n FROM %q GROUP BY status`, table)).Scan(&rows).Error)
+	require.NoError(t, db.Table(table).Select("status, count(*) AS n").Group("status").Scan(&rows).Error)
 	out := map[string]int64{}
 	for _, r := range rows {
 		out[r.Status] = r.N

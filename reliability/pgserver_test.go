@@ -166,7 +166,7 @@ func (w *lockedBuffer) Write(p []byte) (int, error) {
 func TestRelayRunSurvivesPostgresRestarts(t *testing.T) {
 	t.Parallel()
 	srv := startOwnedPostgres(t)
-	e := newFaultEnvDSN(t, srv.dsn(), 0)
+	e := newFaultEnvDSN(t, postgresServer(), srv.dsn(), 0)
 	signals := []syscall.Signal{syscall.SIGINT, syscall.SIGQUIT}
 	var downFor []time.Duration
 	rep := runThroughOutages(t, e, len(signals), func(i int) {

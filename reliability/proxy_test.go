@@ -11,18 +11,21 @@ import (
 )
 
 // faultProxy is a TCP proxy the test controls, placed between a relay and
-// PostgreSQL. It can cut every open connection, refuse new ones (accept and
-// close at once, as a dead server or a firewall reset would look), and hold
-// the bytes flowing in one direction, so that a statement reaches the server
-// but its answer never comes back, or never reaches the server at all.
+// its database. It can cut every open connection, refuse new ones (accept
+// and close at once, as a dead server or a firewall reset would look), and
+// hold the bytes flowing in one direction, from now or from the moment the
+// client sends a given message, so that a statement reaches the server but
+// its answer never comes back, or never reaches the server at all.
 type faultProxy struct {
 	ln       net.Listener
 	upstream string
 
-	mu       sync.Mutex
-	conns    map[*proxyConn]struct{}
-	refusing bool
-	gates    [2]chan struct{} // per direction; closed = open, flowing
+	mu         sync.Mutex
+	conns      map[*proxyConn]struct{}
+	refusing   bool
+	gates      [2]chan struct{}  // per direction; closed = open, flowing
+	trigger    func([]byte) bool // armed by holdWhen: shuts gates[triggerDir]
+	triggerDir int
 
 	accepted atomic.Int64 // connections accepted in total
 	refused  atomic.Int64 // connections refused while refusing
@@ -123,6 +126,12 @@ func (p *faultProxy) pipe(pc *proxyConn, from, to net.Conn, dir int) {
 		}
 		if n > 0 {
 			p.mu.Lock()
+			if dir == toServer && p.trigger != nil && p.trigger(buf[:n]) {
+				// Shut before these bytes reach the server: no part of
+				// their answer can slip through.
+				p.holdLocked(p.triggerDir)
+				p.trigger = nil
+			}
 			gate := p.gates[dir]
 			p.mu.Unlock()
 			select {
@@ -183,11 +192,28 @@ func (p *faultProxy) refuse(on bool) {
 // connection is cut first.
 func (p *faultProxy) hold(dir int) {
 	p.mu.Lock()
+	p.holdLocked(dir)
+	p.mu.Unlock()
+}
+
+func (p *faultProxy) holdLocked(dir int) {
 	select {
 	case <-p.gates[dir]:
 		p.gates[dir] = make(chan struct{})
 	default: // already held
 	}
+}
+
+// holdWhen holds direction dir (as hold does) once a chunk a client sends
+// satisfies match, before that chunk is passed on; nil match holds now. It
+// fires once.
+func (p *faultProxy) holdWhen(dir int, match func(chunk []byte) bool) {
+	if match == nil {
+		p.hold(dir)
+		return
+	}
+	p.mu.Lock()
+	p.trigger, p.triggerDir = match, dir
 	p.mu.Unlock()
 }
 

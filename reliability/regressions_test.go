@@ -141,10 +141,15 @@ func TestTableNamesAreCreatedOrRefused(t *testing.T) {
 // proxy dropping every byte of the open connections while new connections
 // work) blocked Run inside ProcessOnce until TCP gave up, minutes later: no
 // "cannot reach" log, no delivery, although the database was reachable.
-// RelayConfig.StatementTimeout (at most the lease) now bounds it.
+// RelayConfig.StatementTimeout (at most the lease) now bounds it. Runs on
+// each server.
 func TestRelayRecoversFromSilentlyDeadConnection(t *testing.T) {
 	t.Parallel()
-	e := newFaultEnv(t, 0)
+	forEachServer(t, testRelayRecoversFromSilentlyDeadConnection)
+}
+
+func testRelayRecoversFromSilentlyDeadConnection(t *testing.T, s server) {
+	e := newFaultEnv(t, s, 0)
 	e.ob.Handle("x", e.got.handle)
 	r := e.ob.Relay(e.relayDB, outbox.RelayConfig{
 		PollInterval: 50 * time.Millisecond, Lease: faultLease, Backoff: noBackoff, DisableListen: true,
@@ -183,5 +188,5 @@ func TestRelayRecoversFromSilentlyDeadConnection(t *testing.T) {
 		}
 		return nil
 	})
-	t.Logf("recovered from the dead connection in %v", time.Since(began).Round(time.Millisecond))
+	t.Logf("FAULT-RESULT server=%s scenario=silently-dead-connection recovered_in=%v", s.name, time.Since(began).Round(time.Millisecond))
 }
