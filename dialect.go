@@ -50,9 +50,10 @@ type dialect interface {
 	replay(ids []string, now time.Time) query
 	deleteSent(before time.Time, limit int) query
 	stats() query
-	// orderingIndex creates the index OrderByAggregate's probe reads; name
-	// is the index's name.
-	orderingIndex() (name string, ddl string)
+	// orderingIndex returns the index OrderByAggregate's probe reads: its
+	// name, and the statements that build it without blocking writers
+	// where the database can.
+	orderingIndex() (name string, ddl []string)
 
 	// notifies reports whether relays in other processes can be woken
 	// through the database (PostgreSQL's LISTEN/NOTIFY).

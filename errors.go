@@ -88,6 +88,35 @@ func retryDelay(err error) (time.Duration, bool) {
 	return 0, false
 }
 
+// Unavailable wraps err to tell the relay that the event's destination is
+// down (a broker or endpoint that cannot be reached), not that the event is
+// bad. The relay hands the event back without counting the attempt, stops
+// delivering, and probes with one event at a time, with backoff (from half
+// a second up to 30 seconds), until a delivery goes through; it logs once
+// when delivery pauses and once when it resumes, instead of a warning per
+// event. So an outage of any length burns no attempts and fails no event.
+// The broker adapters return it for connection errors. [Permanent] takes
+// precedence when both wrap an error. A nil err yields nil.
+func Unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &unavailableError{err: err}
+}
+
+// IsUnavailable reports whether err (or an error it wraps) was marked with
+// [Unavailable]. ProcessOnce's error satisfies it when a handler reported
+// its destination down.
+func IsUnavailable(err error) bool {
+	var u *unavailableError
+	return errors.As(err, &u)
+}
+
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string { return fmt.Sprintf("destination unavailable: %v", e.err) }
+func (e *unavailableError) Unwrap() error { return e.err }
+
 type permanentError struct{ err error }
 
 func (e *permanentError) Error() string { return fmt.Sprintf("permanent: %v", e.err) }

@@ -61,7 +61,7 @@ func testOutcomeGuards(t *testing.T, b backend) {
 		// Relay A claims the row and stalls past its lease.
 		now := e.ob.now()
 		leaseA := now.Add(time.Minute)
-		batch, err := r.claim(ctx, now, leaseA, []string{id})
+		batch, err := r.claim(ctx, now, leaseA, []string{id}, 1)
 		require.NoError(t, err)
 		require.Len(t, batch, 1)
 		e.clock.Advance(time.Minute + time.Second)
@@ -69,7 +69,7 @@ func testOutcomeGuards(t *testing.T, b backend) {
 		// Relay B claims it again.
 		now = e.ob.now()
 		leaseB := now.Add(time.Minute)
-		batch, err = r.claim(ctx, now, leaseB, []string{id})
+		batch, err = r.claim(ctx, now, leaseB, []string{id}, 1)
 		require.NoError(t, err)
 		require.Len(t, batch, 1, "%s: the expired claim is claimed again", s.name)
 		held := e.record(id)

@@ -49,7 +49,7 @@ func (o *Outbox) Migrate(ctx context.Context, db *gorm.DB) error {
 }
 
 // ensure runs ddl unless the object name already exists.
-func ensure(ctx context.Context, db *gorm.DB, d dialect, name, ddl string) error {
+func ensure(ctx context.Context, db *gorm.DB, d dialect, name string, ddl ...string) error {
 	sqlDB, err := rawDB(db)
 	if err != nil {
 		return err
@@ -57,12 +57,14 @@ func ensure(ctx context.Context, db *gorm.DB, d dialect, name, ddl string) error
 	if ok, err := d.exists(ctx, sqlDB, name); err != nil || ok {
 		return err
 	}
-	if _, err := sqlDB.ExecContext(ctx, ddl); err != nil {
-		// Another process may have created it in the meantime.
-		if ok, _ := d.exists(ctx, sqlDB, name); ok {
-			return nil
+	for _, stmt := range ddl {
+		if _, err := sqlDB.ExecContext(ctx, stmt); err != nil {
+			// Another process may have created it in the meantime.
+			if ok, _ := d.exists(ctx, sqlDB, name); ok {
+				return nil
+			}
+			return err
 		}
-		return err
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -31,7 +32,8 @@ func init() { dialects["mysql"] = newMySQL }
 // leases and OccurredAt are right whatever loc and time_zone are.
 type mysqlDialect struct {
 	sqlSyntax
-	name string
+	name    string
+	mariadb atomic.Bool // learnt by check
 }
 
 func newMySQL(table string) dialect {
@@ -157,13 +159,20 @@ func (d *mysqlDialect) deleteSent(before time.Time, limit int) query {
 		" ORDER BY sent_at LIMIT ", b.arg(limit)).query()
 }
 
-func (d *mysqlDialect) orderingIndex() (string, string) {
-	// No partial index: status is in it so that the probe reads only the
-	// aggregate's unsent rows; InnoDB appends the primary key (id) to every
-	// secondary index, so (created_at, id) order is served too. The key
-	// stays within InnoDB's 3072 bytes at utf8mb4.
+// orderingIndex: no partial index, so status is in it and the probe reads
+// only the aggregate's unsent rows; InnoDB appends the primary key (id) to
+// every secondary index, so (created_at, id) order is served too. The key
+// stays within InnoDB's 3072 bytes at utf8mb4. InnoDB builds it online,
+// but takes a metadata lock at the start and end that queues behind open
+// publishing transactions, and publishers queue behind it: on MariaDB WAIT
+// bounds that wait (the relay tries again on its next cycle).
+func (d *mysqlDialect) orderingIndex() (string, []string) {
 	name := d.name + "_aggregate_idx"
-	return name, "CREATE INDEX `" + name + "` ON " + d.table + " (aggregate_type, aggregate_id, status, created_at)"
+	ddl := "CREATE INDEX `" + name + "` ON " + d.table + " (aggregate_type, aggregate_id, status, created_at)"
+	if d.mariadb.Load() {
+		ddl += " WAIT 2"
+	}
+	return name, []string{ddl}
 }
 
 func (d *mysqlDialect) notifies() bool { return false }
@@ -184,6 +193,7 @@ func (d *mysqlDialect) check(ctx context.Context, gdb *gorm.DB, _ *Outbox) error
 	if err := checkMySQLVersion(version); err != nil {
 		return err
 	}
+	d.mariadb.Store(strings.Contains(strings.ToLower(version), "mariadb"))
 	var probe any
 	if err := db.QueryRowContext(ctx, "SELECT CAST('2000-01-01 00:00:00' AS DATETIME)").Scan(&probe); err != nil {
 		return fmt.Errorf("outbox: inspect the MySQL connection: %w", err)

@@ -40,9 +40,12 @@ func (d *postgresDialect) check(context.Context, *gorm.DB, *Outbox) error { retu
 
 func (d *postgresDialect) schema() string { return schemaFor(schemaPostgres, d.name) }
 
+// exists treats an index a failed concurrent build left invalid as
+// missing, so that it is built again.
 func (d *postgresDialect) exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
 	var ok bool
-	err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", `"`+name+`"`).Scan(&ok)
+	err := db.QueryRowContext(ctx, "SELECT COALESCE((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), to_regclass($1) IS NOT NULL)",
+		`"`+name+`"`).Scan(&ok)
 	return ok, err
 }
 
@@ -64,10 +67,17 @@ func (d *postgresDialect) deleteSent(before time.Time, limit int) query {
 	return d.deleteSentIn(before, limit, skipLocked)
 }
 
-func (d *postgresDialect) orderingIndex() (string, string) {
+// orderingIndex is built CONCURRENTLY: a plain CREATE INDEX takes a lock
+// that queues behind open publishing transactions and stalls every
+// publisher behind it. A failed concurrent build leaves an invalid index,
+// dropped first.
+func (d *postgresDialect) orderingIndex() (string, []string) {
 	name := d.name + "_aggregate_idx"
-	return name, `CREATE INDEX IF NOT EXISTS "` + name + `" ON ` + d.table +
-		" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent'"
+	return name, []string{
+		`DROP INDEX CONCURRENTLY IF EXISTS "` + name + `"`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + name + `" ON ` + d.table +
+			" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent'",
+	}
 }
 
 func (d *postgresDialect) notifies() bool { return true }

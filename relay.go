@@ -3,7 +3,6 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -125,10 +124,6 @@ const (
 	DefaultStatementTimeout = 10 * time.Second
 )
 
-// maxLastError bounds the last_error column: enough for an error chain and a
-// panic's stack, not unbounded.
-const maxLastError = 4 << 10
-
 // DefaultBackoff is exponential with jitter: about 1s after the first failed
 // attempt, doubling each time, capped at 10 minutes, each value drawn
 // uniformly from its upper half so that retries of many events spread out.
@@ -152,8 +147,8 @@ type Relay struct {
 	cfg RelayConfig
 	err error
 
-	orderingOnce sync.Once
-	orderingErr  error
+	orderingMu   sync.Mutex
+	orderingDone bool
 	listening    atomic.Bool // a LISTEN connection is up
 }
 
@@ -244,45 +239,32 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 
 	var (
-		failing  bool
-		retryIn  = r.cfg.PollInterval
+		dbDown   bool // the outbox table cannot be reached
+		destDown bool // a handler reported its destination down
+		downAt   time.Time
+		dbRetry  = r.cfg.PollInterval
 		maxRetry = max(5*time.Second, r.cfg.PollInterval) // a failed attempt is cheap; resume soon after an outage
+		probeIn  = destProbeMin
 		timer    = time.NewTimer(0)
 	)
 	defer timer.Stop()
 	<-timer.C
-	for ctx.Err() == nil {
-		n, err := r.ProcessOnce(ctx)
-		if ctx.Err() != nil {
-			break
+	wait := func(d time.Duration, wakeable bool) {
+		timer.Reset(d)
+		var wake <-chan struct{}
+		var fresh <-chan []string
+		if wakeable {
+			wake = w.wake
+			fresh = r.o.fresh
 		}
-		if err != nil {
-			if !failing {
-				r.o.logger.ErrorContext(ctx, "outbox: relay cannot reach the outbox table; retrying with backoff", slog.Any("error", err))
-				failing = true
-			}
-			timer.Reset(retryIn)
-			retryIn = min(retryIn*2, maxRetry)
-			select {
-			case <-ctx.Done():
-			case <-timer.C:
-			}
-			continue
-		}
-		if failing {
-			r.o.logger.InfoContext(ctx, "outbox: relay recovered")
-			failing, retryIn = false, r.cfg.PollInterval
-		}
-		if n >= r.cfg.BatchSize {
-			continue // more may be due right away
-		}
-		timer.Reset(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
 		case <-timer.C:
-		case <-w.wake:
-		case ids := <-r.o.fresh:
-			r.deliverFresh(ctx, ids)
+		case <-wake:
+		case ids := <-fresh:
+			if !destDown { // while it is down, the probes find these events
+				r.deliverFresh(ctx, ids)
+			}
 		}
 		if !timer.Stop() {
 			select {
@@ -291,290 +273,69 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 	}
+	for ctx.Err() == nil {
+		limit := r.cfg.BatchSize
+		if destDown {
+			limit = 1 // probe with one event
+		}
+		n, err := r.process(ctx, nil, limit)
+		if ctx.Err() != nil {
+			break
+		}
+		switch {
+		case err != nil && IsUnavailable(err):
+			if !destDown {
+				r.o.logger.WarnContext(ctx, "outbox: destination unavailable; delivery paused, probing with one event at a time with backoff (attempts are not counted)", slog.Any("error", err))
+				destDown, downAt = true, time.Now()
+			}
+			wait(probeIn, false)
+			probeIn = min(probeIn*2, destProbeMax)
+			continue
+		case err != nil:
+			if !dbDown {
+				r.o.logger.ErrorContext(ctx, "outbox: relay cannot reach the outbox table; retrying with backoff", slog.Any("error", err))
+				dbDown = true
+			}
+			wait(dbRetry, false)
+			dbRetry = min(dbRetry*2, maxRetry)
+			continue
+		}
+		if dbDown {
+			r.o.logger.InfoContext(ctx, "outbox: relay recovered")
+			dbDown, dbRetry = false, r.cfg.PollInterval
+		}
+		if destDown && n > 0 {
+			r.o.logger.InfoContext(ctx, "outbox: destination available again; delivery resumed", slog.Duration("paused", time.Since(downAt)))
+			destDown, probeIn = false, destProbeMin
+		}
+		if n >= limit {
+			continue // more may be due right away
+		}
+		wait(r.cfg.PollInterval, true)
+	}
 	return nil
 }
+
+// The backoff between probes while a destination is down.
+const (
+	destProbeMin = 500 * time.Millisecond
+	destProbeMax = 30 * time.Second
+)
 
 // deliverFresh claims and delivers events this process just committed
 // (Config.DeliverAfterCommit), through the same claim as any batch.
 func (r *Relay) deliverFresh(ctx context.Context, ids []string) {
 	for len(ids) > 0 {
 		n := min(len(ids), r.cfg.BatchSize)
-		if _, err := r.process(ctx, ids[:n]); err != nil && ctx.Err() == nil {
-			// The regular claim picks these events up; nothing is lost.
-			r.o.logger.WarnContext(ctx, "outbox: delivering right after commit failed; the relay will retry", slog.Any("error", err))
+		if _, err := r.process(ctx, ids[:n], n); err != nil {
+			if ctx.Err() == nil && !IsUnavailable(err) {
+				// The regular claim picks these events up; nothing is lost.
+				r.o.logger.WarnContext(ctx, "outbox: delivering right after commit failed; the relay will retry", slog.Any("error", err))
+			}
 			return
 		}
 		ids = ids[n:]
 	}
-}
-
-// claimed is one row a relay holds a lease on.
-type claimed struct {
-	ev        Event
-	attempts  int
-	createdAt time.Time
-	bad       error // the row could not be decoded; it fails without delivery
-}
-
-type outcome struct {
-	id     string
-	status string
-	err    string
-	due    time.Time
-}
-
-// ProcessOnce claims one batch of due events, delivers them and records the
-// outcomes. It returns how many events it claimed; fewer than BatchSize means
-// there were no more due. ctx governs the claim; once events are claimed,
-// cancelling ctx stops further deliveries (the rest are handed back) but lets
-// those in progress finish within their lease.
-func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
-	if r.err != nil {
-		return 0, r.err
-	}
-	return r.process(ctx, nil)
-}
-
-// process claims due events (only those in ids, when given) and delivers
-// them.
-func (r *Relay) process(ctx context.Context, ids []string) (int, error) {
-	if err := r.ensureOrdering(ctx); err != nil {
-		return 0, err
-	}
-	start := time.Now()
-	now := r.o.now()
-	lease := now.Add(r.cfg.Lease)
-	cctx, ccancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
-	batch, err := r.claim(cctx, now, lease, ids)
-	ccancel()
-	if err != nil {
-		return 0, fmt.Errorf("outbox: claim events: %w", err)
-	}
-	if len(batch) == 0 {
-		return 0, nil
-	}
-
-	// Deliveries must end before the lease does, with room left to record
-	// the outcome; past that point another relay may hold the rows.
-	budget := r.cfg.Lease - min(r.cfg.Lease/5, 5*time.Second)
-	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(budget))
-	defer cancel()
-
-	res := r.deliverBatch(ctx, bctx, batch)
-
-	// Outcomes are recorded even when ctx is cancelled: a delivered event
-	// left unmarked would be delivered again.
-	var errs []error
-	record := func(what string, n int, f func(context.Context) error) {
-		if n == 0 {
-			return
-		}
-		// The outcome statements are guarded by the lease, so repeating one
-		// is safe; retrying a dropped connection a couple of times saves a
-		// whole batch from being delivered again.
-		var err error
-		for attempt, pause := range []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond} {
-			if attempt > 0 {
-				time.Sleep(pause)
-			}
-			mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
-			err = f(mctx)
-			cancel()
-			if err == nil || time.Since(start) > r.cfg.Lease {
-				break // done, or the lease is gone and the row belongs to whoever claims it next
-			}
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("outbox: %s %d events: %w", what, n, err))
-		}
-	}
-	record("mark sent", len(res.sent), func(c context.Context) error { return r.markSent(c, res.sent, lease) })
-	record("record failed deliveries of", len(res.failed), func(c context.Context) error { return r.markFailed(c, res.failed, lease) })
-	record("release undelivered", len(res.release), func(c context.Context) error { return r.release(c, res.release, lease) })
-	return len(batch), errors.Join(errs...)
-}
-
-type batchResult struct {
-	mu      sync.Mutex
-	sent    []string
-	failed  []outcome
-	release []string
-}
-
-// deliverBatch hands the batch to Workers goroutines. A worker takes the
-// next row only while ctx is live and the lease budget (bctx) is not spent;
-// rows never started are handed back.
-func (r *Relay) deliverBatch(ctx, bctx context.Context, batch []claimed) *batchResult {
-	res := &batchResult{}
-	var next atomic.Int64
-	work := func() {
-		for {
-			i := int(next.Add(1)) - 1
-			if i >= len(batch) {
-				return
-			}
-			c := &batch[i]
-			if ctx.Err() != nil || bctx.Err() != nil {
-				res.mu.Lock()
-				res.release = append(res.release, c.ev.ID)
-				res.mu.Unlock()
-				continue
-			}
-			r.deliverOne(bctx, c, res)
-		}
-	}
-	workers := min(r.cfg.Workers, len(batch))
-	if workers <= 1 {
-		work()
-		return res
-	}
-	var wg sync.WaitGroup
-	for range workers {
-		wg.Add(1)
-		go func() { defer wg.Done(); work() }()
-	}
-	wg.Wait()
-	return res
-}
-
-func (r *Relay) deliverOne(bctx context.Context, c *claimed, res *batchResult) {
-	var (
-		err   error
-		began = time.Now()
-	)
-	switch {
-	case c.bad != nil:
-		err = Permanent(c.bad)
-	case c.attempts > r.cfg.MaxAttempts:
-		// Claimed more often than allowed without an outcome ever being
-		// recorded: its relays keep dying or losing the lease while
-		// delivering it.
-		err = Permanent(fmt.Errorf("outbox: abandoned after %d claims without an outcome (the relay holding it stopped or lost its lease each time)", c.attempts))
-	default:
-		hctx := bctx
-		if r.cfg.HandlerTimeout > 0 {
-			var cancel context.CancelFunc
-			hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
-			defer cancel()
-		}
-		err = r.o.deliver(context.WithValue(hctx, attemptKey{}, c.attempts), c.ev)
-	}
-	took := time.Since(began)
-	status := StatusSent
-	res.mu.Lock()
-	if err == nil {
-		res.sent = append(res.sent, c.ev.ID)
-	} else {
-		out := r.failure(c, err)
-		status = out.status
-		res.failed = append(res.failed, out)
-	}
-	res.mu.Unlock()
-	if r.cfg.OnDelivery != nil {
-		r.cfg.OnDelivery(Delivery{
-			Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
-			Duration: took, Latency: r.o.now().Sub(c.createdAt),
-		})
-	}
-}
-
-type attemptKey struct{}
-
-// Attempt returns the delivery attempt (1 for the first) of the event a
-// relay's handler was called for, or 0 outside a relay delivery (memory
-// mode). Useful as a header or a log field.
-func Attempt(ctx context.Context) int {
-	n, _ := ctx.Value(attemptKey{}).(int)
-	return n
-}
-
-func (r *Relay) failure(c *claimed, err error) outcome {
-	out := outcome{id: c.ev.ID, status: StatusPending, err: truncate(err.Error(), maxLastError)}
-	now := r.o.now()
-	if IsPermanent(err) || c.attempts >= r.cfg.MaxAttempts {
-		out.status, out.due = StatusFailed, now
-		r.o.logger.Error("outbox: event failed for good; it stays in the table until replayed",
-			append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts))...)
-		return out
-	}
-	delay, ok := retryDelay(err)
-	if !ok {
-		delay = r.cfg.Backoff(c.attempts)
-	}
-	out.due = now.Add(delay).Truncate(time.Microsecond)
-	r.o.logger.Warn("outbox: delivery failed; will retry",
-		append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts), slog.Time("retry_at", out.due))...)
-	return out
-}
-
-// ensureOrdering creates the index per-aggregate ordering needs, once per
-// relay, unless the team runs its own migrations.
-func (r *Relay) ensureOrdering(ctx context.Context) error {
-	if !r.cfg.OrderByAggregate || !r.o.migrate {
-		return nil
-	}
-	r.orderingOnce.Do(func() {
-		name, ddl := r.o.dialect.orderingIndex()
-		if err := ensure(ctx, r.db, r.o.dialect, name, ddl); err != nil {
-			r.orderingErr = fmt.Errorf("outbox: create the per-aggregate ordering index: %w", err)
-		}
-	})
-	return r.orderingErr
-}
-
-// claim leases up to BatchSize due events (only those in ids, when given)
-// until lease and returns them oldest first.
-func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string) ([]claimed, error) {
-	db, err := rawDB(r.db)
-	if err != nil {
-		return nil, err
-	}
-	batch, err := r.o.dialect.claim(ctx, db, claimSpec{
-		now: now, lease: lease, limit: r.cfg.BatchSize, ids: ids, ordered: r.cfg.OrderByAggregate,
-	})
-	if err != nil {
-		return nil, err
-	}
-	// RETURNING has no order; deliver oldest first.
-	slices.SortFunc(batch, func(a, b claimed) int {
-		return cmp.Or(a.createdAt.Compare(b.createdAt), strings.Compare(a.ev.ID, b.ev.ID))
-	})
-	return batch, nil
-}
-
-func (r *Relay) markSent(ctx context.Context, ids []string, lease time.Time) error {
-	now := r.o.now()
-	return r.execChunks(ctx, len(ids), func(i, j int) query { return r.o.dialect.markSent(ids[i:j], now, lease) })
-}
-
-func (r *Relay) release(ctx context.Context, ids []string, lease time.Time) error {
-	now := r.o.now()
-	return r.execChunks(ctx, len(ids), func(i, j int) query { return r.o.dialect.release(ids[i:j], now, lease) })
-}
-
-func (r *Relay) markFailed(ctx context.Context, outs []outcome, lease time.Time) error {
-	now := r.o.now()
-	return r.execChunks(ctx, len(outs), func(i, j int) query { return r.o.dialect.markFailed(outs[i:j], now, lease) })
-}
-
-// outcomeChunk bounds the rows of one outcome statement, keeping its
-// arguments far below every database's limit (SQLite allows 32766).
-const outcomeChunk = 1000
-
-// execChunks runs the statements build returns for n rows, outcomeChunk
-// rows at a time.
-func (r *Relay) execChunks(ctx context.Context, n int, build func(i, j int) query) error {
-	db, err := rawDB(r.db)
-	if err != nil {
-		return err
-	}
-	for i := 0; i < n; i += outcomeChunk {
-		q := build(i, min(i+outcomeChunk, n))
-		if _, err := db.ExecContext(ctx, q.sql, q.args...); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // Replay puts failed events back to pending, due now, with their attempts
@@ -602,15 +363,4 @@ func (o *Outbox) Replay(ctx context.Context, db *gorm.DB, ids ...string) (int, e
 		total += int(n)
 	}
 	return total, nil
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	// Cut on a rune boundary so the column stays valid UTF-8.
-	for n > 0 && n < len(s) && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n] + "…"
 }

@@ -239,7 +239,7 @@ func testRelayExpiredLease(t *testing.T, b backend) {
 	// A relay claims the batch and dies before recording anything.
 	dead := e.relay(RelayConfig{Lease: time.Minute})
 	now := e.ob.now()
-	batch, err := dead.claim(t.Context(), now, now.Add(time.Minute), nil)
+	batch, err := dead.claim(t.Context(), now, now.Add(time.Minute), nil, 100)
 	require.NoError(t, err)
 	require.Len(t, batch, 2)
 
@@ -264,7 +264,7 @@ func testRelayExpiredLease(t *testing.T, b backend) {
 	publishN(t, e.db, "y", 1)
 	for range 2 {
 		now := e.ob.now()
-		_, err := dead.claim(t.Context(), now, now.Add(time.Minute), nil)
+		_, err := dead.claim(t.Context(), now, now.Add(time.Minute), nil, 100)
 		require.NoError(t, err)
 		e.clock.Advance(time.Minute + time.Second)
 	}

@@ -60,10 +60,10 @@ func (d *sqliteDialect) deleteSent(before time.Time, limit int) query {
 	return d.deleteSentIn(before, limit, "")
 }
 
-func (d *sqliteDialect) orderingIndex() (string, string) {
+func (d *sqliteDialect) orderingIndex() (string, []string) {
 	name := d.name + "_aggregate_idx"
-	return name, `CREATE INDEX IF NOT EXISTS "` + name + `" ON ` + d.table +
-		" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent'"
+	return name, []string{`CREATE INDEX IF NOT EXISTS "` + name + `" ON ` + d.table +
+		" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent'"}
 }
 
 func (d *sqliteDialect) notifies() bool { return false }

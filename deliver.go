@@ -1,0 +1,424 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// One relay cycle: claim a batch under a lease, deliver it with Workers
+// goroutines outside any transaction, and record each outcome guarded by
+// the lease, in chunks as the workers finish.
+
+// claimed is one row a relay holds a lease on.
+type claimed struct {
+	ev        Event
+	attempts  int
+	createdAt time.Time
+	bad       error // the row could not be decoded; it fails without delivery
+}
+
+type outcome struct {
+	id     string
+	status string
+	err    string
+	due    time.Time
+}
+
+// ProcessOnce claims one batch of due events, delivers them and records the
+// outcomes. It returns how many events it claimed; fewer than BatchSize means
+// there were no more due. ctx governs the claim; once events are claimed,
+// cancelling ctx stops further deliveries (the rest are handed back) but lets
+// those in progress finish within their lease.
+//
+// When a handler reports its destination down ([Unavailable]), the batch's
+// remaining events are handed back without counting attempts and the error
+// returned satisfies [IsUnavailable].
+func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	return r.process(ctx, nil, r.cfg.BatchSize)
+}
+
+// process claims up to limit due events (only those in ids, when given)
+// and delivers them.
+func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, error) {
+	if err := r.ensureOrdering(ctx); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	now := r.o.now()
+	lease := now.Add(r.cfg.Lease)
+	cctx, ccancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	batch, err := r.claim(cctx, now, lease, ids, limit)
+	ccancel()
+	if err != nil {
+		return 0, fmt.Errorf("outbox: claim events: %w", err)
+	}
+	if len(batch) == 0 {
+		return 0, nil
+	}
+
+	// Deliveries must end before the lease does, with room left to record
+	// the outcome; past that point another relay may hold the rows.
+	budget := r.cfg.Lease - min(r.cfg.Lease/5, 5*time.Second)
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(budget))
+	defer cancel()
+
+	w := r.newOutcomeWriter(ctx, lease, start)
+	down := r.deliverBatch(ctx, bctx, batch, w)
+	err = w.close()
+	if down != nil {
+		err = errors.Join(err, fmt.Errorf("outbox: destination unavailable; undelivered events handed back: %w", down))
+	}
+	return len(batch), err
+}
+
+// deliverBatch hands the batch to Workers goroutines. A worker takes the
+// next row only while ctx is live, the lease budget (bctx) is not spent and
+// no handler has reported its destination down; rows never started are
+// handed back. It returns the first Unavailable error, if any.
+func (r *Relay) deliverBatch(ctx, bctx context.Context, batch []claimed, w *outcomeWriter) error {
+	var (
+		next atomic.Int64
+		down atomic.Pointer[error]
+	)
+	work := func() {
+		for {
+			i := int(next.Add(1)) - 1
+			if i >= len(batch) {
+				return
+			}
+			c := &batch[i]
+			if ctx.Err() != nil || bctx.Err() != nil || down.Load() != nil {
+				w.handBack(c.ev.ID)
+				continue
+			}
+			if err := r.deliverOne(bctx, c, w); err != nil {
+				down.CompareAndSwap(nil, &err)
+			}
+		}
+	}
+	workers := min(r.cfg.Workers, len(batch))
+	if workers <= 1 {
+		work()
+	} else {
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Add(1)
+			go func() { defer wg.Done(); work() }()
+		}
+		wg.Wait()
+	}
+	if p := down.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// deliverOne delivers one claimed event and hands its outcome to w. It
+// returns the handler's error when that says the destination is down.
+func (r *Relay) deliverOne(bctx context.Context, c *claimed, w *outcomeWriter) (down error) {
+	var (
+		err   error
+		began = time.Now()
+	)
+	switch {
+	case c.bad != nil:
+		err = Permanent(c.bad)
+	case c.attempts > r.cfg.MaxAttempts:
+		// Claimed more often than allowed without an outcome ever being
+		// recorded: its relays keep dying or losing the lease while
+		// delivering it.
+		err = Permanent(fmt.Errorf("outbox: abandoned after %d claims without an outcome (the relay holding it stopped or lost its lease each time)", c.attempts))
+	default:
+		hctx := bctx
+		if r.cfg.HandlerTimeout > 0 {
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
+			defer cancel()
+		}
+		err = r.o.deliver(context.WithValue(hctx, attemptKey{}, c.attempts), c.ev)
+	}
+	took := time.Since(began)
+	status := StatusSent
+	switch {
+	case err == nil:
+		w.sent(c.ev.ID)
+	case IsUnavailable(err) && !IsPermanent(err):
+		// The destination is down, not this event: hand it back without
+		// counting the attempt; the relay pauses and probes.
+		status, down = StatusPending, err
+		w.handBack(c.ev.ID)
+	default:
+		out := r.failure(c, err)
+		status = out.status
+		w.failed(out)
+	}
+	if r.cfg.OnDelivery != nil {
+		r.cfg.OnDelivery(Delivery{
+			Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
+			Duration: took, Latency: r.o.now().Sub(c.createdAt),
+		})
+	}
+	return down
+}
+
+type attemptKey struct{}
+
+// Attempt returns the delivery attempt (1 for the first) of the event a
+// relay's handler was called for, or 0 outside a relay delivery (memory
+// mode). Useful as a header or a log field.
+func Attempt(ctx context.Context) int {
+	n, _ := ctx.Value(attemptKey{}).(int)
+	return n
+}
+
+func (r *Relay) failure(c *claimed, err error) outcome {
+	out := outcome{id: c.ev.ID, status: StatusPending, err: lastError(err)}
+	now := r.o.now()
+	if IsPermanent(err) || c.attempts >= r.cfg.MaxAttempts {
+		out.status, out.due = StatusFailed, now
+		r.o.logger.Error("outbox: event failed for good; it stays in the table until replayed",
+			append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts))...)
+		return out
+	}
+	delay, ok := retryDelay(err)
+	if !ok {
+		delay = r.cfg.Backoff(c.attempts)
+	}
+	out.due = now.Add(delay).Truncate(time.Microsecond)
+	r.o.logger.Warn("outbox: delivery failed; will retry",
+		append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts), slog.Time("retry_at", out.due))...)
+	return out
+}
+
+// maxLastError bounds the last_error column: enough for an error chain and a
+// panic's stack, not unbounded.
+const maxLastError = 4 << 10
+
+// lastError is err's text as every database's text column takes it: valid
+// UTF-8 without NUL bytes (PostgreSQL refuses both, and would fail the
+// whole batch's outcome write), at most maxLastError bytes.
+func lastError(err error) string {
+	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
+	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	return truncate(s, maxLastError)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	// Cut on a rune boundary so the column stays valid UTF-8.
+	for n > 0 && n < len(s) && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+// outcomeFlushAfter is how long a recorded outcome may wait for others to
+// share its statement. A batch whose handlers are quick is recorded with
+// one statement per kind of outcome at its end; one with slow handlers is
+// recorded as it goes, so a crash or a handler that overruns the lease
+// redelivers only what was still in flight, not the whole batch.
+const outcomeFlushAfter = 50 * time.Millisecond
+
+// outcomeWriter records the outcomes of one batch: in chunks, as the
+// workers finish, one write at a time.
+type outcomeWriter struct {
+	r            *Relay
+	ctx          context.Context // the relay's, without its cancellation
+	lease, start time.Time
+
+	mu     sync.Mutex
+	sentID []string
+	fails  []outcome
+	back   []string
+	oldest time.Time // of the outcomes not yet written; zero when none
+
+	write sync.Mutex // one write at a time, in order
+	errs  []error
+
+	stop, done chan struct{}
+}
+
+func (r *Relay) newOutcomeWriter(ctx context.Context, lease, start time.Time) *outcomeWriter {
+	w := &outcomeWriter{
+		r: r, ctx: context.WithoutCancel(ctx), lease: lease, start: start,
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	go w.loop()
+	return w
+}
+
+func (w *outcomeWriter) sent(id string)     { w.add(func() { w.sentID = append(w.sentID, id) }) }
+func (w *outcomeWriter) failed(o outcome)   { w.add(func() { w.fails = append(w.fails, o) }) }
+func (w *outcomeWriter) handBack(id string) { w.add(func() { w.back = append(w.back, id) }) }
+
+func (w *outcomeWriter) add(f func()) {
+	w.mu.Lock()
+	f()
+	if w.oldest.IsZero() {
+		w.oldest = time.Now()
+	}
+	full := len(w.sentID)+len(w.fails)+len(w.back) >= outcomeChunk
+	w.mu.Unlock()
+	if full {
+		w.flush()
+	}
+}
+
+// loop writes outcomes that have waited outcomeFlushAfter while the
+// workers are still busy.
+func (w *outcomeWriter) loop() {
+	defer close(w.done)
+	t := time.NewTicker(outcomeFlushAfter)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+			w.mu.Lock()
+			due := !w.oldest.IsZero() && time.Since(w.oldest) >= outcomeFlushAfter
+			w.mu.Unlock()
+			if due {
+				w.flush()
+			}
+		}
+	}
+}
+
+// close writes what is left and returns every write's error.
+func (w *outcomeWriter) close() error {
+	close(w.stop)
+	<-w.done
+	w.flush()
+	w.write.Lock()
+	defer w.write.Unlock()
+	return errors.Join(w.errs...)
+}
+
+func (w *outcomeWriter) flush() {
+	w.write.Lock()
+	defer w.write.Unlock()
+	w.mu.Lock()
+	sent, fails, back := w.sentID, w.fails, w.back
+	w.sentID, w.fails, w.back, w.oldest = nil, nil, nil, time.Time{}
+	w.mu.Unlock()
+
+	r := w.r
+	w.record("mark sent", len(sent), func(c context.Context) error { return r.markSent(c, sent, w.lease) })
+	w.record("record failed deliveries of", len(fails), func(c context.Context) error { return r.markFailed(c, fails, w.lease) })
+	w.record("hand back", len(back), func(c context.Context) error { return r.release(c, back, w.lease) })
+}
+
+// record runs one outcome write. Outcomes are written even when the
+// relay's ctx is cancelled: a delivered event left unmarked would be
+// delivered again. The statements are guarded by the lease, so repeating
+// one is safe; retrying a dropped connection a couple of times saves the
+// events from being delivered again.
+func (w *outcomeWriter) record(what string, n int, f func(context.Context) error) {
+	if n == 0 {
+		return
+	}
+	var err error
+	for attempt, pause := range []time.Duration{0, 50 * time.Millisecond, 250 * time.Millisecond} {
+		if attempt > 0 {
+			time.Sleep(pause)
+		}
+		mctx, cancel := context.WithTimeout(w.ctx, w.r.cfg.StatementTimeout)
+		err = f(mctx)
+		cancel()
+		if err == nil || time.Since(w.start) > w.r.cfg.Lease {
+			break // done, or the lease is gone and the rows belong to whoever claims them next
+		}
+	}
+	if err != nil {
+		w.errs = append(w.errs, fmt.Errorf("outbox: %s %d events: %w", what, n, err))
+	}
+}
+
+// ensureOrdering creates the index per-aggregate ordering needs, once per
+// relay, unless the team runs its own migrations. A failure is tried again
+// on the next cycle.
+func (r *Relay) ensureOrdering(ctx context.Context) error {
+	if !r.cfg.OrderByAggregate || !r.o.migrate {
+		return nil
+	}
+	r.orderingMu.Lock()
+	defer r.orderingMu.Unlock()
+	if r.orderingDone {
+		return nil
+	}
+	name, ddl := r.o.dialect.orderingIndex()
+	if err := ensure(ctx, r.db, r.o.dialect, name, ddl...); err != nil {
+		return fmt.Errorf("outbox: create the per-aggregate ordering index: %w", err)
+	}
+	r.orderingDone = true
+	return nil
+}
+
+// claim leases up to limit due events (only those in ids, when given)
+// until lease and returns them oldest first.
+func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, limit int) ([]claimed, error) {
+	db, err := rawDB(r.db)
+	if err != nil {
+		return nil, err
+	}
+	batch, err := r.o.dialect.claim(ctx, db, claimSpec{
+		now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// RETURNING has no order; deliver oldest first.
+	slices.SortFunc(batch, func(a, b claimed) int {
+		return cmp.Or(a.createdAt.Compare(b.createdAt), strings.Compare(a.ev.ID, b.ev.ID))
+	})
+	return batch, nil
+}
+
+func (r *Relay) markSent(ctx context.Context, ids []string, lease time.Time) error {
+	now := r.o.now()
+	return r.execChunks(ctx, len(ids), func(i, j int) query { return r.o.dialect.markSent(ids[i:j], now, lease) })
+}
+
+func (r *Relay) release(ctx context.Context, ids []string, lease time.Time) error {
+	now := r.o.now()
+	return r.execChunks(ctx, len(ids), func(i, j int) query { return r.o.dialect.release(ids[i:j], now, lease) })
+}
+
+func (r *Relay) markFailed(ctx context.Context, outs []outcome, lease time.Time) error {
+	now := r.o.now()
+	return r.execChunks(ctx, len(outs), func(i, j int) query { return r.o.dialect.markFailed(outs[i:j], now, lease) })
+}
+
+// outcomeChunk bounds the rows of one outcome statement, keeping its
+// arguments far below every database's limit (SQLite allows 32766).
+const outcomeChunk = 1000
+
+// execChunks runs the statements build returns for n rows, outcomeChunk
+// rows at a time.
+func (r *Relay) execChunks(ctx context.Context, n int, build func(i, j int) query) error {
+	db, err := rawDB(r.db)
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i += outcomeChunk {
+		q := build(i, min(i+outcomeChunk, n))
+		if _, err := db.ExecContext(ctx, q.sql, q.args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
