@@ -44,7 +44,13 @@ type latencyContender struct {
 const latencyWriters = 4
 
 func runLatency(ctx context.Context, e *env, opts options, t *table) error {
-	plain, err := e.openPG()
+	if e.pg == nil {
+		// The push path under test is LISTEN/NOTIFY.
+		progress("latency: PostgreSQL only; skipped (PostgreSQL not selected)")
+		return nil
+	}
+	pg := e.pg
+	plain, err := pg.open()
 	if err != nil {
 		return err
 	}
@@ -68,23 +74,23 @@ func runLatency(ctx context.Context, e *env, opts options, t *table) error {
 		shared bool // the relay runs on the writers' pool and Outbox
 		idle   int  // the pools' idle connections
 	}{
-		{"ours, push: NOTIFY to a relay on another pool", outbox.Config{}, outbox.RelayConfig{}, false, e.maxIdle},
-		{"ours, polling at defaults (DisableNotify, DisableListen)", outbox.Config{DisableNotify: true}, outbox.RelayConfig{DisableListen: true}, false, e.maxIdle},
-		{"ours, DeliverAfterCommit, relay in-process", outbox.Config{DeliverAfterCommit: true}, outbox.RelayConfig{}, true, e.maxIdle},
+		{"ours, push: NOTIFY to a relay on another pool", outbox.Config{}, outbox.RelayConfig{}, false, pg.maxIdle},
+		{"ours, polling at defaults (DisableNotify, DisableListen)", outbox.Config{DisableNotify: true}, outbox.RelayConfig{DisableListen: true}, false, pg.maxIdle},
+		{"ours, DeliverAfterCommit, relay in-process", outbox.Config{DeliverAfterCommit: true}, outbox.RelayConfig{}, true, pg.maxIdle},
 		// The same push path on pools left at database/sql's default of
 		// two idle connections, as many applications run: the notifier
 		// borrows a connection from the writers' pool for every NOTIFY.
 		{"ours, push, pools at database/sql's default MaxIdleConns (2)", outbox.Config{}, outbox.RelayConfig{}, false, 0},
 	} {
-		c, err := oursLatency(e, table, v.name, v.cfg, v.relay, v.shared, v.idle, truncate)
+		c, err := oursLatency(pg, table, v.name, v.cfg, v.relay, v.shared, v.idle, truncate)
 		if err != nil {
 			return err
 		}
 		defer c.close()
 		cs = append(cs, c.latencyContender)
 	}
-	cs = append(cs, watermillLatency(e, plain, truncate))
-	floor, err := floorLatency(ctx, e, plain)
+	cs = append(cs, watermillLatency(pg, plain, truncate))
+	floor, err := floorLatency(ctx, pg, plain)
 	if err != nil {
 		return err
 	}
@@ -244,8 +250,8 @@ type oursLatencyContender struct {
 	close func()
 }
 
-func oursLatency(e *env, table, name string, cfg outbox.Config, rcfg outbox.RelayConfig, shared bool, idle int, truncate func(context.Context) error) (oursLatencyContender, error) {
-	writer, err := e.openPGIdle(idle)
+func oursLatency(pg *pgServer, table, name string, cfg outbox.Config, rcfg outbox.RelayConfig, shared bool, idle int, truncate func(context.Context) error) (oursLatencyContender, error) {
+	writer, err := pg.openIdle(idle)
 	if err != nil {
 		return oursLatencyContender{}, err
 	}
@@ -289,7 +295,7 @@ func oursLatency(e *env, table, name string, cfg outbox.Config, rcfg outbox.Rela
 	// A second pool and a second Outbox: the writers' commits cannot wake
 	// this relay in-process, only through PostgreSQL (or its poll).
 	c.run = func(ctx context.Context, handled func(int), ready func()) error {
-		relayDB, err := e.openPGIdle(idle)
+		relayDB, err := pg.openIdle(idle)
 		if err != nil {
 			return err
 		}
@@ -310,7 +316,7 @@ const wmLatencyTopic = "latency"
 
 // watermillLatency publishes through watermill-sql in the business
 // transaction and consumes with one Subscriber at its defaults.
-func watermillLatency(e *env, plain *gorm.DB, truncate func(context.Context) error) latencyContender {
+func watermillLatency(pg *pgServer, plain *gorm.DB, truncate func(context.Context) error) latencyContender {
 	return latencyContender{
 		name:    "watermill-sql at defaults",
 		prepare: truncate,
@@ -338,7 +344,7 @@ func watermillLatency(e *env, plain *gorm.DB, truncate func(context.Context) err
 			})
 		},
 		run: func(ctx context.Context, handled func(int), ready func()) error {
-			db, err := e.openSQL()
+			db, err := pg.openSQL()
 			if err != nil {
 				return fmt.Errorf("open: %w", err)
 			}
@@ -371,13 +377,12 @@ func watermillLatency(e *env, plain *gorm.DB, truncate func(context.Context) err
 // each commit (no debounce); a dedicated connection LISTENs and, on every
 // notification, runs the floor's claim-with-lease, deliver and mark until
 // nothing is due.
-func floorLatency(ctx context.Context, e *env, plain *gorm.DB) (latencyContender, error) {
+func floorLatency(ctx context.Context, pg *pgServer, plain *gorm.DB) (latencyContender, error) {
 	const table, channel = "latency_floor", "latency_floor_wakeup"
 	if err := createOutboxTable(ctx, plain, table); err != nil {
 		return latencyContender{}, err
 	}
-	insert := floorInsertInto(table, "postgres")
-	claimQ, markQ := fmt.Sprintf(floorClaim, table), fmt.Sprintf(floorMark, table)
+	insert := floorInsertInto(table, pg)
 	return latencyContender{
 		name: "floor: NOTIFY per commit, LISTEN, claim+lease, deliver, mark (hand-written)",
 		prepare: func(ctx context.Context) error {
@@ -400,7 +405,7 @@ func floorLatency(ctx context.Context, e *env, plain *gorm.DB) (latencyContender
 			return nil
 		},
 		run: func(ctx context.Context, handled func(int), ready func()) error {
-			db, err := e.openSQL()
+			db, err := pg.openSQL()
 			if err != nil {
 				return fmt.Errorf("open: %w", err)
 			}
@@ -414,21 +419,15 @@ func floorLatency(ctx context.Context, e *env, plain *gorm.DB) (latencyContender
 				for {
 					now := time.Now().UTC().Truncate(time.Microsecond)
 					lease := now.Add(time.Minute)
-					rows, err := db.QueryContext(ctx, claimQ, lease, now, outbox.DefaultBatchSize)
-					if err != nil {
-						return err
-					}
-					rs, err := scanFloor(rows)
+					rs, err := pg.floorClaim(ctx, db, table, outbox.DefaultBatchSize, now, lease)
 					if err != nil || len(rs) == 0 {
 						return err
 					}
-					ids := make([]string, len(rs))
-					for k, r := range rs {
+					for _, r := range rs {
 						i, _ := strconv.Atoi(r.aggID)
 						handled(i)
-						ids[k] = r.id
 					}
-					if _, err := db.ExecContext(ctx, markQ, time.Now().UTC(), lease, ids); err != nil {
+					if err := pg.floorMark(ctx, db, table, rowIDs(rs), lease); err != nil {
 						return err
 					}
 				}

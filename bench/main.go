@@ -5,8 +5,11 @@
 //
 // It starts no service: it uses the PostgreSQL named by
 // OUTBOX_TEST_POSTGRES_DSN, in a schema of its own that it drops at the end,
-// and a SQLite file in a temporary directory. The table goes to stdout,
-// progress to stderr. See ../BENCHMARKS.md for a full run and how to read it.
+// the MySQL or MariaDB named by OUTBOX_TEST_MYSQL_DSN (if set and reachable;
+// otherwise its rows are skipped with a message), in a database of its own
+// that it drops at the end, and a SQLite file in a temporary directory.
+// -db picks the databases. The table goes to stdout, progress to stderr. See
+// ../BENCHMARKS.md for full runs and how to read them.
 package main
 
 import (
@@ -22,14 +25,13 @@ import (
 	"time"
 )
 
-const dsnEnv = "OUTBOX_TEST_POSTGRES_DSN"
-
 // options are the command-line flags. Every loop the benchmark runs is
 // bounded by one of them, in count or in time.
 type options struct {
 	rounds       int
 	quick        bool
 	only         map[string]bool
+	dbs          map[string]bool
 	writeDur     time.Duration
 	writers      []int
 	backlog      int
@@ -53,6 +55,7 @@ func parseFlags(args []string) (options, error) {
 	var (
 		o        options
 		only     string
+		dbs      string
 		tuned    string
 		writers  string
 		relays   string
@@ -61,6 +64,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every A/B comparison; medians and min–max are over rounds")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: small backlogs, short durations, 1 round (unless -rounds is given)")
 	fs.StringVar(&only, "only", "write,relay,latency,scale", "scenarios to run, comma separated")
+	fs.StringVar(&dbs, "db", "postgres,sqlite,mysql", "databases to run them on, comma separated (mysql: MySQL or MariaDB, from "+mysqlDSNEnv+"; SQLite has only the write scenario, latency is PostgreSQL's alone)")
 	fs.DurationVar(&o.writeDur, "write-dur", 3*time.Second, "how long each write-overhead measurement runs")
 	fs.StringVar(&writers, "writers", "1,8", "concurrent writers for the write-overhead scenario")
 	fs.IntVar(&o.backlog, "backlog", 200000, "events in the relay-throughput backlog")
@@ -74,7 +78,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.memBig, "mem-big", 1000000, "large backlog for the relay memory test")
 	fs.IntVar(&o.memSmall, "mem-small", 100000, "small backlog for the relay memory test")
 	fs.DurationVar(&o.memTimeout, "mem-timeout", 90*time.Second, "longest the memory test samples one drain; a longer drain is sampled over its start (a relay that loaded its backlog would peak there)")
-	fs.IntVar(&o.maxIdle, "max-idle", 16, "SetMaxIdleConns of every PostgreSQL pool, at least the concurrency used so connections are reused; 0 keeps database/sql's default of 2 (connection churn; see BENCHMARKS.md)")
+	fs.IntVar(&o.maxIdle, "max-idle", 16, "SetMaxIdleConns of every pool, at least the concurrency used so connections are reused; 0 keeps database/sql's default of 2 (connection churn; see BENCHMARKS.md)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.BoolVar(&o.asyncCommit, "async-commit", false, "set synchronous_commit=off on the benchmark's PostgreSQL sessions, to see what the WAL flush costs (not a production setting for an outbox)")
 	if err := fs.Parse(args); err != nil {
@@ -110,6 +114,19 @@ func parseFlags(args []string) (options, error) {
 		case "":
 		default:
 			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale)", s)
+		}
+	}
+	o.dbs = map[string]bool{}
+	for _, s := range strings.Split(dbs, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case "postgres", "sqlite", "mysql":
+			o.dbs[s] = true
+		case "mariadb":
+			o.dbs["mysql"] = true
+		case "":
+		default:
+			return o, fmt.Errorf("-db: unknown database %q (want postgres, sqlite, mysql)", s)
 		}
 	}
 	var err error
@@ -164,28 +181,26 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(2)
 	}
-	dsn := os.Getenv(dsnEnv)
-	if dsn == "" {
-		fmt.Fprintf(os.Stderr, "bench: %s is not set. It starts no database of its own: point it at a PostgreSQL it may create (and drop) a schema in, e.g.\n  export %s='postgres://postgres@127.0.0.1:5432/test?sslmode=disable'\n", dsnEnv, dsnEnv)
+	if opts.dbs["postgres"] && os.Getenv(pgDSNEnv) == "" {
+		fmt.Fprintf(os.Stderr, "bench: %s is not set. It starts no database of its own: point it at a PostgreSQL it may create (and drop) a schema in, e.g.\n  export %s='postgres://postgres@127.0.0.1:5432/test?sslmode=disable'\nor leave PostgreSQL out with -db (e.g. -db mysql).\n", pgDSNEnv, pgDSNEnv)
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, dsn, opts); err != nil {
+	if err := run(ctx, opts); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		stop()
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, dsn string, opts options) (err error) {
-	e, err := newEnv(ctx, dsn, opts.asyncCommit, opts.maxIdle)
+func run(ctx context.Context, opts options) (err error) {
+	e, err := newEnv(ctx, opts)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, e.close()) }()
-	progress("PostgreSQL schema %s, SQLite in %s; %d round(s)", e.schema, e.dir, opts.rounds)
-	progress("PostgreSQL pools keep %d idle connections (0: database/sql default)", opts.maxIdle)
+	progress("%d round(s); pools keep %d idle connections (0: database/sql default)", opts.rounds, opts.maxIdle)
 	if opts.asyncCommit {
 		progress("synchronous_commit=off on every benchmark session")
 	}

@@ -125,7 +125,16 @@ func drain(ctx context.Context, c relayContender, n, relays int, timeout time.Du
 }
 
 func runRelay(ctx context.Context, e *env, opts options, t *table) error {
-	admin, err := e.openPG()
+	for _, s := range e.servers() {
+		if err := relayOn(ctx, s, opts, t); err != nil {
+			return fmt.Errorf("%s: %w", s.name(), err)
+		}
+	}
+	return nil
+}
+
+func relayOn(ctx context.Context, s server, opts options, t *table) error {
+	admin, err := s.open()
 	if err != nil {
 		return err
 	}
@@ -141,26 +150,31 @@ func runRelay(ctx context.Context, e *env, opts options, t *table) error {
 		return err
 	}
 	var cs []relayContender
-	for i, s := range shapes {
-		name := "ours, defaults (" + s.String() + ")"
+	for i, sh := range shapes {
+		name := "ours, defaults (" + sh.String() + ")"
 		if i > 0 {
-			name = "ours, tuned (" + s.String() + ")"
+			name = "ours, tuned (" + sh.String() + ")"
 		}
-		c, err := oursRelay(ctx, e, adb, "relay_ours", s, name)
+		c, err := oursRelay(s, adb, "relay_ours", sh, name)
 		if err != nil {
 			return err
 		}
 		cs = append(cs, c)
-		if !containsInt(batches, s.batch) {
-			batches = append(batches, s.batch)
-			cs = append(cs, floorRelay(adb, e, "relay_floor", s.batch, false), floorRelay(adb, e, "relay_floor", s.batch, true))
+		if !containsInt(batches, sh.batch) {
+			batches = append(batches, sh.batch)
+			cs = append(cs, floorRelay(s, adb, "relay_floor", sh.batch, false), floorRelay(s, adb, "relay_floor", sh.batch, true))
 		}
 	}
-	wm, err := watermillRelay(ctx, e, adb, opts.backlog)
-	if err != nil {
-		return err
+	// watermill-sql runs on PostgreSQL only here.
+	var wm *relayContender
+	if pg, ok := s.(*pgServer); ok {
+		c, err := watermillRelay(ctx, pg, adb, opts.backlog)
+		if err != nil {
+			return err
+		}
+		cs = append(cs, c)
+		wm = &c
 	}
-	cs = append(cs, wm)
 
 	type key struct {
 		name   string
@@ -188,13 +202,13 @@ func runRelay(ctx context.Context, e *env, opts options, t *table) error {
 				if note != "" {
 					notes[k] = joinNote(notes[k], fmt.Sprintf("r%d: %s", round+1, note))
 				}
-				progress("relay %d relay(s) round %d: %-60s %8.0f ev/s %s", relays, round+1, c.name, res.rate, note)
+				progress("relay %s %d relay(s) round %d: %-60s %8.0f ev/s %s", s.name(), relays, round+1, c.name, res.rate, note)
 			}
 		}
 	}
 
 	for _, relays := range opts.relays {
-		scen := fmt.Sprintf("2 relay throughput, %d-event backlog, %d relay(s)", opts.backlog, relays)
+		scen := fmt.Sprintf("2 relay throughput, %s, %d-event backlog, %d relay(s)", s.name(), opts.backlog, relays)
 		rowOf := map[string]*row{}
 		for _, c := range cs {
 			k := key{c.name, relays}
@@ -228,6 +242,9 @@ func runRelay(ctx context.Context, e *env, opts options, t *table) error {
 				best = r
 			}
 		}
+		if wm == nil {
+			continue // the remaining targets are PostgreSQL's
+		}
 		def := rowOf[cs[0].name]
 		q := ratio(cs[0].name, wm.name)
 		def.judge(fmt.Sprintf("≥ 10× watermill-sql at the same batch size; got %.1f×", q), q >= 10)
@@ -259,9 +276,9 @@ func joinNote(a, b string) string {
 
 // oursRelay drains with relays running Relay.Run, each in its own goroutine,
 // on one *gorm.DB with the plugin installed, as an application would.
-func oursRelay(ctx context.Context, e *env, admin *sql.DB, table string, shape relayShape, name string) (relayContender, error) {
+func oursRelay(s server, admin *sql.DB, table string, shape relayShape, name string) (relayContender, error) {
 	// Create the table once, through the plugin's own migration.
-	db, err := e.openPG()
+	db, err := s.open()
 	if err != nil {
 		return relayContender{}, err
 	}
@@ -275,13 +292,13 @@ func oursRelay(ctx context.Context, e *env, admin *sql.DB, table string, shape r
 		batch: shape.batch,
 		kind:  "ours",
 		fill: func(ctx context.Context, n int) error {
-			if err := exec(ctx, admin, `TRUNCATE "`+table+`"`); err != nil {
+			if err := s.clear(ctx, admin, table); err != nil {
 				return err
 			}
-			return fillOutbox(ctx, admin, table, n, outbox.StatusPending)
+			return s.fill(ctx, admin, table, n, outbox.StatusPending)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
-			return runOurs(ctx, e, table, outbox.RelayConfig{BatchSize: shape.batch, Workers: shape.workers}, relays, t, nil)
+			return runOurs(ctx, s, table, outbox.RelayConfig{BatchSize: shape.batch, Workers: shape.workers}, relays, t, nil)
 		},
 	}, nil
 }
@@ -289,8 +306,8 @@ func oursRelay(ctx context.Context, e *env, admin *sql.DB, table string, shape r
 // runOurs runs relays concurrent Relay.Run loops until ctx is done, on a
 // fresh pool with a fresh Outbox whose handler marks t. started, if set, is
 // called once the relays are starting.
-func runOurs(ctx context.Context, e *env, table string, cfg outbox.RelayConfig, relays int, t *tally, started func()) error {
-	db, err := e.openPG()
+func runOurs(ctx context.Context, s server, table string, cfg outbox.RelayConfig, relays int, t *tally, started func()) error {
+	db, err := s.open()
 	if err != nil {
 		return err
 	}
@@ -325,7 +342,7 @@ const wmRelayTopic = "relay"
 // watermillRelay drains with watermill-sql Subscribers at their defaults
 // (batch 100, PostgreSQL schema and offsets adapters), all in one consumer
 // group, each acking every message at once.
-func watermillRelay(ctx context.Context, e *env, admin *sql.DB, backlog int) (relayContender, error) {
+func watermillRelay(ctx context.Context, pg *pgServer, admin *sql.DB, backlog int) (relayContender, error) {
 	if err := wmCreateTables(ctx, admin, wmRelayTopic); err != nil {
 		return relayContender{}, err
 	}
@@ -356,7 +373,7 @@ func watermillRelay(ctx context.Context, e *env, admin *sql.DB, backlog int) (re
 			return vacuum(ctx, admin, "watermill_"+wmRelayTopic)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
-			db, err := e.openSQL()
+			db, err := pg.openSQL()
 			if err != nil {
 				return fmt.Errorf("open: %w", err)
 			}
@@ -434,54 +451,19 @@ func ensureXIDs(ctx context.Context, db *sql.DB, n int) error {
 	return nil
 }
 
-// The floors' SQL. The safe one is the claim of sql.go written by hand.
-const (
-	floorClaim = `UPDATE "%[1]s" SET available_at = $1, locked_until = $1, attempts = attempts + 1, updated_at = $2
-		WHERE id IN (SELECT c.id FROM "%[1]s" c WHERE c.status = 'pending' AND c.available_at <= $2
-			ORDER BY c.available_at, c.id LIMIT $3 FOR UPDATE SKIP LOCKED)
-		RETURNING id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, occurred_at, created_at`
-	floorMark = `UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, locked_until = NULL, last_error = NULL
-		WHERE id = ANY($3) AND locked_until = $2 AND status = 'pending'`
-	floorOneStep = `UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, attempts = attempts + 1
-		WHERE id IN (SELECT c.id FROM "%[1]s" c WHERE c.status = 'pending' AND c.available_at <= $1
-			ORDER BY c.available_at, c.id LIMIT $2 FOR UPDATE SKIP LOCKED)
-		RETURNING id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, occurred_at, created_at`
-)
-
-type floorRow struct {
-	id, typ, aggType, aggID, key string
-	payload                      []byte
-	headers                      sql.NullString
-	attempts                     int
-	occurred, created            time.Time
-}
-
-func scanFloor(rows *sql.Rows) ([]floorRow, error) {
-	defer rows.Close()
-	var out []floorRow
-	for rows.Next() {
-		var r floorRow
-		if err := rows.Scan(&r.id, &r.typ, &r.aggType, &r.aggID, &r.key, &r.payload, &r.headers, &r.attempts, &r.occurred, &r.created); err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, rows.Err()
-}
-
-// floorRelay is the raw-SQL floor on a table in our format. Safe: claim
-// with a lease, deliver outside any transaction, mark sent guarded by the
-// lease (what ours does). Unsafe (oneStep): mark sent in the claiming
-// UPDATE and deliver inside that transaction; a crash after the commit
-// loses the batch, and the transaction stays open across the handlers.
-func floorRelay(admin *sql.DB, e *env, table string, batch int, oneStep bool) relayContender {
+// floorRelay is the raw-SQL floor on a table in our format. Safe: the
+// library's claim with a lease written by hand, deliver outside any
+// transaction, mark sent guarded by the lease (what ours does). Unsafe
+// (oneStep): mark sent in the transaction that takes the rows and deliver
+// inside it; a crash after the commit loses the batch, and the transaction
+// stays open across the handlers.
+func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) relayContender {
 	name := fmt.Sprintf("floor a: claim+lease, deliver, mark (batch %d)", batch)
 	kind := "floor-safe"
 	if oneStep {
-		name = fmt.Sprintf("floor b, unsafe: one-step UPDATE…RETURNING, deliver in tx (batch %d)", batch)
+		name = fmt.Sprintf("floor b, unsafe: %s (batch %d)", s.oneStepName(), batch)
 		kind = "floor-unsafe"
 	}
-	claimQ, markQ, oneQ := fmt.Sprintf(floorClaim, table), fmt.Sprintf(floorMark, table), fmt.Sprintf(floorOneStep, table)
 	deliver := func(t *tally, rs []floorRow) {
 		for _, r := range rs {
 			i, _ := strconv.Atoi(r.aggID)
@@ -492,20 +474,12 @@ func floorRelay(admin *sql.DB, e *env, table string, batch int, oneStep bool) re
 		for ctx.Err() == nil {
 			now := time.Now().UTC().Truncate(time.Microsecond)
 			lease := now.Add(time.Minute)
-			rows, err := db.QueryContext(ctx, claimQ, lease, now, batch)
-			if err != nil {
-				return err
-			}
-			rs, err := scanFloor(rows)
+			rs, err := s.floorClaim(ctx, db, table, batch, now, lease)
 			if err != nil || len(rs) == 0 {
 				return err
 			}
 			deliver(t, rs)
-			ids := make([]string, len(rs))
-			for i, r := range rs {
-				ids[i] = r.id
-			}
-			if _, err := db.ExecContext(ctx, markQ, time.Now().UTC(), lease, ids); err != nil {
+			if err := s.floorMark(ctx, db, table, rowIDs(rs), lease); err != nil {
 				return err
 			}
 		}
@@ -513,22 +487,8 @@ func floorRelay(admin *sql.DB, e *env, table string, batch int, oneStep bool) re
 	}
 	oneStepLoop := func(ctx context.Context, db *sql.DB, t *tally) error {
 		for ctx.Err() == nil {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			rows, err := tx.QueryContext(ctx, oneQ, time.Now().UTC(), batch)
-			if err != nil {
-				_ = tx.Rollback()
-				return err
-			}
-			rs, err := scanFloor(rows)
-			if err != nil {
-				_ = tx.Rollback()
-				return err
-			}
-			deliver(t, rs)
-			if err := tx.Commit(); err != nil || len(rs) == 0 {
+			n, err := s.floorOneStep(ctx, db, table, batch, func(rs []floorRow) { deliver(t, rs) })
+			if err != nil || n == 0 {
 				return err
 			}
 		}
@@ -543,13 +503,13 @@ func floorRelay(admin *sql.DB, e *env, table string, batch int, oneStep bool) re
 		batch: batch,
 		kind:  kind,
 		fill: func(ctx context.Context, n int) error {
-			if err := exec(ctx, admin, `TRUNCATE "`+table+`"`); err != nil {
+			if err := s.clear(ctx, admin, table); err != nil {
 				return err
 			}
-			return fillOutbox(ctx, admin, table, n, outbox.StatusPending)
+			return s.fill(ctx, admin, table, n, outbox.StatusPending)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
-			db, err := e.openSQL()
+			db, err := s.openSQL()
 			if err != nil {
 				return fmt.Errorf("open: %w", err)
 			}
@@ -568,5 +528,6 @@ func floorRelay(admin *sql.DB, e *env, table string, batch int, oneStep bool) re
 			wg.Wait()
 			return errors.Join(errs...)
 		},
+		notes: s.floorNotes,
 	}
 }

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
-	"encoding/json"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -13,16 +11,17 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// claimSQL is the relay's claim as sql.go builds it for PostgreSQL (not
-// exported, so copied here; keep the two in step). $1 lease end, $2 now,
-// $3 batch size.
-const claimSQL = `UPDATE "%[1]s" SET available_at = $1, locked_until = $1, attempts = attempts + 1, updated_at = $2
-	WHERE id IN (SELECT c.id FROM "%[1]s" c WHERE c.status = 'pending' AND c.available_at <= $2
-		ORDER BY c.available_at, c.id LIMIT $3 FOR UPDATE SKIP LOCKED)
-	RETURNING id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, occurred_at, created_at`
-
 func runScale(ctx context.Context, e *env, opts options, t *table) error {
-	admin, err := e.openPG()
+	for _, s := range e.servers() {
+		if err := scaleOn(ctx, s, opts, t); err != nil {
+			return fmt.Errorf("%s: %w", s.name(), err)
+		}
+	}
+	return nil
+}
+
+func scaleOn(ctx context.Context, s server, opts options, t *table) error {
+	admin, err := s.open()
 	if err != nil {
 		return err
 	}
@@ -34,31 +33,34 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 			return err
 		}
 	}
-	progress("scale: filling %s with %d sent rows", full, opts.scaleSent)
+	progress("scale %s: filling %s with %d sent rows", s.name(), full, opts.scaleSent)
 	if opts.scaleSent > 0 {
-		if err := fillOutbox(ctx, adb, full, opts.scaleSent, outbox.StatusSent); err != nil {
+		start := time.Now()
+		if err := s.fill(ctx, adb, full, opts.scaleSent, outbox.StatusSent); err != nil {
 			return err
 		}
+		progress("scale %s: filled in %s", s.name(), time.Since(start).Round(time.Second))
 	}
 	cfg := outbox.RelayConfig{} // defaults, what users get
 	fills := map[string]func(ctx context.Context, n int) error{
 		empty: func(ctx context.Context, n int) error {
-			if err := exec(ctx, adb, `TRUNCATE "`+empty+`"`); err != nil {
+			if err := s.clear(ctx, adb, empty); err != nil {
 				return err
 			}
-			return fillOutbox(ctx, adb, empty, n, outbox.StatusPending)
+			return s.fill(ctx, adb, empty, n, outbox.StatusPending)
 		},
 		full: func(ctx context.Context, n int) error {
 			// Keep the sent rows ('s…'); drop the previous round's backlog.
-			if err := exec(ctx, adb, `DELETE FROM "`+full+`" WHERE id LIKE 'p%'`); err != nil {
+			if err := exec(ctx, adb, `DELETE FROM `+s.quote(full)+` WHERE id LIKE 'p%'`); err != nil {
 				return err
 			}
-			return fillOutbox(ctx, adb, full, n, outbox.StatusPending)
+			return s.fill(ctx, adb, full, n, outbox.StatusPending)
 		},
 	}
 	label := map[string]string{empty: "empty table", full: fmt.Sprintf("%d sent rows", opts.scaleSent)}
 	rates := map[string]series{}
 	claims := map[string]series{}
+	plans := map[string]string{}
 	for round := range opts.rounds {
 		for _, tb := range rotate([]string{empty, full}, round) {
 			c := relayContender{
@@ -66,15 +68,17 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 					if err := fills[tb](ctx, n); err != nil {
 						return err
 					}
-					ms, err := explainClaim(ctx, adb, tb, outbox.DefaultBatchSize)
+					ms, plan, err := s.probeClaim(ctx, adb, tb, outbox.DefaultBatchSize)
 					if err != nil {
 						return err
 					}
 					claims[tb] = append(claims[tb], ms)
+					plans[tb] = plan
+					progress("scale %s: claim plan on %s: %s", s.name(), label[tb], plan)
 					return nil
 				},
 				run: func(ctx context.Context, relays int, t *tally) error {
-					return runOurs(ctx, e, tb, cfg, relays, t, nil)
+					return runOurs(ctx, s, tb, cfg, relays, t, nil)
 				},
 			}
 			res, err := drain(ctx, c, opts.scaleBacklog, 1, opts.drainTimeout, true)
@@ -82,10 +86,10 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 				return fmt.Errorf("scale, %s: %w", label[tb], err)
 			}
 			rates[tb] = append(rates[tb], res.rate)
-			progress("scale round %d: %-16s claim %.2f ms, drain %.0f ev/s", round+1, label[tb], claims[tb][len(claims[tb])-1], res.rate)
+			progress("scale %s round %d: %-16s claim %.2f ms, drain %.0f ev/s", s.name(), round+1, label[tb], claims[tb][len(claims[tb])-1], res.rate)
 		}
 	}
-	scen := fmt.Sprintf("4 scale: %d-event backlog, 1 relay at defaults", opts.scaleBacklog)
+	scen := fmt.Sprintf("4 scale, %s: %d-event backlog, 1 relay at defaults", s.name(), opts.scaleBacklog)
 	t.add(&row{scenario: scen, contender: "ours, " + label[empty], metric: "events/s", vals: rates[empty], format: fmtRate})
 	r := t.add(&row{scenario: scen, contender: "ours, " + label[full], metric: "events/s", vals: rates[full], format: fmtRate})
 	var q series // per-round ratios: the two drains of a round run back to back
@@ -94,8 +98,8 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 	}
 	r.judge(fmt.Sprintf("≥ 80%% of the empty table's; got %.0f%% (median of per-round ratios)", 100*q.median()), q.median() >= 0.8)
 	for _, tb := range []string{empty, full} {
-		t.add(&row{scenario: scen, contender: "claim of 100, " + label[tb], metric: "EXPLAIN ANALYZE execution time",
-			vals: claims[tb], format: fmtMS, note: "median of 5 per round, full backlog pending"})
+		t.add(&row{scenario: scen, contender: "claim of 100, " + label[tb], metric: s.probeMetric(),
+			vals: claims[tb], format: fmtMS, note: "median of 5 per round, full backlog pending; last round's plan: " + plans[tb]})
 	}
 
 	// Memory: the relay must stream, so its peak heap must not grow with
@@ -110,17 +114,17 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 			var peak memPeak
 			c := relayContender{
 				fill: func(ctx context.Context, n int) error {
-					if err := exec(ctx, adb, `TRUNCATE "`+mem+`"`); err != nil {
+					if err := s.clear(ctx, adb, mem); err != nil {
 						return err
 					}
-					return fillOutbox(ctx, adb, mem, n, outbox.StatusPending)
+					return s.fill(ctx, adb, mem, n, outbox.StatusPending)
 				},
 				run: func(ctx context.Context, relays int, t *tally) error {
 					// Sample from a clean heap once the relay's pool and
 					// Outbox exist, until the drain ends.
 					stop := make(chan struct{})
 					done := make(chan struct{})
-					err := runOurs(ctx, e, mem, cfg, relays, t, func() {
+					err := runOurs(ctx, s, mem, cfg, relays, t, func() {
 						runtime.GC()
 						debug.FreeOSMemory()
 						go func() { defer close(done); peak = sampleMemory(stop) }()
@@ -140,11 +144,11 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 			if res.partial {
 				memNotes[n] = joinNote(memNotes[n], fmt.Sprintf("r%d: sampled over the first %d events (%s)", round+1, res.unique, res.elapsed.Round(time.Second)))
 			}
-			progress("memory round %d: backlog %7d: peak HeapInuse %.1f MiB, mapped %.1f MiB, %.0f ev/s", round+1, n,
+			progress("memory %s round %d: backlog %7d: peak HeapInuse %.1f MiB, mapped %.1f MiB, %.0f ev/s", s.name(), round+1, n,
 				float64(peak.heapInuse)/(1<<20), float64(peak.mapped)/(1<<20), res.rate)
 		}
 	}
-	scen = "4 scale: relay memory while draining, 1 relay at defaults"
+	scen = fmt.Sprintf("4 scale, %s: relay memory while draining, 1 relay at defaults", s.name())
 	for _, n := range sizes {
 		r := t.add(&row{scenario: scen, contender: fmt.Sprintf("ours, %d-event backlog", n), metric: "peak HeapInuse",
 			vals: heap[n], format: fmtMiB, note: joinNote("drain "+fmtRate(memRates[n].median()), memNotes[n])})
@@ -156,44 +160,6 @@ func runScale(ctx context.Context, e *env, opts options, t *table) error {
 			vals: resident[n], format: fmtMiB})
 	}
 	return nil
-}
-
-// explainClaim runs the claim under EXPLAIN ANALYZE five times, each in a
-// transaction rolled back (the claim is executed, then undone), and returns
-// the median execution time in milliseconds.
-func explainClaim(ctx context.Context, db *sql.DB, table string, batch int) (float64, error) {
-	var times series
-	for range 5 {
-		ms, err := func() (float64, error) {
-			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return 0, err
-			}
-			defer func() { _ = tx.Rollback() }()
-			now := time.Now().UTC()
-			var plan []byte
-			err = tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+fmt.Sprintf(claimSQL, table),
-				now.Add(time.Minute), now, batch).Scan(&plan)
-			if err != nil {
-				return 0, fmt.Errorf("explain claim on %s: %w", table, err)
-			}
-			var out []struct {
-				Execution float64 `json:"Execution Time"`
-			}
-			if err := json.Unmarshal(plan, &out); err != nil {
-				return 0, fmt.Errorf("explain claim on %s: decode plan: %w", table, err)
-			}
-			if len(out) == 0 {
-				return 0, fmt.Errorf("explain claim on %s: empty plan %.200s", table, plan)
-			}
-			return out[0].Execution, nil
-		}()
-		if err != nil {
-			return 0, err
-		}
-		times = append(times, ms)
-	}
-	return times.median(), nil
 }
 
 type memPeak struct{ heapInuse, mapped uint64 }

@@ -48,26 +48,19 @@ const (
 )
 
 func runWrite(ctx context.Context, e *env, opts options, t *table) error {
-	if err := writeBackend(ctx, e, opts, t, "postgres"); err != nil {
-		return fmt.Errorf("postgres: %w", err)
-	}
-	if err := writeBackend(ctx, e, opts, t, "sqlite"); err != nil {
-		return fmt.Errorf("sqlite: %w", err)
+	for _, d := range e.writeDatabases() {
+		if err := writeOn(ctx, d, opts, t); err != nil {
+			return fmt.Errorf("%s: %w", d.name(), err)
+		}
 	}
 	return nil
 }
 
-func writeBackend(ctx context.Context, e *env, opts options, t *table, backend string) error {
-	open := e.openPG
-	if backend == "sqlite" {
-		// Every pool of this scenario opens the same file.
-		path := e.newSQLitePath()
-		open = func() (*gorm.DB, error) { return openSQLite(path, e.maxIdle) }
-	}
+func writeOn(ctx context.Context, d database, opts options, t *table) error {
 	// The baseline, watermill-sql and the floor run on a plain *gorm.DB;
 	// ours on one with the plugin installed, so its connection-pool hook is
 	// part of what it costs.
-	plain, err := open()
+	plain, err := d.open()
 	if err != nil {
 		return err
 	}
@@ -79,7 +72,7 @@ func writeBackend(ctx context.Context, e *env, opts options, t *table, backend s
 		return err
 	}
 	withPlugin := func(cfg outbox.Config) (*gorm.DB, error) {
-		db, err := open()
+		db, err := d.open()
 		if err != nil {
 			return nil, err
 		}
@@ -99,10 +92,10 @@ func writeBackend(ctx context.Context, e *env, opts options, t *table, backend s
 	contenders := []writeContender{
 		{name: "business insert alone", db: plain},
 		{name: "+ outbox.Publish (ours)", db: ours, extra: publishOurs},
-		{name: "+ hand-written INSERT (floor)", db: plain, extra: floorInsert(backend)},
+		{name: "+ hand-written INSERT (floor)", db: plain, extra: floorInsert(d)},
 	}
 	tables := []string{"bench_orders", outbox.DefaultTable, "floor_events"}
-	if backend == "postgres" {
+	if _, ok := d.(*pgServer); ok {
 		quiet, err := withPlugin(outbox.Config{DisableNotify: true})
 		if err != nil {
 			return err
@@ -122,7 +115,7 @@ func writeBackend(ctx context.Context, e *env, opts options, t *table, backend s
 		rates := map[string]series{}
 		ratios := map[string]series{}
 		for round := range opts.rounds {
-			if err := clearTables(ctx, plain, backend, tables); err != nil {
+			if err := d.clear(ctx, sqlDB(plain), tables...); err != nil {
 				return err
 			}
 			// A short unmeasured warm-up fills the pools and caches.
@@ -150,7 +143,7 @@ func writeBackend(ctx context.Context, e *env, opts options, t *table, backend s
 			got := map[string]float64{}
 			for _, c := range contenders {
 				got[c.name] = float64(count[c.name]) / spent[c.name].Seconds()
-				progress("write %s %d writer(s) round %d: %-40s %8.0f tx/s", backend, writers, round+1, c.name, got[c.name])
+				progress("write %s %d writer(s) round %d: %-40s %8.0f tx/s", d.name(), writers, round+1, c.name, got[c.name])
 			}
 			base := got[contenders[0].name]
 			for _, c := range contenders {
@@ -158,7 +151,7 @@ func writeBackend(ctx context.Context, e *env, opts options, t *table, backend s
 				ratios[c.name] = append(ratios[c.name], got[c.name]/base)
 			}
 		}
-		scen := fmt.Sprintf("1 write overhead, %s, %d writer(s)", backend, writers)
+		scen := fmt.Sprintf("1 write overhead, %s, %d writer(s)", d.name(), writers)
 		var oursRow *row
 		for i, c := range contenders {
 			if i == 0 {
@@ -188,27 +181,6 @@ func writeBackend(ctx context.Context, e *env, opts options, t *table, backend s
 		}
 	}
 	return nil
-}
-
-func clearTables(ctx context.Context, db *gorm.DB, backend string, tables []string) error {
-	s := sqlDB(db)
-	if backend == "postgres" {
-		q := "TRUNCATE "
-		for i, t := range tables {
-			if i > 0 {
-				q += ", "
-			}
-			q += `"` + t + `"`
-		}
-		return exec(ctx, s, q+" RESTART IDENTITY")
-	}
-	for _, t := range tables {
-		if err := exec(ctx, s, `DELETE FROM "`+t+`"`); err != nil {
-			return err
-		}
-	}
-	// Start every measurement from a short WAL, as the first one did.
-	return exec(ctx, s, "PRAGMA wal_checkpoint(TRUNCATE)")
 }
 
 // writeSlices is how many turns each contender gets in a round.
@@ -294,8 +266,8 @@ func publishWatermill(tx *gorm.DB, o *BenchOrder) error {
 // floorInsert is the hand-written outbox: one plain INSERT of the same
 // columns into a table with the same DDL as ours, and nothing else (no
 // validation, no ON CONFLICT, no after-commit hook).
-func floorInsert(backend string) func(*gorm.DB, *BenchOrder) error {
-	insert := floorInsertInto("floor_events", backend)
+func floorInsert(d database) func(*gorm.DB, *BenchOrder) error {
+	insert := floorInsertInto("floor_events", d)
 	return func(tx *gorm.DB, o *BenchOrder) error {
 		return insert(tx, strconv.FormatUint(uint64(o.ID), 10), o)
 	}
@@ -303,15 +275,8 @@ func floorInsert(backend string) func(*gorm.DB, *BenchOrder) error {
 
 // floorInsertInto returns the floor's INSERT into table, with aggID as the
 // aggregate ID.
-func floorInsertInto(table, backend string) func(tx *gorm.DB, aggID string, o *BenchOrder) error {
-	q := `INSERT INTO ` + table + ` (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
-		status, attempts, available_at, occurred_at, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $7, $7, $7)`
-	if backend == "sqlite" {
-		q = `INSERT INTO ` + table + ` (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
-		status, attempts, available_at, occurred_at, created_at, updated_at)
-		VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'pending', 0, ?7, ?7, ?7, ?7)`
-	}
+func floorInsertInto(table string, d database) func(tx *gorm.DB, aggID string, o *BenchOrder) error {
+	q, times := d.floorInsert(table)
 	return func(tx *gorm.DB, aggID string, o *BenchOrder) error {
 		id, err := uuid.NewV7()
 		if err != nil {
@@ -321,10 +286,12 @@ func floorInsertInto(table, backend string) func(tx *gorm.DB, aggID string, o *B
 		if err != nil {
 			return fmt.Errorf("encode payload: %w", err)
 		}
-		now := time.Now().UTC()
-		_, err = tx.Statement.ConnPool.ExecContext(tx.Statement.Context, q,
-			id.String(), "order.created", "order", aggID, id.String(), string(payload), now)
-		if err != nil {
+		now := d.timeArg(time.Now().UTC())
+		args := []any{id.String(), "order.created", "order", aggID, id.String(), string(payload)}
+		for range times {
+			args = append(args, now)
+		}
+		if _, err := tx.Statement.ConnPool.ExecContext(tx.Statement.Context, q, args...); err != nil {
 			return fmt.Errorf("floor insert: %w", err)
 		}
 		return nil
