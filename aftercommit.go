@@ -3,8 +3,10 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 
@@ -31,11 +33,43 @@ func AfterCommit(tx *gorm.DB, fn func()) {
 	t, inTx := trackedTx(tx.Statement.ConnPool)
 	switch {
 	case t != nil:
-		t.st.add(fn)
+		if !t.st.add(nil, fn) {
+			_ = tx.AddError(errFinished)
+		}
+	case inTx && fromDB(tx) == nil:
+		_ = tx.AddError(ErrNotInstalled)
 	case inTx:
 		_ = tx.AddError(ErrUntrackedTransaction)
 	default:
 		fn()
+	}
+}
+
+// errFinished is the error of attaching work to a transaction that has
+// already committed or rolled back.
+var errFinished = fmt.Errorf("outbox: the transaction has already committed or rolled back: %w", sql.ErrTxDone)
+
+// SQLTx returns the *sql.Tx a GORM transaction runs on, for code that hands
+// it to another library. The plugin wraps the connection pool to see
+// commits, so tx.Statement.ConnPool is no longer a *sql.Tx itself (nor is
+// db.ConnPool a *sql.DB: use db.DB() for that). ok is false outside a
+// transaction, or when the transaction is not a database/sql one.
+func SQLTx(tx *gorm.DB) (stx *sql.Tx, ok bool) {
+	if tx == nil || tx.Statement == nil {
+		return nil, false
+	}
+	var pool any = tx.Statement.ConnPool
+	for {
+		switch p := pool.(type) {
+		case *sql.Tx:
+			return p, true
+		case *txPool:
+			pool = p.Tx
+		case *gorm.PreparedStmtTX:
+			pool = p.Tx
+		default:
+			return nil, false
+		}
 	}
 }
 
@@ -64,9 +98,19 @@ func hookConnPool(db *gorm.DB, o *Outbox) {
 	} else {
 		db.Config.ConnPool = wrap(old)
 	}
-	if db.Statement != nil && db.Statement.ConnPool == old {
+	if db.Statement != nil && samePool(db.Statement.ConnPool, old) {
 		db.Statement.ConnPool = db.Config.ConnPool
 	}
+}
+
+// samePool compares two pools without panicking on a custom pool of a type
+// that == cannot compare.
+func samePool(a, b gorm.ConnPool) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	ta := reflect.TypeOf(a)
+	return ta == reflect.TypeOf(b) && ta.Comparable() && a == b
 }
 
 // BeginTx implements gorm.ConnPoolBeginner.
@@ -144,19 +188,25 @@ func (t *txPool) ExecContext(ctx context.Context, query string, args ...any) (sq
 // committed whatever the hooks do.
 func (t *txPool) Commit() error {
 	err := t.Tx.Commit()
-	work := t.st.finish()
+	work, ids := t.st.finish()
 	if err != nil {
+		if len(work) > 0 && !errors.Is(err, sql.ErrTxDone) {
+			// A failed COMMIT may still have taken effect (the connection
+			// broke after the server committed): say what is dropped.
+			t.pool.o.logger.Warn("outbox: COMMIT failed; its after-commit work is dropped. If it did take effect, persistent events are in the table and relays deliver them; memory-mode events and AfterCommit hooks are lost",
+				slog.Any("error", err), slog.Int("hooks", len(work)), slog.Int("persistent_events", len(ids)))
+		}
 		return err
 	}
-	for _, fn := range work {
-		t.pool.o.runHook(fn)
+	for _, h := range work {
+		t.pool.o.runHook(h.fn)
 	}
 	return nil
 }
 
 // Rollback drops the after-commit work and rolls back.
 func (t *txPool) Rollback() error {
-	t.st.finish()
+	_, _ = t.st.finish()
 	return t.Tx.Rollback()
 }
 
@@ -183,7 +233,7 @@ func (o *Outbox) runHook(fn func()) {
 // that can still roll part of it back.
 type txState struct {
 	mu    sync.Mutex
-	work  []func()
+	work  []hook
 	marks []savepoint
 	done  bool
 
@@ -193,17 +243,43 @@ type txState struct {
 	idHook int
 }
 
+// hook is one piece of after-commit work; key, when set, lets has find it.
+type hook struct {
+	fn  func()
+	key any
+}
+
 type savepoint struct {
 	name string
 	n    int // len(work) when the savepoint was set
 }
 
-func (s *txState) add(fn func()) {
+// add appends fn to the after-commit work and reports whether it could:
+// false once the transaction has finished.
+func (s *txState) add(key any, fn func()) bool {
 	s.mu.Lock()
-	if !s.done {
-		s.work = append(s.work, fn)
+	defer s.mu.Unlock()
+	if s.done {
+		return false
 	}
-	s.mu.Unlock()
+	s.work = append(s.work, hook{fn: fn, key: key})
+	return true
+}
+
+// has reports whether the hook added with key is still to run: the
+// transaction is live and no savepoint rolled back past it.
+func (s *txState) has(key any) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return false
+	}
+	for _, h := range s.work {
+		if h.key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // addPublished records IDs written in the transaction and makes sure one
@@ -219,20 +295,22 @@ func (s *txState) addPublished(o *Outbox, ids []string) {
 		return
 	}
 	s.idHook = len(s.work)
-	s.work = append(s.work, func() {
+	s.work = append(s.work, hook{fn: func() {
 		s.mu.Lock()
 		ids := s.ids
 		s.mu.Unlock()
 		o.published(ids)
-	})
+	}})
 }
 
-func (s *txState) finish() []func() {
+// finish ends the transaction's state and returns its work and the IDs of
+// the persistent events it wrote.
+func (s *txState) finish() ([]hook, []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w := s.work
+	w, ids := s.work, s.ids
 	s.work, s.marks, s.done = nil, nil, true
-	return w
+	return w, ids
 }
 
 func (s *txState) savepointSQL(query string) {

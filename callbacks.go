@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
 	"sync"
+	"time"
 
+	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
 
@@ -23,19 +26,55 @@ import (
 //
 // When the model is created, updated, saved or deleted, the plugin publishes
 // the recorded events in that statement's transaction (exactly as [Publish]
-// would) and clears them, so saving the entity again does not publish them
-// twice. It works for slices of models too. Recorder adds no column to the
-// model's table. Like the rest of an entity, it is not safe for concurrent
-// use.
+// would), and clears them once that transaction commits: saving the entity
+// again does not publish them twice, and when the transaction rolls back
+// they stay on the entity, so a retry publishes them once (with the same
+// IDs, which Record's publishing fixes on the first attempt). It works for
+// slices of models too. Recorder adds no column to the model's table. Like
+// the rest of an entity, it is not safe for concurrent use.
+//
+// An event recorded with an empty AggregateID gets the model's primary key
+// (set by then, auto-increment included; several keys are joined with
+// ":"), and an empty AggregateType the model's table name.
+//
+// Recorder's BeforeSave and BeforeDelete hooks fail a statement that would
+// save recorded events where the plugin is not installed, instead of
+// dropping them. A model that defines its own BeforeSave or BeforeDelete
+// hides them: call the Recorder's from it.
 type Recorder struct {
 	recorded []Event
+	// base counts the events already cleared from the front of recorded;
+	// marks are the harvests whose transactions have not yet committed,
+	// each covering the events up to an absolute count.
+	base  int
+	marks []*harvestMark
+}
+
+type harvestMark struct {
+	r  *Recorder
+	to int // absolute: events [0, to) are published by the harvest
 }
 
 // Record adds events to be published with the entity's next write.
 func (r *Recorder) Record(events ...Event) { r.recorded = append(r.recorded, events...) }
 
-// Recorded returns a copy of the events recorded and not yet published.
+// Recorded returns a copy of the events recorded and not yet published by
+// a committed transaction.
 func (r *Recorder) Recorded() []Event { return append([]Event(nil), r.recorded...) }
+
+// BeforeSave implements GORM's hook: saving recorded events on a *gorm.DB
+// without the plugin is an error, not a silent loss.
+func (r *Recorder) BeforeSave(tx *gorm.DB) error { return r.checkInstalled(tx) }
+
+// BeforeDelete implements GORM's hook, as BeforeSave.
+func (r *Recorder) BeforeDelete(tx *gorm.DB) error { return r.checkInstalled(tx) }
+
+func (r *Recorder) checkInstalled(tx *gorm.DB) error {
+	if len(r.recorded) > 0 && fromDB(tx) == nil {
+		return fmt.Errorf("%w: the model carries %d recorded events that nobody would publish", ErrNotInstalled, len(r.recorded))
+	}
+	return nil
+}
 
 func (r *Recorder) outboxRecorder() *Recorder { return r }
 
@@ -82,9 +121,9 @@ func holds(t reflect.Type) bool {
 
 var holdsCache sync.Map // reflect.Type -> bool
 
-// recorders calls fn for every Recorder in v: a model, a pointer to one, or
-// a slice or array of either.
-func recorders(v reflect.Value, fn func(*Recorder)) {
+// recorders calls fn for every Recorder in v, with the model that embeds
+// it: a model, a pointer to one, or a slice or array of either.
+func recorders(v reflect.Value, fn func(r *Recorder, model reflect.Value)) {
 	for v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface {
 		if v.IsNil() {
 			return
@@ -98,7 +137,7 @@ func recorders(v reflect.Value, fn func(*Recorder)) {
 		}
 	case reflect.Struct:
 		if v.CanAddr() && holds(v.Type()) {
-			fn(v.Addr().Interface().(recorderHolder).outboxRecorder())
+			fn(v.Addr().Interface().(recorderHolder).outboxRecorder(), v)
 		}
 	}
 }
@@ -108,7 +147,7 @@ func hasRecorded(db *gorm.DB) bool {
 		return false
 	}
 	found := false
-	recorders(db.Statement.ReflectValue, func(r *Recorder) { found = found || len(r.recorded) > 0 })
+	recorders(db.Statement.ReflectValue, func(r *Recorder, _ reflect.Value) { found = found || len(r.recorded) > 0 })
 	return found
 }
 
@@ -149,32 +188,125 @@ func commitIfStarted(db *gorm.DB) {
 }
 
 // harvest publishes the events recorded on the statement's models in the
-// statement's transaction, then clears them. It runs only when the statement
-// wrote something: Save on a missing primary key first runs an UPDATE that
+// statement's transaction. It runs only when the statement wrote
+// something: Save on a missing primary key first runs an UPDATE that
 // touches no row, then a Create, and the events belong to the Create.
+//
+// Events stay on the entity until the transaction commits (a hook clears
+// them then). A harvest skips the events an earlier harvest published in
+// the same live transaction, unless a savepoint rolled back past it; and a
+// rolled-back transaction leaves them all to publish again.
 func harvest(db *gorm.DB) {
 	if db.Error != nil || db.RowsAffected == 0 || db.Statement.Schema == nil ||
 		!holds(db.Statement.Schema.ModelType) || !db.Statement.ReflectValue.IsValid() {
 		return
 	}
-	var (
-		recs   []*Recorder
-		events []Event
-	)
-	recorders(db.Statement.ReflectValue, func(r *Recorder) {
-		if len(r.recorded) > 0 {
-			recs = append(recs, r)
-			events = append(events, r.recorded...)
-		}
-	})
-	if len(events) == 0 {
-		return
+	t, _ := trackedTx(db.Statement.ConnPool)
+	type harvested struct {
+		r  *Recorder
+		to int
 	}
-	if err := Publish(db, events...); err != nil {
+	var (
+		recs   []harvested
+		events []Event
+		err    error
+	)
+	recorders(db.Statement.ReflectValue, func(r *Recorder, model reflect.Value) {
+		// Only the marks of this live transaction still count.
+		live := r.marks[:0]
+		from := r.base
+		for _, m := range r.marks {
+			if t != nil && t.st.has(m) {
+				live = append(live, m)
+				from = max(from, m.to)
+			}
+		}
+		clear(r.marks[len(live):])
+		r.marks = live
+		fresh := r.recorded[from-r.base:]
+		if len(fresh) == 0 {
+			return
+		}
+		if e := fillRecorded(db, fresh, model); e != nil && err == nil {
+			err = e
+		}
+		recs = append(recs, harvested{r: r, to: r.base + len(r.recorded)})
+		events = append(events, fresh...)
+	})
+	if err == nil && len(events) > 0 {
+		err = Publish(db, events...)
+	}
+	if err != nil {
 		_ = db.AddError(err)
 		return
 	}
-	for _, r := range recs {
-		r.recorded = nil
+	for _, h := range recs {
+		if t == nil {
+			// Published at once (no transaction), or in one the plugin
+			// cannot see commit: nothing to wait for.
+			h.r.clearTo(h.to)
+			continue
+		}
+		m := &harvestMark{r: h.r, to: h.to}
+		if t.st.add(m, func() { m.r.clearTo(m.to) }) {
+			h.r.marks = append(h.r.marks, m)
+		}
 	}
+}
+
+// clearTo drops the events before the absolute count to, which a
+// committed transaction published.
+func (r *Recorder) clearTo(to int) {
+	if n := to - r.base; n > 0 {
+		r.recorded = append([]Event(nil), r.recorded[min(n, len(r.recorded)):]...)
+		r.base = to
+	}
+}
+
+// fillRecorded fixes the defaults of recorded events on the entity itself,
+// so that a retry publishes the same event: the ID and OccurredAt, and the
+// aggregate from the model (its primary key and table) when empty.
+func fillRecorded(db *gorm.DB, events []Event, model reflect.Value) error {
+	sch := db.Statement.Schema
+	now := time.Now()
+	if o := fromDB(db); o != nil {
+		now = o.now()
+	}
+	var aggID string
+	for i := range events {
+		e := &events[i]
+		if e.ID == "" {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return fmt.Errorf("outbox: generate event id: %w", err)
+			}
+			e.ID = id.String()
+		}
+		if e.OccurredAt.IsZero() {
+			e.OccurredAt = now
+		}
+		if e.AggregateID == "" {
+			if aggID == "" {
+				aggID = primaryKey(db, model)
+			}
+			e.AggregateID = aggID
+		}
+		if e.AggregateType == "" && e.AggregateID != "" {
+			e.AggregateType = sch.Table
+		}
+	}
+	return nil
+}
+
+// primaryKey renders the model's primary key, "" when it has none set.
+func primaryKey(db *gorm.DB, model reflect.Value) string {
+	var parts []string
+	for _, f := range db.Statement.Schema.PrimaryFields {
+		v, zero := f.ValueOf(db.Statement.Context, model)
+		if zero {
+			return ""
+		}
+		parts = append(parts, fmt.Sprint(v))
+	}
+	return strings.Join(parts, ":")
 }

@@ -77,7 +77,7 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, erro
 	down := r.deliverBatch(ctx, bctx, batch, w)
 	err = w.close()
 	if down != nil {
-		err = errors.Join(err, fmt.Errorf("outbox: destination unavailable; undelivered events handed back: %w", down))
+		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
 	}
 	return len(batch), err
 }

@@ -31,9 +31,13 @@ type dialect interface {
 	// exists reports whether the table or index named name exists.
 	exists(ctx context.Context, db *sql.DB, name string) (bool, error)
 
-	// insert writes rows as pending events; a row whose ID or idempotency
-	// key is already in the table is skipped (the first write wins).
+	// insert writes rows as pending events; a row whose idempotency key is
+	// already in the table is skipped (the first write wins), while one
+	// whose ID is taken by an event with another key is an error.
 	insert(rows []encoded, now time.Time) query
+	// idTaken reports whether insert's error is an ID taken by an event
+	// with another idempotency key.
+	idTaken(err error) bool
 	// claim takes up to c.limit due pending rows, oldest first, moves
 	// their available_at and locked_until to c.lease, counts an attempt,
 	// and returns them. Concurrent claims never return the same row while

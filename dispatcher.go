@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 )
 
 // Handler delivers one event: pushes it to a websocket, calls a webhook,
@@ -93,6 +94,9 @@ func callHandler(ctx context.Context, h Handler, e Event) (err error) {
 // transaction nor the other handlers.
 func (o *Outbox) dispatchMemory(ctx context.Context, events []encoded) {
 	for i := range events {
+		if !o.keys.first(events[i].IdempotencyKey) {
+			continue // first write wins, as in persistent mode
+		}
 		e := events[i].event()
 		matched := o.runHandlers(ctx, e, func(err error) {
 			o.logger.ErrorContext(ctx, "outbox: handler failed", eventAttrs(e, err)...)
@@ -101,6 +105,39 @@ func (o *Outbox) dispatchMemory(ctx context.Context, events []encoded) {
 			o.logger.WarnContext(ctx, "outbox: no handler for event; dropped (memory mode)", eventAttrs(e, nil)...)
 		}
 	}
+}
+
+// memoryKeys is how many idempotency keys memory mode remembers.
+const memoryKeys = 10000
+
+// recentKeys remembers the most recent idempotency keys memory mode
+// dispatched, so that a duplicate is skipped as persistent mode skips it;
+// the oldest are forgotten first.
+type recentKeys struct {
+	mu   sync.Mutex
+	set  map[string]struct{}
+	ring []string
+	next int
+}
+
+// first records key and reports whether it was not already there.
+func (k *recentKeys) first(key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if _, ok := k.set[key]; ok {
+		return false
+	}
+	if k.set == nil {
+		k.set = make(map[string]struct{}, memoryKeys)
+		k.ring = make([]string, memoryKeys)
+	}
+	if old := k.ring[k.next]; old != "" {
+		delete(k.set, old)
+	}
+	k.ring[k.next] = key
+	k.next = (k.next + 1) % memoryKeys
+	k.set[key] = struct{}{}
+	return true
 }
 
 // eventAttrs are the log attributes of an event: identifiers only, never the

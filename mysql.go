@@ -63,10 +63,19 @@ func (d *mysqlDialect) exists(ctx context.Context, db *sql.DB, name string) (boo
 	return n > 0, err
 }
 
+// insert skips a duplicate idempotency key with ON DUPLICATE KEY UPDATE, not
+// INSERT IGNORE, which would also turn truncation and other errors into
+// warnings. ON DUPLICATE KEY fires on the primary key too: when the key
+// differs, the row holding the ID is another event, and the UPDATE
+// evaluates a subquery of two rows to fail the statement (error 1242) in
+// any sql_mode, as PostgreSQL and SQLite fail on the primary key.
 func (d *mysqlDialect) insert(rows []encoded, now time.Time) query {
-	// Not INSERT IGNORE, which would also turn truncation and other errors
-	// into warnings: only a duplicate key is a no-op.
-	return d.insertRows(rows, now, " ON DUPLICATE KEY UPDATE id = id")
+	return d.insertRows(rows, now, " ON DUPLICATE KEY UPDATE id = IF(idempotency_key = VALUES(idempotency_key), id, (SELECT 1 UNION ALL SELECT 2))")
+}
+
+func (d *mysqlDialect) idTaken(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1242
 }
 
 // claimRetries bounds how often a claim that lost a deadlock or a lock wait

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	_ "embed"
+	"errors"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
@@ -50,9 +52,15 @@ func (d *postgresDialect) exists(ctx context.Context, db *sql.DB, name string) (
 }
 
 func (d *postgresDialect) insert(rows []encoded, now time.Time) query {
-	// ON CONFLICT DO NOTHING: a duplicate is a no-op, and the caller's
-	// transaction is not aborted by a unique violation.
-	return d.insertRows(rows, now, " ON CONFLICT DO NOTHING")
+	// A duplicate key is a no-op, and the caller's transaction is not
+	// aborted by a unique violation. The conflict target is the key alone:
+	// a different event reusing an ID fails instead of vanishing.
+	return d.insertRows(rows, now, " ON CONFLICT (idempotency_key) DO NOTHING")
+}
+
+func (d *postgresDialect) idTaken(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == d.name+"_pkey"
 }
 
 func (d *postgresDialect) claim(ctx context.Context, db *sql.DB, c claimSpec) ([]claimed, error) {

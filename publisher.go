@@ -421,6 +421,9 @@ const insertChunk = 1000
 func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time) error {
 	q := o.dialect.insert(enc, now)
 	if _, err := pool.ExecContext(ctx, q.sql, q.args...); err != nil {
+		if o.dialect.idTaken(err) {
+			err = fmt.Errorf("an event ID is already used by an event with another idempotency key: %w", err)
+		}
 		if len(enc) == 1 {
 			return fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
 		}
@@ -440,7 +443,9 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
 	if o.mode == Memory {
 		switch {
 		case t != nil:
-			t.st.add(func() { o.dispatchMemory(t.dispatchContext(), enc) })
+			if !t.st.add(nil, func() { o.dispatchMemory(t.dispatchContext(), enc) }) {
+				return errFinished
+			}
 		case inTx:
 			return ErrUntrackedTransaction
 		default:
@@ -449,6 +454,9 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
 		return nil
 	}
 
+	if tx.DryRun {
+		return nil // as GORM: build, do not execute
+	}
 	if len(enc) > insertChunk && !inTx {
 		// Several statements must commit together: give them a transaction.
 		return tx.Transaction(func(tx *gorm.DB) error { return o.publishEncoded(tx, enc) })

@@ -156,9 +156,15 @@ type Relay struct {
 // handlers registered with [Outbox.Handle]. db must be the *gorm.DB the
 // plugin is installed on (not a transaction). Start it with [Relay.Run], or
 // drive it with [Relay.ProcessOnce].
+//
+// An invalid configuration is logged here, at Error level, and returned by
+// every method of the relay (Run included), so that
+//
+//	go func() { errc <- relay.Run(ctx) }()
+//
+// cannot fail unnoticed; do not drop Run's error.
 func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 	r := &Relay{o: o, db: db, cfg: cfg}
-	r.err = r.check()
 	r.cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
 	r.cfg.Workers = cmp.Or(cfg.Workers, DefaultWorkers)
 	r.cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
@@ -169,32 +175,45 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 	if r.cfg.Backoff == nil {
 		r.cfg.Backoff = DefaultBackoff
 	}
+	if r.err = r.check(cfg); r.err != nil {
+		o.logger.Error("outbox: the relay will not run", slog.Any("error", r.err))
+	}
 	return r
 }
 
-func (r *Relay) check() error {
-	c := r.cfg
+// Limits of RelayConfig: beyond them a relay cannot work as documented.
+const (
+	maxBatchSize        = 10000       // one claim's IN list and RETURNING stay modest
+	maxWorkers          = 1000        // goroutines per batch
+	minLease            = time.Second // the delivery budget and statements need room inside it
+	minStatementTimeout = 10 * time.Millisecond
+	minPollInterval     = time.Millisecond // a tighter poll is a busy loop on the database
+)
+
+// check validates the configuration as given (zero means default) and the
+// relay's database.
+func (r *Relay) check(c RelayConfig) error {
 	var bad []string
 	for _, f := range []struct {
-		name string
-		neg  bool
-		v    any
+		wrong bool
+		what  string
 	}{
-		{"BatchSize", c.BatchSize < 0, c.BatchSize},
-		{"Workers", c.Workers < 0, c.Workers},
-		{"PollInterval", c.PollInterval < 0, c.PollInterval},
-		{"MaxAttempts", c.MaxAttempts < 0, c.MaxAttempts},
-		{"Lease", c.Lease < 0, c.Lease},
-		{"HandlerTimeout", c.HandlerTimeout < 0, c.HandlerTimeout},
-		{"StatementTimeout", c.StatementTimeout < 0, c.StatementTimeout},
-		{"RetainSent", c.RetainSent < 0, c.RetainSent},
+		{c.BatchSize < 0 || c.BatchSize > maxBatchSize, fmt.Sprintf("BatchSize %d is outside 1-%d", c.BatchSize, maxBatchSize)},
+		{c.Workers < 0 || c.Workers > maxWorkers, fmt.Sprintf("Workers %d is outside 1-%d", c.Workers, maxWorkers)},
+		{c.PollInterval < 0 || (c.PollInterval > 0 && c.PollInterval < minPollInterval), fmt.Sprintf("PollInterval %v is below %v", c.PollInterval, minPollInterval)},
+		{c.MaxAttempts < 0, fmt.Sprintf("MaxAttempts %d is negative", c.MaxAttempts)},
+		{c.Lease < 0 || (c.Lease > 0 && c.Lease < minLease), fmt.Sprintf("Lease %v is below %v", c.Lease, minLease)},
+		{c.HandlerTimeout < 0, fmt.Sprintf("HandlerTimeout %v is negative", c.HandlerTimeout)},
+		{c.HandlerTimeout > r.cfg.Lease, fmt.Sprintf("HandlerTimeout %v exceeds Lease %v (a handler must end before the claim does)", c.HandlerTimeout, r.cfg.Lease)},
+		{c.StatementTimeout < 0 || (c.StatementTimeout > 0 && c.StatementTimeout < minStatementTimeout), fmt.Sprintf("StatementTimeout %v is below %v", c.StatementTimeout, minStatementTimeout)},
+		{c.RetainSent < 0, fmt.Sprintf("RetainSent %v is negative", c.RetainSent)},
 	} {
-		if f.neg {
-			bad = append(bad, fmt.Sprintf("%s %v", f.name, f.v))
+		if f.wrong {
+			bad = append(bad, f.what)
 		}
 	}
 	if len(bad) > 0 {
-		return fmt.Errorf("%w: negative RelayConfig values (%s); use 0 for the defaults", ErrInvalidConfig, strings.Join(bad, ", "))
+		return fmt.Errorf("%w: RelayConfig: %s (0 means the default)", ErrInvalidConfig, strings.Join(bad, "; "))
 	}
 	switch {
 	case r.db == nil:
@@ -204,6 +223,9 @@ func (r *Relay) check() error {
 	case fromDB(r.db) != r.o:
 		return fmt.Errorf("%w: the *gorm.DB given to Relay does not have this Outbox installed", ErrNotInstalled)
 	}
+	if _, inTx := trackedTx(r.db.Statement.ConnPool); inTx {
+		return fmt.Errorf("%w: Relay needs the *gorm.DB the plugin is installed on, not a transaction: it runs its own statements and transactions", ErrInvalidConfig)
+	}
 	return nil
 }
 
@@ -211,7 +233,9 @@ func (r *Relay) check() error {
 // is due and waits when there is none, until PollInterval passes or a
 // committed event wakes it: from a writer in the same process, or on
 // PostgreSQL through LISTEN/NOTIFY. While the database is unreachable it
-// backs off, logging once per outage rather than per attempt. It also
+// backs off, logging once per outage rather than per attempt; while a
+// handler reports its destination down ([Unavailable]) it pauses and
+// probes, counting no attempts and logging once per episode. It also
 // deletes sent rows older than RetainSent.
 //
 // When ctx is cancelled, Run stops claiming, lets deliveries in progress
@@ -220,6 +244,7 @@ func (r *Relay) check() error {
 // returns nil. It returns an error only for an invalid configuration.
 func (r *Relay) Run(ctx context.Context) error {
 	if r.err != nil {
+		r.o.logger.ErrorContext(ctx, "outbox: the relay is not running", slog.Any("error", r.err))
 		return r.err
 	}
 	w := r.o.wakers.add()

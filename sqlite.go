@@ -45,7 +45,13 @@ func (d *sqliteDialect) exists(ctx context.Context, db *sql.DB, name string) (bo
 }
 
 func (d *sqliteDialect) insert(rows []encoded, now time.Time) query {
-	return d.insertRows(rows, now, " ON CONFLICT DO NOTHING")
+	return d.insertRows(rows, now, " ON CONFLICT (idempotency_key) DO NOTHING")
+}
+
+// idTaken reads the message: the cgo driver's error type is not imported
+// here (a pure-Go driver has its own).
+func (d *sqliteDialect) idTaken(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: "+d.name+".id")
 }
 
 func (d *sqliteDialect) claim(ctx context.Context, db *sql.DB, c claimSpec) ([]claimed, error) {

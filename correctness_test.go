@@ -1,0 +1,469 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// correctnessTests are regression tests for defects found by using the
+// library as a new user would (issue 10); each failed before its fix.
+var correctnessTests = map[string]func(*testing.T, backend){
+	"RecorderRetryAfterRollback":         testRecorderRetry,
+	"RecorderSavepointRolledBack":        testRecorderSavepoint,
+	"RecorderWithoutPluginFails":         testRecorderWithoutPlugin,
+	"RecorderFillsAggregateFromModel":    testRecorderFillsAggregate,
+	"HandlerErrorNotValidText":           testHandlerErrorText,
+	"HugeFailedBatchIsRecorded":          testHugeFailedBatch,
+	"RelayConfigLimits":                  testRelayConfigLimits,
+	"DestinationUnavailableBurnsNothing": testUnavailableProcessOnce,
+	"DestinationOutageUnderRun":          testUnavailableRun,
+	"OutcomesWrittenAsWorkersFinish":     testOutcomesAsWorkersFinish,
+	"MemoryModeIdempotencyKey":           testMemoryIdempotency,
+	"EventIDReusedByAnotherEvent":        testIDReused,
+	"FinishedTransaction":                testFinishedTransaction,
+	"DryRun":                             testDryRun,
+	"SQLTx":                              testSQLTx,
+	"StartupDoesNotBlockPublishers":      testStartupDoesNotBlock,
+}
+
+// drain runs ProcessOnce until it claims nothing.
+func drain(t *testing.T, r *Relay) {
+	t.Helper()
+	for range 1000 {
+		n, err := r.ProcessOnce(t.Context())
+		require.NoError(t, err)
+		if n == 0 {
+			return
+		}
+	}
+	t.Fatal("the relay kept finding events")
+}
+
+// delivered returns what c received once everything due was delivered
+// (persistent mode) or at once (memory mode).
+func (e *testEnv) delivered(t *testing.T, c *collector) []string {
+	t.Helper()
+	if e.ob.mode == Persistent {
+		drain(t, e.relay(RelayConfig{Workers: 1}))
+	}
+	return c.ids()
+}
+
+func testRecorderRetry(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			c := &collector{}
+			e.ob.Handle("*", c.handle)
+
+			o := Order{Total: 1}
+			o.Record(Event{Type: "order.created"}) // ID left to the library
+			err := e.db.Transaction(func(tx *gorm.DB) error {
+				require.NoError(t, tx.Create(&o).Error)
+				return errors.New("could not serialize access") // the caller will retry
+			})
+			require.Error(t, err)
+			require.Len(t, o.Recorded(), 1, "a rolled-back transaction leaves the events on the entity")
+			id := o.Recorded()[0].ID
+			require.NotEmpty(t, id, "the ID is fixed on the entity by the first attempt")
+			assert.Empty(t, e.delivered(t, c))
+
+			// The retry: the same entity, again.
+			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return tx.Create(&o).Error }))
+			assert.Empty(t, o.Recorded(), "cleared once committed")
+			assert.Equal(t, []string{id}, e.delivered(t, c), "published once, with the first attempt's ID")
+
+			// Saved twice in one transaction: published once.
+			o.Record(Event{ID: "twice", Type: "order.updated"})
+			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+				require.NoError(t, tx.Save(&o).Error)
+				require.Len(t, o.Recorded(), 1, "not cleared before the commit")
+				return tx.Model(&o).Update("total", 2).Error
+			}))
+			assert.Equal(t, []string{id, "twice"}, e.delivered(t, c))
+			assert.Empty(t, o.Recorded())
+		})
+	}
+}
+
+func testRecorderSavepoint(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			c := &collector{}
+			e.ob.Handle("*", c.handle)
+			o := Order{Total: 1}
+			o.Record(Event{ID: "outer", Type: "x"})
+			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+				require.NoError(t, tx.Create(&o).Error)
+				o.Record(Event{ID: "inner", Type: "x"})
+				_ = tx.Transaction(func(sp *gorm.DB) error {
+					require.NoError(t, sp.Save(&o).Error)
+					return errors.New("roll back to the savepoint")
+				})
+				// The savepoint took "inner" with it; saving again publishes
+				// it, and "outer" is not published twice.
+				return tx.Save(&o).Error
+			}))
+			assert.Equal(t, []string{"outer", "inner"}, e.delivered(t, c))
+			assert.Empty(t, o.Recorded())
+		})
+	}
+}
+
+func testRecorderWithoutPlugin(t *testing.T, b backend) {
+	db := b.open(t, &gorm.Config{})
+	require.NoError(t, db.AutoMigrate(&Order{}))
+	o := Order{Total: 1}
+	o.Record(Event{Type: "order.created"})
+	require.ErrorIs(t, db.Create(&o).Error, ErrNotInstalled, "saving recorded events nobody will publish must fail")
+	assert.Len(t, o.Recorded(), 1)
+	var n int64
+	require.NoError(t, db.Model(&Order{}).Count(&n).Error)
+	assert.EqualValues(t, 0, n, "nor write the row")
+	require.ErrorIs(t, db.Delete(&Order{ID: 1, Recorder: o.Recorder}).Error, ErrNotInstalled)
+	require.NoError(t, db.Create(&Order{Total: 2}).Error, "a model without recorded events is untouched")
+}
+
+func testRecorderFillsAggregate(t *testing.T, b backend) {
+	e := b.setup(t)
+	o := Order{Total: 1}
+	o.Record(Event{ID: "filled", Type: "order.created"},
+		Event{ID: "kept", Type: "order.created", AggregateType: "order", AggregateID: "custom"})
+	require.NoError(t, e.db.Create(&o).Error)
+	require.NotZero(t, o.ID)
+	rec := e.record("filled")
+	assert.Equal(t, fmt.Sprint(o.ID), rec.AggregateID, "the auto-increment key, known after the INSERT")
+	assert.Equal(t, "orders", rec.AggregateType)
+	rec = e.record("kept")
+	assert.Equal(t, "custom", rec.AggregateID)
+	assert.Equal(t, "order", rec.AggregateType)
+
+	batch := []Order{{Total: 2}, {Total: 3}}
+	batch[0].Record(Event{ID: "b0", Type: "x"})
+	batch[1].Record(Event{ID: "b1", Type: "x"})
+	require.NoError(t, e.db.Create(&batch).Error)
+	assert.Equal(t, fmt.Sprint(batch[0].ID), e.record("b0").AggregateID)
+	assert.Equal(t, fmt.Sprint(batch[1].ID), e.record("b1").AggregateID)
+}
+
+func testHandlerErrorText(t *testing.T, b backend) {
+	e := b.setup(t)
+	e.ob.Handle("bad", func(context.Context, Event) error { return errors.New("bad \xff\xfe bytes and a \x00 NUL") })
+	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
+	require.NoError(t, Publish(e.db, Event{ID: "bad", Type: "bad"}, Event{ID: "ok", Type: "ok"}))
+	n, err := e.relay(RelayConfig{Backoff: func(int) time.Duration { return time.Hour }}).ProcessOnce(t.Context())
+	require.NoError(t, err, "the error text must not fail the batch's outcome write")
+	assert.Equal(t, 2, n)
+	rec := e.record("bad")
+	assert.Equal(t, StatusPending, rec.Status)
+	assert.Equal(t, 1, rec.Attempts)
+	assert.Nil(t, rec.LockedUntil, "the retry is recorded, not left claimed until the lease ends")
+	require.NotNil(t, rec.LastError)
+	assert.True(t, utf8.ValidString(*rec.LastError))
+	assert.NotContains(t, *rec.LastError, "\x00")
+	assert.Contains(t, *rec.LastError, "bytes and a")
+	assert.Equal(t, StatusSent, e.record("ok").Status)
+}
+
+func testHugeFailedBatch(t *testing.T, b backend) {
+	e := b.setup(t)
+	const n = 8200 // 2+4n placeholders is over SQLite's 32766
+	events := make([]Event, n)
+	for i := range events {
+		events[i] = Event{ID: fmt.Sprintf("f%05d", i), Type: "x"}
+	}
+	require.NoError(t, Publish(e.db, events...))
+	r := e.relay(RelayConfig{BatchSize: n})
+	now := e.ob.now()
+	lease := now.Add(time.Minute)
+	batch, err := r.claim(t.Context(), now, lease, nil, n)
+	require.NoError(t, err)
+	require.Len(t, batch, n)
+	outs := make([]outcome, n)
+	for i, c := range batch {
+		outs[i] = outcome{id: c.ev.ID, status: StatusPending, err: "down", due: now.Add(time.Hour)}
+	}
+	// One batch's failures, recorded at once (the relay records them in
+	// one go when its handlers fail fast).
+	require.NoError(t, r.markFailed(t.Context(), outs, lease))
+	assert.EqualValues(t, n, e.count("status = ? AND attempts = 1 AND locked_until IS NULL AND last_error IS NOT NULL", StatusPending),
+		"every failure is recorded")
+}
+
+func testRelayConfigLimits(t *testing.T, b backend) {
+	e := b.setup(t)
+	var logs syncBuffer
+	ob := e.ob
+	ob.logger = slog.New(slog.NewTextHandler(&logs, nil))
+	for _, c := range []struct {
+		cfg  RelayConfig
+		what string
+	}{
+		{RelayConfig{Lease: time.Nanosecond}, "Lease 1ns"},
+		{RelayConfig{Lease: 500 * time.Millisecond}, "Lease 500ms"},
+		{RelayConfig{BatchSize: maxBatchSize + 1}, "BatchSize"},
+		{RelayConfig{Workers: maxWorkers + 1}, "Workers"},
+		{RelayConfig{PollInterval: time.Microsecond}, "PollInterval"},
+		{RelayConfig{StatementTimeout: time.Microsecond}, "StatementTimeout"},
+		{RelayConfig{Lease: 2 * time.Second, HandlerTimeout: 3 * time.Second}, "exceeds Lease"},
+		{RelayConfig{HandlerTimeout: 2 * time.Minute}, "exceeds Lease"},
+	} {
+		before := strings.Count(logs.String(), "will not run")
+		r := ob.Relay(e.db, c.cfg)
+		assert.Equal(t, before+1, strings.Count(logs.String(), "will not run"), "logged at construction: %+v", c.cfg)
+		_, err := r.ProcessOnce(t.Context())
+		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", c.cfg)
+		assert.ErrorContains(t, err, c.what)
+		require.ErrorIs(t, r.Run(t.Context()), ErrInvalidConfig)
+	}
+	assert.Contains(t, logs.String(), "the relay is not running", "Run logs it too")
+
+	// A transaction is not a relay's database, and says so at once.
+	tx := e.db.Begin()
+	defer tx.Rollback()
+	_, err := ob.Relay(tx, RelayConfig{}).ProcessOnce(t.Context())
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.ErrorContains(t, err, "not a transaction")
+
+	r := ob.Relay(e.db, RelayConfig{Lease: time.Second, HandlerTimeout: time.Second, BatchSize: maxBatchSize})
+	require.NoError(t, r.err, "the limits themselves are valid")
+}
+
+func testUnavailableProcessOnce(t *testing.T, b backend) {
+	e := b.setup(t)
+	var calls atomic.Int32
+	var down atomic.Bool
+	down.Store(true)
+	e.ob.Handle("x", func(ctx context.Context, _ Event) error {
+		calls.Add(1)
+		if down.Load() {
+			return Unavailable(errors.New("dial tcp: connection refused"))
+		}
+		assert.Equal(t, 1, Attempt(ctx), "the outage burned no attempt")
+		return nil
+	})
+	ids := publishN(t, e.db, "x", 3)
+	r := e.relay(RelayConfig{Workers: 1})
+	n, err := r.ProcessOnce(t.Context())
+	assert.Equal(t, 3, n)
+	require.Error(t, err)
+	assert.True(t, IsUnavailable(err), "ProcessOnce reports the destination down: %v", err)
+	assert.EqualValues(t, 1, calls.Load(), "no delivery starts after the destination reported itself down")
+	for _, id := range ids {
+		rec := e.record(id)
+		assert.Equal(t, StatusPending, rec.Status)
+		assert.Equal(t, 0, rec.Attempts, "handed back without counting the attempt")
+		assert.Nil(t, rec.LockedUntil)
+		assert.Nil(t, rec.LastError)
+	}
+	down.Store(false)
+	drain(t, r)
+	assert.EqualValues(t, 3, e.count("status = ? AND attempts = 1", StatusSent))
+
+	// Permanent wins over Unavailable.
+	e.ob.Handle("p", func(context.Context, Event) error { return Permanent(Unavailable(errors.New("x"))) })
+	publishN(t, e.db, "p", 1)
+	_, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, StatusFailed, e.record("p-00000").Status)
+}
+
+func testUnavailableRun(t *testing.T, b backend) {
+	e := b.setup(t)
+	var logs syncBuffer
+	e.ob.logger = slog.New(slog.NewTextHandler(&logs, nil))
+	var calls atomic.Int32
+	const failFor = 3 // the first delivery and two probes find the broker down
+	e.ob.Handle("x", func(context.Context, Event) error {
+		if calls.Add(1) <= failFor {
+			return Unavailable(errors.New("broker: connection refused"))
+		}
+		return nil
+	})
+	publishN(t, e.db, "x", 20)
+	runRelay(t, e.relay(RelayConfig{PollInterval: 10 * time.Millisecond}))
+	require.Eventually(t, func() bool { return e.count("status = ?", StatusSent) == 20 }, 30*time.Second, 10*time.Millisecond)
+	assert.EqualValues(t, 20, e.count("attempts = 1"), "the outage burned no attempt")
+	out := logs.String()
+	assert.Equal(t, 1, strings.Count(out, "delivery paused"), "logged once per outage:\n%s", out)
+	assert.Equal(t, 1, strings.Count(out, "delivery resumed"), out)
+	assert.NotContains(t, out, "will retry", "no warning per event")
+}
+
+func testOutcomesAsWorkersFinish(t *testing.T, b backend) {
+	e := b.setup(t)
+	unblock := make(chan struct{})
+	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
+		if ev.ID == "x-00000" {
+			<-unblock // a slow delivery holds one worker
+		}
+		return nil
+	})
+	publishN(t, e.db, "x", 6)
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.relay(RelayConfig{Workers: 2}).ProcessOnce(context.Background())
+		done <- err
+	}()
+	// The other five are recorded while the slow one is still in flight: a
+	// crash now would redeliver one event, not the batch.
+	require.Eventually(t, func() bool { return e.count("status = ?", StatusSent) == 5 }, 10*time.Second, 5*time.Millisecond)
+	assert.Equal(t, StatusPending, e.record("x-00000").Status)
+	close(unblock)
+	require.NoError(t, <-done)
+	assert.EqualValues(t, 6, e.count("status = ?", StatusSent))
+}
+
+func testMemoryIdempotency(t *testing.T, b backend) {
+	e := b.setup(t, withConfig(Config{Mode: Memory}))
+	c := &collector{}
+	e.ob.Handle("*", c.handle)
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+		return Publish(tx, Event{ID: "a", Type: "x", IdempotencyKey: "k"}, Event{ID: "b", Type: "x", IdempotencyKey: "k"})
+	}))
+	require.NoError(t, Publish(e.db, Event{ID: "c", Type: "x", IdempotencyKey: "k"}))
+	require.NoError(t, Publish(e.db, Event{ID: "d", Type: "x", IdempotencyKey: "other"}))
+	assert.Equal(t, []string{"a", "d"}, c.ids(), "the first write wins, as in persistent mode")
+
+	// A rolled-back key is not remembered.
+	_ = e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, Publish(tx, Event{ID: "e", Type: "x", IdempotencyKey: "fresh"}))
+		return errors.New("rollback")
+	})
+	require.NoError(t, Publish(e.db, Event{ID: "f", Type: "x", IdempotencyKey: "fresh"}))
+	assert.Equal(t, []string{"a", "d", "f"}, c.ids())
+}
+
+func testIDReused(t *testing.T, b backend) {
+	e := b.setup(t)
+	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "first", IdempotencyKey: "k1"}))
+	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "first", IdempotencyKey: "k1"}), "the same event again: a no-op")
+	err := Publish(e.db, Event{ID: "same", Type: "second", IdempotencyKey: "k2"})
+	require.Error(t, err, "a different event reusing an ID must not vanish without a word")
+	assert.ErrorContains(t, err, "already used by an event with another idempotency key")
+	assert.EqualValues(t, 1, e.count(""))
+	assert.Equal(t, "first", e.record("same").EventType)
+}
+
+func testFinishedTransaction(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			tx := e.db.Begin()
+			require.NoError(t, tx.Commit().Error)
+			require.ErrorIs(t, Publish(tx, Event{Type: "x"}), sql.ErrTxDone, "publishing on a committed transaction fails")
+			ran := false
+			AfterCommit(tx, func() { ran = true })
+			require.ErrorIs(t, tx.Error, sql.ErrTxDone)
+			assert.False(t, ran)
+
+			// AfterCommit on a database without the plugin names that.
+			plain := b.open(t, &gorm.Config{})
+			ptx := plain.Begin()
+			AfterCommit(ptx, func() {})
+			require.ErrorIs(t, ptx.Error, ErrNotInstalled)
+			ptx.Rollback()
+		})
+	}
+}
+
+func testDryRun(t *testing.T, b backend) {
+	e := b.setup(t)
+	// A DryRun session builds statements without running them: Publish
+	// writes nothing either.
+	dry := e.db.Session(&gorm.Session{DryRun: true})
+	require.NoError(t, Publish(dry, Event{ID: "dry", Type: "x"}))
+	assert.EqualValues(t, 0, e.count(""))
+
+	// Installing on a DryRun database neither panics nor touches it.
+	db := b.open(t, &gorm.Config{DryRun: true})
+	require.NotPanics(t, func() { require.NoError(t, db.Use(Plugin(Config{Table: "dry_outbox"}))) })
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	d, err := newDialect(b.name, "dry_outbox")
+	require.NoError(t, err)
+	created, err := d.exists(t.Context(), sqlDB, "dry_outbox")
+	require.NoError(t, err)
+	assert.False(t, created, "no DDL under DryRun")
+}
+
+func testSQLTx(t *testing.T, b backend) {
+	for _, prepare := range []bool{false, true} {
+		t.Run(fmt.Sprint("PrepareStmt=", prepare), func(t *testing.T) {
+			e := b.setup(t, withGorm(&gorm.Config{PrepareStmt: prepare}))
+			_, ok := SQLTx(e.db)
+			assert.False(t, ok, "no transaction outside one")
+			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+				stx, ok := SQLTx(tx)
+				require.True(t, ok)
+				// Another library writing through the same transaction.
+				_, err := stx.ExecContext(t.Context(), "INSERT INTO orders (total) VALUES (42)")
+				require.NoError(t, err)
+				return Publish(tx, Event{ID: "with-sqltx", Type: "x"})
+			}))
+			var n int64
+			require.NoError(t, e.db.Model(&Order{}).Where("total = 42").Count(&n).Error)
+			assert.EqualValues(t, 1, n)
+			assert.EqualValues(t, 1, e.count("id = ?", "with-sqltx"))
+		})
+	}
+}
+
+// testStartupDoesNotBlock: an instance starting (db.Use) while another holds
+// a publishing transaction open must neither wait for it nor make later
+// publishers wait.
+func testStartupDoesNotBlock(t *testing.T, b backend) {
+	e := b.setup(t)
+	open := e.db.Begin()
+	require.NoError(t, Publish(open, Event{ID: "open", Type: "x"}))
+	defer open.Rollback()
+
+	started := make(chan error, 1)
+	go func() {
+		db := e.reopen(t)
+		started <- db.Use(Plugin(Config{Logger: slog.New(slog.DiscardHandler)}))
+	}()
+	select {
+	case err := <-started:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("db.Use waited for a publishing transaction")
+	}
+	if b.name != "postgres" {
+		return
+	}
+	// The ordering index is built concurrently: other publishers go on
+	// while the build waits for the open transaction.
+	indexed := make(chan error, 1)
+	go func() {
+		_, err := e.relay(RelayConfig{OrderByAggregate: true}).ProcessOnce(context.Background())
+		indexed <- err
+	}()
+	published := make(chan error, 1)
+	go func() {
+		published <- e.db.Transaction(func(tx *gorm.DB) error {
+			return Publish(tx, Event{ID: "meanwhile", Type: "x"})
+		})
+	}()
+	select {
+	case err := <-published:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a publisher waited for the ordering index")
+	}
+	require.NoError(t, open.Commit().Error)
+	require.NoError(t, <-indexed)
+}
