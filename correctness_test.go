@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,7 +16,12 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+	"gorm.io/plugin/dbresolver"
 )
 
 // correctnessTests are regression tests for defects found by using the
@@ -36,6 +43,7 @@ var correctnessTests = map[string]func(*testing.T, backend){
 	"DryRun":                             testDryRun,
 	"SQLTx":                              testSQLTx,
 	"StartupDoesNotBlockPublishers":      testStartupDoesNotBlock,
+	"DBResolverReadOnlyReplica":          testDBResolver,
 }
 
 // drain runs ProcessOnce until it claims nothing.
@@ -466,4 +474,93 @@ func testStartupDoesNotBlock(t *testing.T, b backend) {
 	}
 	require.NoError(t, open.Commit().Error)
 	require.NoError(t, <-indexed)
+}
+
+// readOnlyDSN returns a DSN of the test's database whose sessions cannot
+// write, as a read-only replica's are.
+func readOnlyDSN(t *testing.T, e *testEnv) gorm.Dialector {
+	v, ok := dsns.Load(e.db)
+	require.True(t, ok)
+	dsn := v.(string)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	switch e.name {
+	case "postgres":
+		return postgres.Open(dsn + sep + "options=" + url.QueryEscape("-c default_transaction_read_only=on"))
+	case "mysql":
+		return mysql.Open(dsn + sep + "tx_read_only=1")
+	default:
+		return sqlite.Open(dsn + sep + "mode=ro")
+	}
+}
+
+// testDBResolver installs go-gorm/dbresolver with a read-only replica after
+// the plugin: dbresolver opens the replica with the same plugins, so the
+// outbox's Initialize runs on a connection that cannot write, and must not
+// try DDL there.
+func testDBResolver(t *testing.T, b backend) {
+	e := b.setup(t)
+	// The replica really refuses writes.
+	ro, err := gorm.Open(readOnlyDSN(t, e), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() { closeDB(ro) })
+	require.Error(t, ro.Exec("CREATE TABLE ro_probe (id integer)").Error)
+	// dbresolver never closes what it opens: hand it this pool.
+	conn, err := ro.DB()
+	require.NoError(t, err)
+	var replica gorm.Dialector
+	switch b.name {
+	case "postgres":
+		replica = postgres.New(postgres.Config{Conn: conn})
+	case "mysql":
+		replica = mysql.New(mysql.Config{Conn: conn})
+	default:
+		replica = sqlite.Dialector{Conn: conn}
+	}
+
+	require.NoError(t, e.db.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{replica}})),
+		"registering dbresolver with a read-only replica")
+	c := &collector{}
+	e.ob.Handle("x", c.handle)
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Create(&Order{Total: 1}).Error; err != nil {
+			return err
+		}
+		return Publish(tx, Event{ID: "resolved", Type: "x"})
+	}))
+	var orders []Order
+	require.NoError(t, e.db.Find(&orders).Error, "reads go to the replica")
+	assert.Len(t, orders, 1)
+	drain(t, e.relay(RelayConfig{}))
+	assert.Equal(t, []string{"resolved"}, c.ids())
+}
+
+func closeDB(db *gorm.DB) {
+	if sqlDB, err := db.DB(); err == nil {
+		_ = sqlDB.Close()
+	}
+}
+
+// nonComparablePool is a custom connection pool of a type == cannot
+// compare (it holds a slice), as some wrappers are.
+type nonComparablePool struct {
+	gorm.ConnPool
+	tags []string
+}
+
+func TestNonComparableConnPool(t *testing.T) {
+	t.Parallel()
+	sqlDB, err := sql.Open("sqlite3", filepath.Join(t.TempDir(), "pool.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	db, err := gorm.Open(sqlite.Dialector{Conn: nonComparablePool{ConnPool: sqlDB, tags: []string{"x"}}}, &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	ob := Plugin(Config{Mode: Memory})
+	require.NotPanics(t, func() { require.NoError(t, db.Use(ob)) })
+	c := &collector{}
+	ob.Handle("x", c.handle)
+	require.NoError(t, Publish(db, Event{ID: "np", Type: "x"}))
+	assert.Equal(t, []string{"np"}, c.ids())
 }
