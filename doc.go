@@ -34,7 +34,8 @@
 //
 // In persistent mode a [Relay] delivers committed events:
 //
-//	go ob.Relay(db, outbox.RelayConfig{}).Run(ctx)
+//	relay := ob.Relay(db, outbox.RelayConfig{})
+//	go func() { errc <- relay.Run(ctx) }() // an error means an invalid configuration
 //
 // It claims due rows with a lease (FOR UPDATE SKIP LOCKED on PostgreSQL), so
 // any number of relays can share one table without delivering an event twice

@@ -42,7 +42,9 @@ type Event struct {
 	AggregateID   string
 	// IdempotencyKey makes publishing idempotent: of several events with the
 	// same key, the first one written wins and the others are no-ops, across
-	// transactions too. Defaults to ID.
+	// transactions too, for as long as the first is in the table (retention
+	// deletes sent rows after RelayConfig.RetainSent); memory mode
+	// remembers the last 10,000 keys. Defaults to ID.
 	IdempotencyKey string
 	// Payload is encoded with encoding/json when the event is published. A
 	// []byte or json.RawMessage holding valid JSON is stored as it is.
@@ -75,7 +77,8 @@ func (e Event) DecodePayload(v any) error {
 // In [Persistent] mode the events are INSERTed on tx: they become visible to
 // relays only when tx commits and disappear if it rolls back. An event whose
 // idempotency key is already in the table is skipped without error (the first
-// write wins). Outside a transaction each call inserts at once.
+// write wins); one whose ID is already taken by an event with another key is
+// an error. Outside a transaction each call inserts at once.
 //
 // In [Memory] mode the events are handed to the handlers synchronously right
 // after the outermost commit of tx, and dropped if tx (or the savepoint they
