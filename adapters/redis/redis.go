@@ -16,6 +16,13 @@
 // order one relay delivers them (oldest first). A retried event lands after
 // those delivered meanwhile, and several relays interleave.
 //
+// Outages: an XADD that fails because Redis cannot be reached or cannot take
+// writes (connection refused, reset or closed, a timeout, DNS, the client
+// or its pool closed or exhausted, LOADING, READONLY, MASTERDOWN,
+// CLUSTERDOWN, BUSY, OOM, max clients, authentication) is reported as
+// [outbox.Unavailable]: the relay hands the event back without counting an
+// attempt and pauses delivery until Redis answers again.
+//
 // The package shares its name with go-redis; import it under another name,
 // for example outboxredis.
 package redis
@@ -26,6 +33,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
@@ -129,8 +140,11 @@ func New(rdb Client, cfg Config) (*Publisher, error) {
 // payload (see the Field constants). Its entry ID is assigned by Redis.
 //
 // An event that cannot be encoded, or whose stream key is empty, fails
-// permanently ([outbox.Permanent]); every Redis or network error is left for
-// the relay to retry.
+// permanently ([outbox.Permanent]). Network errors and the Redis errors that
+// say the server cannot take writes are [outbox.Unavailable] (see the
+// package doc): the relay pauses without counting attempts. Other Redis
+// errors (a key of another type, an ACL that forbids the key) are retried
+// with backoff.
 func (p *Publisher) Handler() outbox.Handler {
 	return p.publish
 }
@@ -154,9 +168,35 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	if err := p.rdb.XAdd(ctx, args).Err(); err != nil {
-		return fmt.Errorf("outbox/redis: publish event %s to stream %s: %w", e.ID, stream, err)
+		down := unavailable(err)
+		err = fmt.Errorf("outbox/redis: publish event %s to stream %s: %w", e.ID, stream, err)
+		if down {
+			return outbox.Unavailable(err)
+		}
+		return err
 	}
 	return nil
+}
+
+// unavailable reports whether err, as go-redis returned it, says that Redis
+// cannot be reached or cannot take writes at all, rather than refusing this
+// event.
+func unavailable(err error) bool {
+	for _, target := range []error{
+		context.DeadlineExceeded, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed,
+		syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE,
+		goredis.ErrClosed, goredis.ErrPoolTimeout, goredis.ErrPoolExhausted,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	return goredis.IsLoadingError(err) || goredis.IsReadOnlyError(err) || goredis.IsMasterDownError(err) ||
+		goredis.IsClusterDownError(err) || goredis.IsMaxClientsError(err) || goredis.IsOOMError(err) ||
+		goredis.IsAuthError(err) || strings.HasPrefix(err.Error(), "BUSY ")
 }
 
 func entry(e outbox.Event) ([]any, error) {
