@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -47,4 +48,25 @@ func TestRetryAfterHeaderReachesTheRelay(t *testing.T) {
 	require.True(t, errors.As(err, &se))
 	assert.Equal(t, http.StatusTooManyRequests, se.StatusCode)
 	assert.Contains(t, err.Error(), "retry after 1m30s")
+	assert.False(t, outbox.IsUnavailable(err))
+}
+
+// TestRetryAfterWinsOverUnavailable: a 503 with Retry-After is honoured
+// (outbox.RetryAfter, counted); without it the endpoint is reported down.
+func TestRetryAfterWinsOverUnavailable(t *testing.T) {
+	for header, unavailable := range map[string]bool{"30": false, "": true} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			if header != "" {
+				w.Header().Set("Retry-After", header)
+			}
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))
+		s, err := New(srv.URL, []byte("k"), Config{})
+		require.NoError(t, err)
+		err = s.Handler()(context.Background(), outbox.Event{ID: "e1", Type: "t", Payload: []byte(`{}`)})
+		srv.Close()
+		require.Error(t, err)
+		assert.Equal(t, unavailable, outbox.IsUnavailable(err), "Retry-After %q: %v", header, err)
+		assert.Equal(t, !unavailable, strings.Contains(err.Error(), "retry after 30s"), "Retry-After %q: %v", header, err)
+	}
 }

@@ -3,7 +3,7 @@
 //
 // Delivery guarantee: at least once; a request whose response is lost (a
 // timeout after the receiver acted, a relay crash before "mark sent") is sent
-// again, so receivers deduplicate by the X-Outbox-Event-Id header (also the
+// again, so receivers deduplicate by the Outbox-Event-Id header (also the
 // envelope's "id").
 //
 // # Request
@@ -14,10 +14,16 @@
 // [Config.PayloadOnly] to post the bare payload instead. The request carries:
 //
 //	Content-Type: application/json
-//	X-Outbox-Event-Id: <event ID>
-//	X-Outbox-Event-Type: <event type>
+//	Outbox-Event-Id: <event ID>
+//	Outbox-Event-Type: <event type>
 //	X-Outbox-Timestamp: <Unix seconds when this attempt was sent>
 //	X-Outbox-Signature: sha256=<hex HMAC-SHA256 of timestamp + "." + body>
+//
+// The event ID and type headers have the names every outbox adapter uses
+// (outbox.HeaderEventID, outbox.HeaderEventType). Until a later release the
+// requests also carry them under their former names, X-Outbox-Event-Id and
+// X-Outbox-Event-Type, so that receivers written against those keep
+// deduplicating while they move to the new names.
 //
 // plus the trace headers named in [Config.ForwardHeaders] (traceparent,
 // tracestate and baggage by default) and any static [Config.Header]. Every
@@ -35,6 +41,14 @@
 // Retry-After header asks (capped at an hour). Errors name the event
 // ID, the host and the status, never the payload or the response body.
 //
+// Outages: a request that cannot reach the receiver (DNS, connection
+// refused, dial or TLS failure, a connection reset or closed before the
+// response), and a 502, 503 or 504 without Retry-After, are reported as
+// [outbox.Unavailable]: the relay hands the event back without counting an
+// attempt and pauses delivery until the endpoint answers again. A timeout
+// waiting for the response of a receiver that accepted the request is a
+// plain retry: a slow receiver may be slow on this event.
+//
 // Ordering: each relay worker sends one event at a time and waits for the
 // response; a retried event arrives after those sent meanwhile, and
 // several relays interleave, so receivers must not rely on arrival order.
@@ -51,10 +65,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
@@ -62,16 +80,31 @@ import (
 
 // Request headers set on every delivery.
 const (
-	// HeaderEventID carries the event ID, the receiver's deduplication key.
-	HeaderEventID = "X-Outbox-Event-Id"
-	// HeaderEventType carries the event type, for routing without decoding.
-	HeaderEventType = "X-Outbox-Event-Type"
+	// HeaderEventID carries the event ID, the receiver's deduplication key:
+	// "Outbox-Event-Id", as in every outbox adapter. It was
+	// "X-Outbox-Event-Id" before; see [LegacyHeaderEventID].
+	HeaderEventID = outbox.HeaderEventID
+	// HeaderEventType carries the event type, for routing without decoding:
+	// "Outbox-Event-Type", as in every outbox adapter. It was
+	// "X-Outbox-Event-Type" before; see [LegacyHeaderEventType].
+	HeaderEventType = outbox.HeaderEventType
 	// HeaderTimestamp carries the time of this attempt in decimal Unix
 	// seconds; it is part of the signed string.
 	HeaderTimestamp = "X-Outbox-Timestamp"
 	// HeaderSignature carries "sha256=" and the hex HMAC-SHA256 of
 	// timestamp + "." + body (see [Sign]).
 	HeaderSignature = "X-Outbox-Signature"
+)
+
+// The former names of [HeaderEventID] and [HeaderEventType]. Requests still
+// carry them, with the same values, so that receivers reading them keep
+// working while they move to the new names.
+//
+// Deprecated: read HeaderEventID and HeaderEventType; these headers will no
+// longer be sent in a later release.
+const (
+	LegacyHeaderEventID   = "X-Outbox-Event-Id"
+	LegacyHeaderEventType = "X-Outbox-Event-Type"
 )
 
 // signaturePrefix names the algorithm, leaving room for another one later.
@@ -108,7 +141,8 @@ type Envelope struct {
 	// Headers are all the event's headers, trace context included;
 	// omitted when there are none.
 	Headers map[string]string `json:"headers,omitempty"`
-	// Payload is the event's JSON payload, as published.
+	// Payload is the event's JSON payload, byte for byte as the handler
+	// received it: not re-encoded, so "<", ">" and "&" stay as they are.
 	Payload json.RawMessage `json:"payload"`
 }
 
@@ -123,13 +157,13 @@ type Config struct {
 	Timeout time.Duration
 
 	// PayloadOnly posts the event's JSON payload as the body instead of an
-	// [Envelope]; the metadata is then only in the X-Outbox-* headers.
+	// [Envelope]; the metadata is then only in the Outbox-* headers.
 	// Defaults to false (the envelope).
 	PayloadOnly bool
 
 	// Header is added to every request, for example an Authorization
-	// header the receiver requires. It cannot override the X-Outbox-*
-	// headers or Content-Type. Defaults to none.
+	// header the receiver requires. It cannot override the Outbox-* and
+	// X-Outbox-* headers or Content-Type. Defaults to none.
 	Header http.Header
 
 	// ForwardHeaders names the event headers that are also sent as HTTP
@@ -195,7 +229,9 @@ func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
 }
 
 // StatusError is the error for a response outside 2xx. It is wrapped with
-// [outbox.Permanent] when retrying cannot help (see the package doc).
+// [outbox.Permanent] when retrying cannot help, and with
+// [outbox.Unavailable] for a 502, 503 or 504 without Retry-After (see the
+// package doc).
 type StatusError struct {
 	// StatusCode is the response's HTTP status.
 	StatusCode int
@@ -219,6 +255,12 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
+	// Whether a connection to the receiver was made tells an endpoint that
+	// cannot be reached from one that was slow to answer.
+	var connected atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+	})
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: build request for %s", e.ID, s.host))
@@ -238,6 +280,8 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(HeaderEventID, e.ID)
 	req.Header.Set(HeaderEventType, e.Type)
+	req.Header.Set(LegacyHeaderEventID, e.ID)
+	req.Header.Set(LegacyHeaderEventType, e.Type)
 	req.Header.Set(HeaderTimestamp, ts)
 	req.Header.Set(HeaderSignature, sign(s.secret, ts, body))
 
@@ -249,7 +293,11 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, err)
+		err = fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, err)
+		if unreachable(err, connected.Load()) {
+			return outbox.Unavailable(err)
+		}
+		return err
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 	_ = resp.Body.Close()
@@ -263,9 +311,37 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 		return outbox.Permanent(err)
 	}
 	if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		// Honoured as asked, at the cost of an attempt: an Unavailable
+		// error would be probed again on the relay's schedule instead.
 		return outbox.RetryAfter(err, d)
 	}
+	switch code {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		// A proxy or load balancer saying the service behind it is down,
+		// or the service saying it is: not about this event.
+		return outbox.Unavailable(err)
+	}
 	return err
+}
+
+// unreachable reports whether a request that failed without a response
+// never reached the receiver (no connection: DNS, refused, dial or TLS
+// failure, or a timeout while connecting) or lost its connection (reset,
+// closed, broken pipe). A timeout on a connection that was made is not:
+// the receiver may be slow on this very event.
+func unreachable(err error, connected bool) bool {
+	if errors.Is(err, context.Canceled) {
+		return false // the caller gave up; nothing is known about the receiver
+	}
+	if !connected {
+		return true
+	}
+	for _, target := range []error{syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 // maxRetryAfter caps what a receiver can ask for, so a bogus header cannot
@@ -296,7 +372,22 @@ func (s *Sender) body(e outbox.Event) ([]byte, error) {
 	if s.cfg.PayloadOnly {
 		return payload, nil
 	}
-	b, err := json.Marshal(Envelope{
+	return envelope(e, payload)
+}
+
+// envelope encodes e's Envelope with payload spliced in as it is: encoding
+// it through json.Marshal would compact it and escape "<", ">" and "&" as
+// \u003c, \u003e and \u0026. The other fields are not HTML-escaped either.
+func envelope(e outbox.Event, payload []byte) ([]byte, error) {
+	if !json.Valid(payload) {
+		// Never quote the payload: it may hold personal data.
+		return nil, errors.New("encode envelope: invalid JSON payload")
+	}
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	// Payload is the last field; encoded as null here, replaced below.
+	err := enc.Encode(Envelope{
 		ID:             e.ID,
 		Type:           e.Type,
 		AggregateType:  e.AggregateType,
@@ -304,13 +395,17 @@ func (s *Sender) body(e outbox.Event) ([]byte, error) {
 		IdempotencyKey: e.IdempotencyKey,
 		OccurredAt:     e.OccurredAt.UTC(),
 		Headers:        e.Headers,
-		Payload:        payload,
 	})
 	if err != nil {
-		// The payload may be the culprit; its error text could quote it.
-		return nil, errors.New("encode envelope: invalid JSON payload or headers")
+		return nil, errors.New("encode envelope: invalid headers or occurred_at")
 	}
-	return b, nil
+	head, ok := bytes.CutSuffix(b.Bytes(), []byte("null}\n"))
+	if !ok {
+		return nil, errors.New("encode envelope: unexpected encoding")
+	}
+	out := make([]byte, 0, len(head)+len(payload)+1)
+	out = append(append(append(out, head...), payload...), '}')
+	return out, nil
 }
 
 func lookupFold(m map[string]string, name string) (string, bool) {
@@ -376,8 +471,9 @@ var (
 // [DefaultMaxAge].
 //
 // Verify does not remember requests: to reject a replay inside maxAge,
-// deduplicate by the X-Outbox-Event-Id header, which receivers need for
-// at-least-once delivery anyway.
+// deduplicate by the Outbox-Event-Id header (or the envelope's "id", which
+// the signature covers), which receivers need for at-least-once delivery
+// anyway.
 func Verify(secret []byte, header http.Header, body []byte, maxAge time.Duration) error {
 	return verify(secret, header, body, maxAge, time.Now())
 }

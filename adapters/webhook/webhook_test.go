@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -101,8 +103,12 @@ func TestSuccessEnvelopeAndSignature(t *testing.T) {
 
 	assert.Equal(t, http.MethodPost, method)
 	assert.Equal(t, "application/json", contentType)
-	assert.Equal(t, "evt-1", r.header.Get(webhook.HeaderEventID))
-	assert.Equal(t, "order.created", r.header.Get(webhook.HeaderEventType))
+	assert.Equal(t, "evt-1", r.header.Get("Outbox-Event-Id"), "the name every adapter uses")
+	assert.Equal(t, "order.created", r.header.Get("Outbox-Event-Type"))
+	assert.Equal(t, outbox.HeaderEventID, webhook.HeaderEventID)
+	assert.Equal(t, outbox.HeaderEventType, webhook.HeaderEventType)
+	assert.Equal(t, "evt-1", r.header.Get("X-Outbox-Event-Id"), "the former name, still sent")
+	assert.Equal(t, "order.created", r.header.Get("X-Outbox-Event-Type"))
 	assert.Equal(t, "Bearer t0k", r.header.Get("Authorization"))
 	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", r.header.Get("traceparent"))
 	assert.Empty(t, r.header.Get("tenant"), "only the forwarded headers become HTTP headers")
@@ -135,19 +141,61 @@ func TestPayloadOnly(t *testing.T) {
 	require.NoError(t, webhook.Verify(secret, r.header, r.body, time.Minute))
 }
 
+// TestEnvelopeKeepsPayloadAsPublished: the envelope carries the payload's
+// bytes as they are, without HTML escaping or compaction, and escapes no
+// other field either.
+func TestEnvelopeKeepsPayloadAsPublished(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, status(http.StatusOK))
+	h := newHandler(t, rc.URL, webhook.Config{})
+	payload := "{\"html\": \"<b>Tom & Jerry</b>\",\n \"price\": 1.50, \"sep\": \"\u2028\"}"
+	e := sampleEvent()
+	e.Payload = json.RawMessage(payload)
+	e.Headers = map[string]string{"note": "<a href=\"x\">&</a>"}
+	require.NoError(t, h(t.Context(), e))
+	body := rc.requests()[0].body
+
+	assert.True(t, json.Valid(body), "%s", body)
+	assert.True(t, strings.HasSuffix(string(body), `,"payload":`+payload+`}`), "the payload is spliced in byte for byte: %s", body)
+	assert.NotContains(t, string(body), `\u003c`)
+	assert.NotContains(t, string(body), `\u0026`)
+	assert.Contains(t, string(body), `"headers":{"note":"<a href=\"x\">&</a>"}`)
+	var env webhook.Envelope
+	require.NoError(t, json.Unmarshal(body, &env))
+	assert.Equal(t, payload, string(env.Payload))
+	assert.Equal(t, "evt-1", env.ID)
+	require.NoError(t, webhook.Verify(secret, rc.requests()[0].header, body, time.Minute))
+
+	// A payload that is not JSON fails for good, without being quoted.
+	e.Payload = json.RawMessage(`{"email":"ada@example.com"`)
+	err := h(t.Context(), e)
+	require.Error(t, err)
+	assert.True(t, outbox.IsPermanent(err))
+	assert.NotContains(t, err.Error(), "ada@example.com")
+	assert.Len(t, rc.requests(), 1, "nothing sent")
+}
+
 func TestStatusClassification(t *testing.T) {
 	t.Parallel()
-	for code, permanent := range map[int]bool{
-		http.StatusBadRequest:          true,
-		http.StatusUnauthorized:        true,
-		http.StatusNotFound:            true,
-		http.StatusUnprocessableEntity: true,
-		http.StatusFound:               true,
-		http.StatusRequestTimeout:      false,
-		http.StatusTooManyRequests:     false,
-		http.StatusInternalServerError: false,
-		http.StatusBadGateway:          false,
-		http.StatusServiceUnavailable:  false,
+	const (
+		retry = iota
+		permanent
+		unavailable
+	)
+	for code, class := range map[int]int{
+		http.StatusBadRequest:            permanent,
+		http.StatusUnauthorized:          permanent,
+		http.StatusNotFound:              permanent,
+		http.StatusRequestEntityTooLarge: permanent,
+		http.StatusUnprocessableEntity:   permanent,
+		http.StatusFound:                 permanent,
+		http.StatusRequestTimeout:        retry,
+		http.StatusTooManyRequests:       retry,
+		http.StatusInternalServerError:   retry,
+		http.StatusNotImplemented:        retry,
+		http.StatusBadGateway:            unavailable,
+		http.StatusServiceUnavailable:    unavailable,
+		http.StatusGatewayTimeout:        unavailable,
 	} {
 		t.Run(strconv.Itoa(code), func(t *testing.T) {
 			t.Parallel()
@@ -158,7 +206,8 @@ func TestStatusClassification(t *testing.T) {
 			})
 			err := newHandler(t, rc.URL, webhook.Config{})(t.Context(), sampleEvent())
 			require.Error(t, err)
-			assert.Equal(t, permanent, outbox.IsPermanent(err), "%v", err)
+			assert.Equal(t, class == permanent, outbox.IsPermanent(err), "%v", err)
+			assert.Equal(t, class == unavailable, outbox.IsUnavailable(err), "%v", err)
 			var se *webhook.StatusError
 			require.ErrorAs(t, err, &se)
 			assert.Equal(t, code, se.StatusCode)
@@ -183,11 +232,12 @@ func TestTimeoutIsRetryable(t *testing.T) {
 	err := newHandler(t, rc.URL, webhook.Config{Timeout: 200 * time.Millisecond})(t.Context(), sampleEvent())
 	require.Error(t, err)
 	assert.False(t, outbox.IsPermanent(err))
+	assert.False(t, outbox.IsUnavailable(err), "the receiver took the request: it may be slow on this event")
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Less(t, time.Since(start), 5*time.Second)
 }
 
-func TestNetworkErrorIsRetryable(t *testing.T) {
+func TestConnectionRefusedIsUnavailable(t *testing.T) {
 	t.Parallel()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -197,8 +247,49 @@ func TestNetworkErrorIsRetryable(t *testing.T) {
 	err = newHandler(t, "http://"+addr+"/hook?token=s3cret", webhook.Config{})(t.Context(), sampleEvent())
 	require.Error(t, err)
 	assert.False(t, outbox.IsPermanent(err))
+	assert.True(t, outbox.IsUnavailable(err), "%v", err)
+	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
 	assert.Contains(t, err.Error(), "outbox/webhook: deliver event evt-1 to "+addr)
 	assert.NotContains(t, err.Error(), "s3cret", "the URL's query may hold a token")
+}
+
+func TestDNSFailureIsUnavailable(t *testing.T) {
+	t.Parallel()
+	err := newHandler(t, "http://outbox-test.invalid/hook", webhook.Config{Timeout: 5 * time.Second})(t.Context(), sampleEvent())
+	require.Error(t, err)
+	assert.True(t, outbox.IsUnavailable(err), "%v", err)
+	assert.False(t, outbox.IsPermanent(err))
+}
+
+// TestConnectionDroppedIsUnavailable: the receiver takes the connection and
+// drops it before answering, closing it or resetting it.
+func TestConnectionDroppedIsUnavailable(t *testing.T) {
+	t.Parallel()
+	for name, reset := range map[string]bool{"closed": false, "reset": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = l.Close() })
+			go func() {
+				for {
+					c, err := l.Accept()
+					if err != nil {
+						return
+					}
+					_, _ = c.Read(make([]byte, 1024)) // the request has arrived
+					if reset {
+						_ = c.(*net.TCPConn).SetLinger(0) // close with RST
+					}
+					_ = c.Close()
+				}
+			}()
+			err = newHandler(t, "http://"+l.Addr().String()+"/hook", webhook.Config{})(t.Context(), sampleEvent())
+			require.Error(t, err)
+			assert.True(t, outbox.IsUnavailable(err), "%v", err)
+			assert.False(t, outbox.IsPermanent(err))
+		})
+	}
 }
 
 func TestNewValidates(t *testing.T) {
@@ -267,7 +358,8 @@ func openDB(t *testing.T) (*gorm.DB, *outbox.Outbox) {
 }
 
 // TestEndToEnd wires the real outbox: an accepted event ends sent, a
-// rejected one (400) fails at once without retries, a 503 stays pending.
+// rejected one (400) fails at once without retries, a 500 stays pending
+// with its attempt counted, and a 503 is handed back uncounted.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
@@ -275,7 +367,7 @@ func TestEndToEnd(t *testing.T) {
 		case "order.rejected":
 			w.WriteHeader(http.StatusBadRequest)
 		case "order.later":
-			w.WriteHeader(http.StatusServiceUnavailable)
+			w.WriteHeader(http.StatusInternalServerError)
 		default:
 			w.WriteHeader(http.StatusOK)
 		}
@@ -312,7 +404,23 @@ func TestEndToEnd(t *testing.T) {
 	assert.Equal(t, outbox.StatusSent, rec("ok").Status)
 	assert.Equal(t, outbox.StatusFailed, rec("rejected").Status, "a 4xx is permanent: no retries")
 	assert.Equal(t, 1, rec("rejected").Attempts)
-	assert.Equal(t, outbox.StatusPending, rec("later").Status, "a 5xx is retried")
+	assert.Equal(t, outbox.StatusPending, rec("later").Status, "a 500 is retried")
+	assert.Equal(t, 1, rec("later").Attempts)
+
+	// A 503 without Retry-After: the endpoint is down, not the event.
+	down := newReceiver(t, status(http.StatusServiceUnavailable))
+	db2, ob2 := openDB(t)
+	ob2.Handle(outbox.AnyEvent, newHandler(t, down.URL, webhook.Config{}))
+	require.NoError(t, db2.Transaction(func(tx *gorm.DB) error {
+		return outbox.Publish(tx, outbox.Event{ID: "paused", Type: "order.created", Payload: map[string]int{"total": 3}})
+	}))
+	n, err = ob2.Relay(db2, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	require.Equal(t, 1, n)
+	require.True(t, outbox.IsUnavailable(err), "%v", err)
+	var paused outbox.Record
+	require.NoError(t, db2.Table(outbox.DefaultTable).Where("id = ?", "paused").Take(&paused).Error)
+	assert.Equal(t, outbox.StatusPending, paused.Status)
+	assert.Equal(t, 0, paused.Attempts, "handed back, no attempt counted")
 }
 
 // ExampleVerify shows a receiver: read the whole body, verify, then
