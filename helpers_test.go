@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	puresqlite "github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
@@ -47,6 +48,28 @@ var sqliteBackend = backend{
 		return db
 	},
 }
+
+// pureSQLiteBackend is SQLite through github.com/glebarez/sqlite (modernc.org
+// SQLite, no cgo), which GORM users pick for static builds.
+var pureSQLiteBackend = backend{
+	name: "sqlite",
+	open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
+		dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
+		db, err := gorm.Open(puresqlite.Open(dsn), gcfg)
+		require.NoError(t, err)
+		dsns.Store(db, dsn)
+		pure.Store(db, true)
+		t.Cleanup(func() {
+			if sqlDB, err := db.DB(); err == nil {
+				_ = sqlDB.Close()
+			}
+		})
+		return db
+	},
+}
+
+// pure marks the databases opened through the pure-Go SQLite driver.
+var pure sync.Map
 
 // postgresBackend gives every test its own schema, dropped afterwards, so
 // tests and packages can run in parallel against one database.
@@ -144,6 +167,9 @@ func (e *testEnv) reopen(t *testing.T) *gorm.DB {
 		dial = mysql.Open(v.(string))
 	default:
 		dial = sqlite.Open(v.(string))
+		if _, ok := pure.Load(e.db); ok {
+			dial = puresqlite.Open(v.(string))
+		}
 	}
 	db, err := gorm.Open(dial, &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err)

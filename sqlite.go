@@ -18,9 +18,10 @@ var schemaSQLite string
 
 func init() { dialects["sqlite"] = newSQLite }
 
-// sqliteDialect: one writer at a time, so the single UPDATE ... RETURNING
-// claim is atomic without row locks. Times are stored as text in the
-// driver's one UTC format, which compares correctly as strings.
+// sqliteDialect serves gorm.io/driver/sqlite (cgo) and the pure-Go
+// github.com/glebarez/sqlite alike. One writer at a time, so the single
+// UPDATE ... RETURNING claim is atomic without row locks. Times are stored
+// as text in one UTC format, which compares correctly as strings.
 type sqliteDialect struct {
 	sqlSyntax
 	name string
@@ -30,11 +31,19 @@ func newSQLite(table string) dialect {
 	return &sqliteDialect{name: table, sqlSyntax: sqlSyntax{
 		table:       `"` + table + `"`,
 		placeholder: question,
-		timeArg:     sameTime,
+		timeArg:     sqliteTime,
 		timeCol:     bareCol,
 		unsent:      "p.status <> 'sent'",
 	}}
 }
+
+// sqliteTimeFormat is the one text form every time is written in, so that
+// text comparisons order them: the cgo driver's own format for a
+// time.Time, written explicitly so that every driver (the pure-Go ones
+// format times their own way) stores the same text.
+const sqliteTimeFormat = "2006-01-02 15:04:05.999999999-07:00"
+
+func sqliteTime(t time.Time) any { return t.UTC().Format(sqliteTimeFormat) }
 
 func (d *sqliteDialect) schema() string { return schemaFor(schemaSQLite, d.name) }
 
