@@ -2,6 +2,10 @@
 //
 //	go run ./examples/quickstart
 //
+// It uses the pure-Go SQLite driver (github.com/glebarez/sqlite), so it
+// builds without cgo (CGO_ENABLED=0 works); the first build compiles SQLite
+// and takes a minute or two.
+//
 // Part 1 runs persistent mode: the event is written in the order's
 // transaction and a relay delivers it. Part 2 runs memory mode: no table,
 // the handler runs right after the commit.
@@ -17,8 +21,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/glebarez/sqlite"
 	"github.com/gorm-outbox/outbox"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 )
@@ -46,6 +50,7 @@ func main() {
 	}
 	defer os.RemoveAll(dir)
 
+	fmt.Println("outbox quickstart: SQLite in", dir)
 	fmt.Println("== persistent mode: outbox table + relay")
 	if err := persistent(filepath.Join(dir, "persistent.db")); err != nil {
 		log.Fatal(err)
@@ -61,7 +66,7 @@ func main() {
 // and immediate transactions, so writers and the relay never see "database
 // is locked".
 func open(path string) (*gorm.DB, error) {
-	dsn := "file:" + path + "?_journal_mode=WAL&_busy_timeout=5000&_txlock=immediate"
+	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate"
 	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		return nil, err
