@@ -20,6 +20,14 @@
 // The Publisher keeps one connection with one confirm-mode channel and
 // reopens both lazily, on the next publish, after the broker closed them (a
 // restart, a forced close, a channel error). It is safe for concurrent use.
+//
+// Outages: a publish that fails because the broker cannot be reached or
+// cannot take messages (no connection can be opened, the connection closed,
+// the broker blocks publishers on a resource alarm, the exchange is missing
+// or forbidden, no confirm in time, the Publisher closed) is reported as
+// [outbox.Unavailable]: the relay hands the event back without counting an
+// attempt and pauses delivery until the broker takes messages again. A nack
+// or a return is about the message and is retried with backoff.
 package rabbitmq
 
 import (
@@ -27,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -45,7 +54,10 @@ const (
 )
 
 // Sentinel errors, wrapped by the errors [Publisher.Publish] returns. All of
-// them are retryable: the relay tries the event again later.
+// them are retryable: the relay tries the event again later. [ErrNacked]
+// and [ErrUnroutable] are about the message and count an attempt; the
+// others say the broker is unavailable ([outbox.Unavailable]), except a
+// channel closed for the message itself (see [Publisher.Publish]).
 var (
 	// ErrNacked means the broker refused the message (a negative publisher
 	// confirm), for example because a queue with x-overflow=reject-publish
@@ -169,6 +181,16 @@ func (p *Publisher) Handler() outbox.Handler { return p.Publish }
 // message (routed it to at least one queue, unless AllowUnroutable is set).
 // Any error leaves the outcome to a retry: the message may or may not have
 // been stored.
+//
+// An unencodable payload is [outbox.Permanent]. Errors that say the broker
+// cannot take messages are [outbox.Unavailable], so the relay pauses
+// without counting attempts: no connection (dial, TLS, authentication,
+// vhost, exchange declaration), the connection or channel closed by a
+// broker restart or a network failure, the exchange missing (404) or
+// forbidden (403), [ErrBlocked], [ErrClosed], and a connect or confirm that
+// ran out of time. A nack ([ErrNacked]), a return ([ErrUnroutable]) and a
+// channel closed for the message (406, such as a message over the broker's
+// max_message_size) are retried with backoff and count attempts.
 func (p *Publisher) Publish(ctx context.Context, e outbox.Event) error {
 	body, err := e.PayloadJSON()
 	if err != nil {
@@ -192,25 +214,57 @@ func (p *Publisher) Publish(ctx context.Context, e outbox.Event) error {
 	for attempt := 0; ; attempt++ {
 		s, err := p.session(ctx)
 		if err != nil {
-			return fmt.Errorf("outbox/rabbitmq: publish event %s: %w", e.ID, err)
+			// No session: nothing about this message was tried.
+			return unavailableUnlessCancelled(fmt.Errorf("outbox/rabbitmq: publish event %s: %w", e.ID, err))
 		}
 		f, err := s.publish(ctx, p.exchange, key, p.mandatory, msg)
 		if errors.Is(err, amqp.ErrClosed) && attempt == 0 {
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("outbox/rabbitmq: publish event %s to exchange %q: %w", e.ID, p.exchange, err)
+			return classify(fmt.Errorf("outbox/rabbitmq: publish event %s to exchange %q: %w", e.ID, p.exchange, err))
 		}
 		select {
 		case err := <-f.result:
 			if err != nil {
-				return fmt.Errorf("outbox/rabbitmq: publish event %s to exchange %q with routing key %q: %w", e.ID, p.exchange, key, err)
+				return classify(fmt.Errorf("outbox/rabbitmq: publish event %s to exchange %q with routing key %q: %w", e.ID, p.exchange, key, err))
 			}
 			return nil
 		case <-ctx.Done():
-			return fmt.Errorf("outbox/rabbitmq: publish event %s: waiting for the broker's confirm: %w", e.ID, ctx.Err())
+			return classify(fmt.Errorf("outbox/rabbitmq: publish event %s: waiting for the broker's confirm: %w", e.ID, ctx.Err()))
 		}
 	}
+}
+
+// classify marks err [outbox.Unavailable] when it says the broker, not the
+// message, is the problem.
+func classify(err error) error {
+	var closed *closedError
+	switch {
+	case errors.Is(err, ErrNacked), errors.Is(err, ErrUnroutable), errors.Is(err, context.Canceled):
+		return err
+	case errors.As(err, &closed):
+		if closed.brokerSide() {
+			return outbox.Unavailable(err)
+		}
+		return err
+	case errors.Is(err, ErrConnectionLost), errors.Is(err, ErrBlocked), errors.Is(err, ErrClosed),
+		errors.Is(err, amqp.ErrClosed), errors.Is(err, context.DeadlineExceeded):
+		return outbox.Unavailable(err)
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return outbox.Unavailable(err)
+	}
+	return err
+}
+
+// unavailableUnlessCancelled marks err [outbox.Unavailable] unless the
+// caller cancelled: then nothing is known about the broker.
+func unavailableUnlessCancelled(err error) error {
+	if errors.Is(err, context.Canceled) {
+		return err
+	}
+	return outbox.Unavailable(err)
 }
 
 // Connect opens the connection now, if it is not open, and waits for it at

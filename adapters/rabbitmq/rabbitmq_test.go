@@ -106,6 +106,7 @@ func TestUnroutableIsAnError(t *testing.T) {
 	err := p.Publish(t.Context(), testEvent("evt-lost"))
 	require.ErrorIs(t, err, ErrUnroutable)
 	assert.False(t, outbox.IsPermanent(err), "binding a queue later must let a retry succeed")
+	assert.False(t, outbox.IsUnavailable(err), "about this routing key, not the broker")
 	assert.Contains(t, err.Error(), "outbox/rabbitmq: publish event evt-lost")
 	assert.Contains(t, err.Error(), "NO_ROUTE")
 
@@ -131,6 +132,7 @@ func TestNackIsAnError(t *testing.T) {
 	err := p.Publish(t.Context(), testEvent("evt-rejected"))
 	require.ErrorIs(t, err, ErrNacked)
 	assert.False(t, outbox.IsPermanent(err))
+	assert.False(t, outbox.IsUnavailable(err), "a nack is about this message")
 	assert.Contains(t, err.Error(), "outbox/rabbitmq: publish event evt-rejected")
 }
 
@@ -182,12 +184,16 @@ func TestPublishIsBoundByContext(t *testing.T) {
 	start := time.Now()
 	err := p.Publish(ctx, testEvent("evt-hang"))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.True(t, outbox.IsUnavailable(err), "no connection in time: the broker is unavailable")
 	assert.Less(t, time.Since(start), 5*time.Second)
 
-	// An already cancelled context fails at once too.
+	// An already cancelled context fails at once too; that says nothing
+	// about the broker.
 	done, cancel2 := context.WithCancel(t.Context())
 	cancel2()
-	require.ErrorIs(t, p.Publish(done, testEvent("evt-cancelled")), context.Canceled)
+	err = p.Publish(done, testEvent("evt-cancelled"))
+	require.ErrorIs(t, err, context.Canceled)
+	assert.False(t, outbox.IsUnavailable(err))
 }
 
 func TestClosedPublisher(t *testing.T) {
@@ -200,6 +206,7 @@ func TestClosedPublisher(t *testing.T) {
 	err := p.Publish(t.Context(), testEvent("evt-after-close"))
 	require.ErrorIs(t, err, ErrClosed)
 	assert.False(t, outbox.IsPermanent(err), "events must stay pending for a later process")
+	assert.True(t, outbox.IsUnavailable(err), "no attempt is spent while the application shuts down")
 	require.NoError(t, p.Close(), "Close is idempotent")
 }
 

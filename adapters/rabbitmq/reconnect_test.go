@@ -12,6 +12,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/gorm-outbox/outbox"
 )
 
 // TestReopenAfterConnectionCut cuts the publisher's connection from under
@@ -42,6 +44,7 @@ func TestReopenAfterChannelError(t *testing.T) {
 
 	err := p.Publish(t.Context(), testEvent("evt-nowhere"))
 	require.ErrorIs(t, err, ErrConnectionLost)
+	assert.True(t, outbox.IsUnavailable(err), "no message can reach a missing exchange: %v", err)
 	var amqpErr *amqp.Error
 	require.ErrorAs(t, err, &amqpErr)
 	assert.Equal(t, amqp.NotFound, amqpErr.Code)
@@ -87,6 +90,9 @@ func TestConnectionLostWhilePublishing(t *testing.T) {
 					confirmed = append(confirmed, id)
 				case errors.Is(err, ErrConnectionLost):
 					lost++
+					if !outbox.IsUnavailable(err) {
+						t.Errorf("publish %s: a lost connection must be Unavailable: %v", id, err)
+					}
 				default:
 					t.Errorf("publish %s: unexpected error %v", id, err)
 				}

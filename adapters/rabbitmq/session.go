@@ -129,7 +129,7 @@ func (s *session) loop(returns <-chan amqp.Return, confirms <-chan amqp.Confirma
 			return closeReason("channel", e, ok)
 		default:
 		}
-		return fmt.Errorf("%w: channel closed", ErrConnectionLost)
+		return &closedError{what: "channel"}
 	}
 	for returns != nil || confirms != nil || blocks != nil {
 		select {
@@ -172,10 +172,46 @@ func (s *session) loop(returns <-chan amqp.Return, confirms <-chan amqp.Confirma
 }
 
 func closeReason(what string, e *amqp.Error, ok bool) error {
-	if ok && e != nil {
-		return fmt.Errorf("%w: %s closed: %w", ErrConnectionLost, what, e)
+	if !ok {
+		e = nil
 	}
-	return fmt.Errorf("%w: %s closed", ErrConnectionLost, what)
+	return &closedError{what: what, reason: e}
+}
+
+// closedError says why a session ended: its connection or its channel
+// closed, with the broker's (or the library's) reason when there was one.
+// It wraps [ErrConnectionLost] and the *amqp.Error.
+type closedError struct {
+	what   string      // "connection" or "channel"
+	reason *amqp.Error // nil when the close came without one
+}
+
+func (e *closedError) Error() string {
+	if e.reason != nil {
+		return fmt.Sprintf("%v: %s closed: %v", ErrConnectionLost, e.what, e.reason)
+	}
+	return fmt.Sprintf("%v: %s closed", ErrConnectionLost, e.what)
+}
+
+func (e *closedError) Unwrap() []error {
+	if e.reason != nil {
+		return []error{ErrConnectionLost, e.reason}
+	}
+	return []error{ErrConnectionLost}
+}
+
+// brokerSide reports whether the close says the broker, not the message, is
+// the problem: the connection closed (a restart, a network failure), the
+// channel closed with no reason or a connection-level (hard) error, or the
+// broker refused the exchange itself (404 missing, 403 forbidden), which
+// no message can get past. A channel closed for a message (406 precondition
+// failed, such as a message over max_message_size; 311 content too large)
+// is not.
+func (e *closedError) brokerSide() bool {
+	if e.what == "connection" || e.reason == nil || !e.reason.Recover {
+		return true
+	}
+	return e.reason.Code == amqp.NotFound || e.reason.Code == amqp.AccessRefused
 }
 
 // markReturned records a basic.return on the oldest unconfirmed message
