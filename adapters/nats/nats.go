@@ -16,6 +16,16 @@
 // consumers that need per-aggregate order should compare Outbox-Occurred-At
 // or keep per-aggregate state, not rely on global stream order.
 //
+// Outages: a publish that fails because the server cannot be reached (the
+// connection is reconnecting or closed, no servers, a timed-out request or
+// ack, JetStream not answering) is reported as [outbox.Unavailable]: the
+// relay hands the event back without counting an attempt and pauses
+// delivery until the server answers again. Connect with
+// nats.MaxReconnects(-1): with nats.go's default of 60 reconnect attempts,
+// an outage of about two minutes closes the connection for good, and no
+// event is published again until the process creates a new connection (the
+// Publisher logs that once, as an error).
+//
 // The package shares its name with github.com/nats-io/nats.go; import it
 // under another name, for example outboxnats.
 package nats
@@ -25,7 +35,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
@@ -91,23 +104,38 @@ type Config struct {
 	ExpectStream string
 
 	// Timeout bounds one publish, ack included; the relay's deadline applies
-	// too. While the server is unreachable the publish fails after it, and
-	// the relay retries later. Defaults to 5 seconds.
+	// too. While the server is unreachable the publish fails after it as
+	// [outbox.Unavailable], and the relay pauses until the server is back.
+	// Defaults to 5 seconds.
 	Timeout time.Duration
+
+	// Logger receives the adapter's own messages, which never contain
+	// payloads: a warning from [New] when the connection would give up
+	// reconnecting during a long outage, and an error, logged once, when
+	// the connection has closed for good. Defaults to slog.Default().
+	Logger *slog.Logger
 }
 
 // Publisher publishes outbox events to JetStream. Create it with [New]; it is
 // safe for concurrent use.
 type Publisher struct {
-	js  JetStream
-	cfg Config
+	js     JetStream
+	cfg    Config
+	log    *slog.Logger
+	closed atomic.Bool // the closed connection has been logged
 }
 
 // New returns a publisher that sends events through js, typically the value
 // of jetstream.New(nc). Create the stream (bound to the subjects events are
 // published on, with a duplicate window at least as long as the relay's
-// retry horizon) before events flow; without one, publishing fails and the
-// relay retries.
+// retry horizon) before events flow; without one, publishing fails as
+// [outbox.Unavailable] and the relay waits for the stream.
+//
+// When js exposes its connection (a jetstream.JetStream does) and that
+// connection gives up reconnecting after a number of attempts (nats.go's
+// default is 60, two seconds apart), New logs a warning: an outage longer
+// than that closes the connection for good. Connect with
+// nats.MaxReconnects(-1).
 func New(js JetStream, cfg Config) (*Publisher, error) {
 	if js == nil {
 		return nil, errors.New("outbox/nats: New needs a JetStream (jetstream.New(nc))")
@@ -117,7 +145,32 @@ func New(js JetStream, cfg Config) (*Publisher, error) {
 	}
 	cfg.SubjectPrefix = cmp.Or(cfg.SubjectPrefix, DefaultSubjectPrefix)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
-	return &Publisher{js: js, cfg: cfg}, nil
+	p := &Publisher{js: js, cfg: cfg, log: cfg.Logger}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	if c, ok := js.(interface{ Conn() *natsgo.Conn }); ok {
+		p.checkReconnects(c.Conn())
+	}
+	return p, nil
+}
+
+// checkReconnects warns about a connection that stops reconnecting after a
+// while: a broker outage longer than that stops every publish until the
+// process restarts.
+func (p *Publisher) checkReconnects(nc *natsgo.Conn) {
+	if nc == nil {
+		return
+	}
+	o := nc.Opts
+	switch {
+	case !o.AllowReconnect:
+		p.log.Warn("outbox/nats: the nats.Conn does not reconnect (nats.NoReconnect): the first broker outage closes it for good, and no event is published again until the process creates a new connection; connect with nats.MaxReconnects(-1)")
+	case o.MaxReconnect >= 0:
+		p.log.Warn("outbox/nats: the nats.Conn gives up reconnecting after a bounded number of attempts: a longer broker outage closes it for good, and no event is published again until the process creates a new connection; connect with nats.MaxReconnects(-1)",
+			slog.Int("max_reconnects", o.MaxReconnect), slog.Duration("reconnect_wait", o.ReconnectWait),
+			slog.Duration("gives_up_after_about", time.Duration(o.MaxReconnect)*o.ReconnectWait))
+	}
 }
 
 // Handler returns the outbox handler that publishes each event it is given:
@@ -131,9 +184,11 @@ func New(js JetStream, cfg Config) (*Publisher, error) {
 // sequences, message TTL, the dedupe ID).
 //
 // Errors that retrying cannot fix (an invalid subject or header, a message
-// over the server's size limit) are marked [outbox.Permanent]; all others,
-// such as an unreachable server or a missing ack, are left for the relay to
-// retry.
+// over the server's size limit) are marked [outbox.Permanent]. Errors that
+// say the server cannot be reached (see the package doc), and a subject no
+// stream is bound to, are marked [outbox.Unavailable]: the relay pauses
+// without counting attempts. Others, such as a stream that refuses the
+// message (ExpectStream mismatch, limits), are retried with backoff.
 func (p *Publisher) Handler() outbox.Handler {
 	return p.publish
 }
@@ -161,15 +216,56 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 	defer cancel()
 	if _, err := p.js.PublishMsg(ctx, msg, opts...); err != nil {
 		err = fmt.Errorf("outbox/nats: publish event %s to %s: %w", e.ID, subject, err)
-		if errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||
-			errors.Is(err, natsgo.ErrBadSubject) {
+		switch {
+		case errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||
+			errors.Is(err, natsgo.ErrBadSubject):
 			return outbox.Permanent(err)
+		case errors.Is(err, natsgo.ErrConnectionClosed):
+			p.connectionClosed(err)
+			return outbox.Unavailable(err)
+		case unavailable(err):
+			return outbox.Unavailable(err)
 		}
 		return err
 	}
 	// A duplicate ack is success: the stream already holds this event from
 	// an earlier attempt whose outcome the relay did not record.
 	return nil
+}
+
+// connectionClosed logs, once, that the connection will not come back.
+// The relay only logs that the destination is unavailable; this says why,
+// and what to change.
+func (p *Publisher) connectionClosed(err error) {
+	if p.closed.Swap(true) {
+		return
+	}
+	p.log.Error("outbox/nats: the nats.Conn is closed for good (nats.go stopped reconnecting, or the application closed it): no event can be published until the process creates a new connection and Publisher; events stay pending meanwhile. Connect with nats.MaxReconnects(-1) so that the client keeps reconnecting through broker outages",
+		slog.String("error", err.Error()))
+}
+
+// unavailable reports whether err says that the server, not the event, is
+// the problem: it cannot be reached, or does not answer in time, or
+// JetStream (or a stream for the subject) is not there to store messages.
+func unavailable(err error) bool {
+	for _, target := range []error{
+		natsgo.ErrConnectionClosed, natsgo.ErrConnectionDraining, natsgo.ErrDisconnected,
+		natsgo.ErrNoServers, natsgo.ErrReconnectBufExceeded, natsgo.ErrStaleConnection,
+		natsgo.ErrTimeout, natsgo.ErrNoResponders, natsgo.ErrInvalidConnection,
+		jetstream.ErrNoStreamResponse, jetstream.ErrJetStreamNotEnabled, jetstream.ErrJetStreamNotEnabledForAccount,
+		context.DeadlineExceeded,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	// JetStream answers 503 while it cannot store messages (no quorum, a
+	// stream without a leader, the system not ready after a restart).
+	if apiErr, ok := errors.AsType[*jetstream.APIError](err); ok && apiErr.Code == 503 {
+		return true
+	}
+	_, ok := errors.AsType[net.Error](err)
+	return ok
 }
 
 func (p *Publisher) subject(e outbox.Event) string {

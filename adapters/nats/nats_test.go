@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -111,6 +115,7 @@ func TestSubjectMappingAndExpectStream(t *testing.T) {
 	err = wrong.Handler()(t.Context(), outbox.Event{ID: "evt-wrong", Type: "x", Payload: json.RawMessage(`1`)})
 	require.Error(t, err)
 	assert.False(t, outbox.IsPermanent(err))
+	assert.False(t, outbox.IsUnavailable(err), "the server answered: it is up")
 	assert.Contains(t, err.Error(), "outbox/nats: publish event evt-wrong")
 }
 
@@ -137,26 +142,142 @@ func TestErrorsPermanentOrRetryable(t *testing.T) {
 		assert.NotContains(t, err.Error(), "forged", "header values stay out of errors")
 	}
 
-	// No stream listens on this subject: retryable, since creating the
-	// stream fixes it.
+	// No stream listens on this subject: the destination is missing, not
+	// the event, and creating the stream fixes it.
 	other := newPublisher(t, js, outboxnats.Config{SubjectPrefix: "outboxtest_unbound_" + randomName() + ".", Timeout: 2 * time.Second})
 	err := other.Handler()(ctx, outbox.Event{ID: "e6", Type: "x", Payload: json.RawMessage(`1`)})
 	require.Error(t, err)
 	assert.False(t, outbox.IsPermanent(err), "%v", err)
+	assert.True(t, outbox.IsUnavailable(err), "%v", err)
+	assert.ErrorIs(t, err, jetstream.ErrNoStreamResponse)
 }
 
 func TestNewValidates(t *testing.T) {
 	t.Parallel()
 	_, err := outboxnats.New(nil, outboxnats.Config{})
 	require.Error(t, err)
-	_, err = outboxnats.New(fakeJS{}, outboxnats.Config{Timeout: -time.Second})
+	_, err = outboxnats.New(&fakeJS{}, outboxnats.Config{Timeout: -time.Second})
 	require.Error(t, err)
 }
 
-type fakeJS struct{}
+// fakeJS answers every publish with err, or an ack when err is nil.
+type fakeJS struct {
+	err   error
+	calls atomic.Int64
+}
 
-func (fakeJS) PublishMsg(context.Context, *natsgo.Msg, ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+func (f *fakeJS) PublishMsg(context.Context, *natsgo.Msg, ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
+	f.calls.Add(1)
+	if f.err != nil {
+		return nil, f.err
+	}
 	return &jetstream.PubAck{Stream: "S", Sequence: 1}, nil
+}
+
+// TestErrorClassification checks, without a server, which publish errors
+// say the destination is down (the relay pauses and counts no attempt),
+// which are about the event (never Unavailable) and which are permanent.
+func TestErrorClassification(t *testing.T) {
+	t.Parallel()
+	type class int
+	const (
+		retry class = iota
+		unavailable
+		permanent
+	)
+	for name, tc := range map[string]struct {
+		err  error
+		want class
+	}{
+		"connection closed":        {natsgo.ErrConnectionClosed, unavailable},
+		"no servers":               {natsgo.ErrNoServers, unavailable},
+		"disconnected":             {natsgo.ErrDisconnected, unavailable},
+		"draining":                 {natsgo.ErrConnectionDraining, unavailable},
+		"reconnect buffer full":    {natsgo.ErrReconnectBufExceeded, unavailable},
+		"stale connection":         {natsgo.ErrStaleConnection, unavailable},
+		"request timeout":          {natsgo.ErrTimeout, unavailable},
+		"ack deadline":             {context.DeadlineExceeded, unavailable},
+		"no responders":            {natsgo.ErrNoResponders, unavailable},
+		"no stream response":       {jetstream.ErrNoStreamResponse, unavailable},
+		"jetstream not enabled":    {jetstream.ErrJetStreamNotEnabled, unavailable},
+		"jetstream 503":            {fmt.Errorf("nats: %w", &jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}), unavailable},
+		"connection refused":       {&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, unavailable},
+		"DNS failure":              {&net.DNSError{Err: "no such host", Name: "nats.invalid", IsNotFound: true}, unavailable},
+		"max payload":              {natsgo.ErrMaxPayload, permanent},
+		"stream message too large": {jetstream.ErrStreamMessageExceedsMaximum, permanent},
+		"bad subject":              {natsgo.ErrBadSubject, permanent},
+		"wrong expected stream":    {fmt.Errorf("nats: %w", &jetstream.APIError{Code: 400, ErrorCode: 10060, Description: "expected stream does not match"}), retry},
+		"stream store failed":      {fmt.Errorf("nats: %w", &jetstream.APIError{Code: 500, ErrorCode: 10077, Description: "maximum messages exceeded"}), retry},
+		"invalid ack":              {jetstream.ErrInvalidJSAck, retry},
+		"cancelled by the caller":  {context.Canceled, retry},
+	} {
+		js := &fakeJS{err: tc.err}
+		p, err := outboxnats.New(js, outboxnats.Config{Logger: slog.New(slog.DiscardHandler)})
+		require.NoError(t, err)
+		err = p.Handler()(t.Context(), outbox.Event{ID: "e1", Type: "order.created", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
+		require.Error(t, err, name)
+		assert.ErrorIs(t, err, tc.err, name)
+		assert.Equal(t, tc.want == unavailable, outbox.IsUnavailable(err), "%s: Unavailable: %v", name, err)
+		assert.Equal(t, tc.want == permanent, outbox.IsPermanent(err), "%s: Permanent: %v", name, err)
+		assert.Contains(t, err.Error(), "outbox/nats: publish event e1 to outbox.order.created", name)
+		assert.NotContains(t, err.Error(), "do-not-log", name)
+	}
+}
+
+// TestClosedConnectionLoggedOnce: a connection closed for good is
+// Unavailable on every publish, and logged once, as an error that says what
+// to do, without payloads.
+func TestClosedConnectionLoggedOnce(t *testing.T) {
+	t.Parallel()
+	logs := newLogRecorder()
+	js := &fakeJS{err: natsgo.ErrConnectionClosed}
+	p, err := outboxnats.New(js, outboxnats.Config{Logger: slog.New(logs)})
+	require.NoError(t, err)
+	for i := range 5 {
+		err := p.Handler()(t.Context(), outbox.Event{ID: fmt.Sprint("e", i), Type: "t", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
+		require.True(t, outbox.IsUnavailable(err), "%v", err)
+	}
+	recs := logs.records()
+	require.Len(t, recs, 1, "logged once, not per event: %v", recs)
+	assert.Equal(t, slog.LevelError, recs[0].Level)
+	assert.Contains(t, recs[0].Msg, "closed for good")
+	assert.Contains(t, recs[0].Msg, "nats.MaxReconnects(-1)")
+	assert.Contains(t, recs[0].Text, "nats: connection closed")
+	assert.NotContains(t, recs[0].Text, "do-not-log")
+}
+
+// TestNewWarnsAboutBoundedReconnects: New warns when the connection would
+// give up reconnecting, and stays quiet with nats.MaxReconnects(-1).
+func TestNewWarnsAboutBoundedReconnects(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	for name, tc := range map[string]struct {
+		opts []natsgo.Option
+		warn string
+	}{
+		"nats.go defaults":  {nil, "gives up reconnecting"},
+		"MaxReconnects(5)":  {[]natsgo.Option{natsgo.MaxReconnects(5)}, "gives up reconnecting"},
+		"NoReconnect":       {[]natsgo.Option{natsgo.NoReconnect()}, "does not reconnect"},
+		"MaxReconnects(-1)": {[]natsgo.Option{natsgo.MaxReconnects(-1)}, ""},
+	} {
+		nc, err := natsgo.Connect(srv.url(), tc.opts...)
+		require.NoError(t, err)
+		js, err := jetstream.New(nc)
+		require.NoError(t, err)
+		logs := newLogRecorder()
+		_, err = outboxnats.New(js, outboxnats.Config{Logger: slog.New(logs)})
+		require.NoError(t, err)
+		nc.Close()
+		recs := logs.records()
+		if tc.warn == "" {
+			assert.Empty(t, recs, name)
+			continue
+		}
+		require.Len(t, recs, 1, name)
+		assert.Equal(t, slog.LevelWarn, recs[0].Level, name)
+		assert.Contains(t, recs[0].Msg, tc.warn, name)
+		assert.Contains(t, recs[0].Msg, "nats.MaxReconnects(-1)", name)
+	}
 }
 
 // TestEndToEnd wires the real outbox: publish in a transaction, one relay
@@ -182,98 +303,4 @@ func TestEndToEnd(t *testing.T) {
 	assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", raw.Header.Get("traceparent"))
 	assert.JSONEq(t, `{"total":99}`, string(raw.Data))
 	assert.Equal(t, outbox.StatusSent, status(t, db, "e2e-1"))
-}
-
-// TestBrokerOutage stops a test-owned server while the relay runs: the
-// handler fails (the relay keeps the events pending), and after a restart the
-// events published during the outage arrive, each event ID once, even though
-// the client may have flushed a timed-out publish on reconnect.
-func TestBrokerOutage(t *testing.T) {
-	t.Parallel()
-	srv := newServer(t)
-	reconnected := make(chan struct{}, 1)
-	nc, err := natsgo.Connect(srv.url(),
-		natsgo.MaxReconnects(-1),
-		natsgo.ReconnectWait(50*time.Millisecond),
-		natsgo.ReconnectHandler(func(*natsgo.Conn) {
-			select {
-			case reconnected <- struct{}{}:
-			default:
-			}
-		}),
-	)
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	stream, err := js.CreateStream(t.Context(), jetstream.StreamConfig{
-		Name: "OUTAGE", Subjects: []string{"outage.>"}, Storage: jetstream.FileStorage, Duplicates: 5 * time.Minute,
-	})
-	require.NoError(t, err)
-
-	db, ob := openDB(t)
-	ob.Handle(outbox.AnyEvent, newPublisher(t, js, outboxnats.Config{SubjectPrefix: "outage.", Timeout: 500 * time.Millisecond}).Handler())
-	relay := ob.Relay(db, outbox.RelayConfig{MaxAttempts: 1000, Backoff: func(int) time.Duration { return 0 }})
-	publish := func(ids ...string) {
-		t.Helper()
-		require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
-			for _, id := range ids {
-				if err := outbox.Publish(tx, outbox.Event{ID: id, Type: "order.created", Payload: map[string]string{"id": id}}); err != nil {
-					return err
-				}
-			}
-			return nil
-		}))
-	}
-
-	publish("before")
-	_, err = relay.ProcessOnce(t.Context())
-	require.NoError(t, err)
-	require.Equal(t, outbox.StatusSent, status(t, db, "before"))
-
-	srv.stop()
-	require.Eventually(t, func() bool { return nc.Status() != natsgo.CONNECTED }, 10*time.Second, 10*time.Millisecond)
-	publish("during-1", "during-2")
-	for range 2 {
-		n, err := relay.ProcessOnce(t.Context())
-		require.NoError(t, err, "handler errors are recorded, not returned")
-		require.Equal(t, 2, n)
-	}
-	var rec outbox.Record
-	require.NoError(t, db.Table(outbox.DefaultTable).Where("id = ?", "during-1").Take(&rec).Error)
-	assert.Equal(t, outbox.StatusPending, rec.Status, "a broker outage is retried, never a permanent failure")
-	assert.Equal(t, 2, rec.Attempts)
-	require.NotNil(t, rec.LastError)
-	assert.Contains(t, *rec.LastError, "outbox/nats: publish event during-1")
-
-	srv.start()
-	select {
-	case <-reconnected:
-	case <-time.After(20 * time.Second):
-		t.Fatal("client did not reconnect to the restarted server")
-	}
-	publish("after")
-	require.Eventually(t, func() bool {
-		_, err := relay.ProcessOnce(t.Context())
-		require.NoError(t, err)
-		var pending int64
-		require.NoError(t, db.Table(outbox.DefaultTable).Where("status <> ?", outbox.StatusSent).Count(&pending).Error)
-		return pending == 0
-	}, 30*time.Second, 50*time.Millisecond, "events published during the outage must be delivered after it")
-
-	// Read the whole stream as a consumer would; anything the duplicate
-	// window failed to drop would show up here.
-	info, err := stream.Info(t.Context())
-	require.NoError(t, err)
-	cons, err := stream.OrderedConsumer(t.Context(), jetstream.OrderedConsumerConfig{})
-	require.NoError(t, err)
-	batch, err := cons.Fetch(int(info.State.Msgs), jetstream.FetchMaxWait(5*time.Second))
-	require.NoError(t, err)
-	seen := map[string]int{}
-	for m := range batch.Messages() {
-		seen[m.Headers().Get(outboxnats.HeaderEventID)]++
-	}
-	require.NoError(t, batch.Error())
-	assert.Equal(t, map[string]int{"before": 1, "during-1": 1, "during-2": 1, "after": 1}, seen,
-		"the consumer must see each event ID exactly once")
 }

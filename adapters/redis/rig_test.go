@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,6 +35,8 @@ type rig struct {
 	cancel context.CancelFunc
 	done   chan struct{} // the relay's Run returned
 
+	calls, down atomic.Int64 // handler calls, and those that returned Unavailable
+
 	mu      sync.Mutex
 	ids     []string // committed, in order
 	stopW   chan struct{}
@@ -48,7 +52,15 @@ func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.L
 	var ob *outbox.Outbox
 	log := slog.New(r.logs)
 	r.db, ob = outboxtest.SQLite(t, outbox.Config{Logger: log})
-	ob.Handle(outbox.AnyEvent, handler(log))
+	h := handler(log)
+	ob.Handle(outbox.AnyEvent, func(ctx context.Context, e outbox.Event) error {
+		err := h(ctx, e)
+		r.calls.Add(1)
+		if outbox.IsUnavailable(err) {
+			r.down.Add(1)
+		}
+		return err
+	})
 	relay := ob.Relay(r.db, outbox.RelayConfig{PollInterval: 50 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
@@ -162,8 +174,12 @@ type report struct {
 	Events, Delivered, Lost, Failed, Duplicates int
 	Attempts                                    map[int]int // sent rows by attempts
 	Paused, Resumed, RetryWarnings, FailedLogs  int
-	AdapterErrors                               int // error records the adapter logged
+	AdapterErrors                               int      // error records the adapter logged
+	Calls, Unavailable                          int64    // handler calls, and those that said Unavailable
+	PausedFor                                   []string // the "paused" durations the relay logged on resuming
 }
+
+var pausedAttr = regexp.MustCompile(`paused=(\S+)`)
 
 // checkLogs asserts that no record carries a payload.
 func (r *rig) checkLogs() {
@@ -197,10 +213,17 @@ func (r *rig) report(seen map[string]int) report {
 		if rec.Level >= slog.LevelError && strings.HasPrefix(rec.Msg, adapterLogPrefix) {
 			rep.AdapterErrors++
 		}
+		if strings.HasPrefix(rec.Msg, logResumed) {
+			if m := pausedAttr.FindStringSubmatch(rec.Text); m != nil {
+				rep.PausedFor = append(rep.PausedFor, m[1])
+			}
+		}
 	}
-	r.t.Logf("RESULT %s: events %d, delivered %d, lost %d, failed %d, duplicates %d, sent rows by attempts %v, log lines: %q %d, %q %d, %q %d, %q %d, adapter errors %d",
+	rep.Calls, rep.Unavailable = r.calls.Load(), r.down.Load()
+	r.t.Logf("RESULT %s: events %d, delivered %d, lost %d, failed %d, duplicates %d, sent rows by attempts %v; handler calls %d, %d of them Unavailable; log lines: %q %d, %q %d (paused %v), %q %d, %q %d, adapter errors %d",
 		r.name, rep.Events, rep.Delivered, rep.Lost, rep.Failed, rep.Duplicates, fmtHist(rep.Attempts),
-		"destination unavailable", rep.Paused, "delivery resumed", rep.Resumed,
+		rep.Calls, rep.Unavailable,
+		"destination unavailable", rep.Paused, "delivery resumed", rep.Resumed, rep.PausedFor,
 		"will retry", rep.RetryWarnings, "failed for good", rep.FailedLogs, rep.AdapterErrors)
 	return rep
 }

@@ -46,7 +46,11 @@ func run() error {
 	defer cancel()
 
 	url := cmp.Or(os.Getenv("NATS_URL"), "nats://127.0.0.1:4222")
-	nc, err := nats.Connect(url)
+	// Keep reconnecting for as long as the server is away. With nats.go's
+	// default (60 attempts, 2s apart) an outage of about two minutes closes
+	// the connection for good, and no event is published again until the
+	// process restarts.
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(2*time.Second))
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", url, err)
 	}
@@ -83,12 +87,13 @@ func run() error {
 	if err := db.AutoMigrate(&Order{}); err != nil {
 		return err
 	}
-	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ob := outbox.Plugin(outbox.Config{Logger: logger})
 	if err := db.Use(ob); err != nil {
 		return err
 	}
 
-	pub, err := outboxnats.New(js, outboxnats.Config{ExpectStream: "OUTBOX_EXAMPLE"})
+	pub, err := outboxnats.New(js, outboxnats.Config{ExpectStream: "OUTBOX_EXAMPLE", Logger: logger})
 	if err != nil {
 		return err
 	}
