@@ -20,12 +20,22 @@
 // that is the order consumers of the partition see. A single topic (the
 // default) keeps that order across event types; a topic per type would
 // split an aggregate's history over several partitions.
+//
+// Outages: a produce that fails because the brokers cannot be reached or
+// cannot take the record (no ack before the handler's deadline, network
+// errors, no leader, not enough replicas, an unknown topic, the client
+// closed) is reported as [outbox.Unavailable]: the relay hands the event
+// back without counting an attempt and pauses delivery until a produce goes
+// through. franz-go retries unreachable brokers by itself until the
+// context ends, so the handler's deadline (RelayConfig.HandlerTimeout) is
+// how long one attempt waits before the relay pauses.
 package kafka
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -153,7 +163,10 @@ func (p *Producer) Handler() outbox.Handler { return p.Publish }
 //
 // Errors that retrying cannot fix (an invalid topic name, a record larger
 // than the broker accepts, an unencodable payload) are marked
-// [outbox.Permanent].
+// [outbox.Permanent]. Errors that say the brokers cannot take records (see
+// the package doc) are marked [outbox.Unavailable]: the relay pauses
+// without counting attempts. Others (an authorization refused for the
+// topic, a corrupt record) are retried with backoff and count attempts.
 func (p *Producer) Publish(ctx context.Context, e outbox.Event) error {
 	topic := p.topic(e)
 	if err := checkTopic(topic); err != nil {
@@ -178,14 +191,42 @@ func (p *Producer) Publish(ctx context.Context, e outbox.Event) error {
 			return nil
 		}
 		err = fmt.Errorf("outbox/kafka: publish event %s to topic %q: %w", e.ID, topic, err)
-		if errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
-			errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidRecord) {
+		switch {
+		case errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+			errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidRecord):
 			return outbox.Permanent(err)
+		case unavailable(err):
+			return outbox.Unavailable(err)
 		}
 		return err
 	case <-ctx.Done():
-		return fmt.Errorf("outbox/kafka: publish event %s to topic %q: waiting for the broker's ack: %w", e.ID, topic, ctx.Err())
+		err := fmt.Errorf("outbox/kafka: publish event %s to topic %q: waiting for the broker's ack: %w", e.ID, topic, ctx.Err())
+		if unavailable(err) {
+			return outbox.Unavailable(err)
+		}
+		return err
 	}
+}
+
+// unavailable reports whether err says that the brokers, not the record,
+// are the problem: they cannot be reached or answered in time, or cannot
+// take records now (no leader, not enough in-sync replicas, storage
+// errors, an unknown topic), or the client is closed. A cancelled context
+// says nothing about the brokers.
+func unavailable(err error) bool {
+	for _, target := range []error{
+		context.DeadlineExceeded, kgo.ErrRecordTimeout, kgo.ErrRecordRetries, kgo.ErrClientClosed, kgo.ErrMaxBuffered,
+		kerr.BrokerNotAvailable, kerr.LeaderNotAvailable, kerr.NotLeaderForPartition, kerr.ReplicaNotAvailable,
+		kerr.NotEnoughReplicas, kerr.NotEnoughReplicasAfterAppend, kerr.RequestTimedOut, kerr.NetworkException,
+		kerr.KafkaStorageError, kerr.UnknownTopicOrPartition, kerr.NotController, kerr.CoordinatorNotAvailable,
+		kerr.CoordinatorLoadInProgress, kerr.SaslAuthenticationFailed,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	_, ok := errors.AsType[net.Error](err)
+	return ok
 }
 
 // Close closes the client if the Producer built it, failing records still

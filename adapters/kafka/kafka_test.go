@@ -208,6 +208,22 @@ func TestClientChecks(t *testing.T) {
 	require.NoError(t, shared.Ping(t.Context()), "Close leaves a shared client open")
 }
 
+// TestRecordErrorsAreNotUnavailable: errors the broker returns for the
+// record, not for itself, count attempts (or fail the event for good).
+func TestRecordErrorsAreNotUnavailable(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	p := newProducer(t, c.ListenAddrs(), kafka.Config{})
+	require.NoError(t, p.Publish(t.Context(), testEvent("evt-warmup", "1", 0)))
+	for code, permanent := range map[*kerr.Error]bool{kerr.TopicAuthorizationFailed: false, kerr.MessageTooLarge: true} {
+		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: code, Count: 1})
+		err := p.Publish(t.Context(), testEvent("evt-"+code.Message, "1", 1))
+		require.ErrorIs(t, err, code)
+		assert.Equal(t, permanent, outbox.IsPermanent(err), "%v", err)
+		assert.False(t, outbox.IsUnavailable(err), "%v", err)
+	}
+}
+
 func TestInvalidPayloadIsPermanent(t *testing.T) {
 	t.Parallel()
 	p, err := kafka.New(kafka.Config{})
@@ -237,6 +253,7 @@ func TestPublishDuringOutage(t *testing.T) {
 	err := p.Publish(ctx, testEvent("evt-during", "1", 1))
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.False(t, outbox.IsPermanent(err))
+	assert.True(t, outbox.IsUnavailable(err), "no broker to ack: the destination is down")
 	assert.Contains(t, err.Error(), "outbox/kafka: publish event evt-during")
 	assert.Less(t, time.Since(began), 5*time.Second, "the handler returns when its context ends")
 

@@ -44,9 +44,11 @@ type rig struct {
 }
 
 // newRig starts the relay and the writer. handler builds the handler with
-// the rig's logger, which records the relay's and the adapter's messages.
-// IDs are name-NNNNNN, so that rigs sharing a stream do not collide.
-func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.Logger) outbox.Handler) *rig {
+// the rig's logger, which records the relay's and the adapter's messages;
+// cfg, when given, adjusts the relay's configuration. IDs are
+// name-NNNNNN, so that rigs sharing a stream do not collide; the events
+// belong to 5 aggregates, name-agg-0 to name-agg-4, in turn.
+func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.Logger) outbox.Handler, cfg ...func(*outbox.RelayConfig)) *rig {
 	t.Helper()
 	r := &rig{t: t, name: name, logs: newLogRecorder(), stopW: make(chan struct{}), done: make(chan struct{})}
 	var ob *outbox.Outbox
@@ -61,7 +63,11 @@ func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.L
 		}
 		return err
 	})
-	relay := ob.Relay(r.db, outbox.RelayConfig{PollInterval: 50 * time.Millisecond})
+	rc := outbox.RelayConfig{PollInterval: 50 * time.Millisecond}
+	for _, f := range cfg {
+		f(&rc)
+	}
+	relay := ob.Relay(r.db, rc)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { defer close(r.done); _ = relay.Run(ctx) }()
@@ -80,7 +86,7 @@ func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.L
 			}
 			id := fmt.Sprintf("%s-%06d", name, n)
 			err := r.db.Transaction(func(tx *gorm.DB) error {
-				return outbox.Publish(tx, outbox.Event{ID: id, Type: "order.created", AggregateID: id,
+				return outbox.Publish(tx, outbox.Event{ID: id, Type: "order.created", AggregateID: fmt.Sprintf("%s-agg-%d", name, n%5),
 					Payload: map[string]any{"n": n, "marker": payloadMarker}})
 			})
 			if err != nil {

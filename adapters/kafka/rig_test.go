@@ -1,0 +1,243 @@
+package kafka_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// payloadMarker is in every payload the outage tests publish; no log line
+// may contain it.
+const payloadMarker = "payload-marker-never-logged"
+
+// rig is an outbox on SQLite with a steady writer and a running
+// Relay.Run, for the outage tests: it publishes one event every interval
+// until stopped, and reports what became of them.
+type rig struct {
+	t      *testing.T
+	name   string
+	db     *gorm.DB
+	logs   *logRecorder
+	cancel context.CancelFunc
+	done   chan struct{} // the relay's Run returned
+
+	calls, down atomic.Int64 // handler calls, and those that returned Unavailable
+
+	mu      sync.Mutex
+	ids     []string // committed, in order
+	stopW   chan struct{}
+	writerW sync.WaitGroup
+}
+
+// newRig starts the relay and the writer. handler builds the handler with
+// the rig's logger, which records the relay's and the adapter's messages;
+// cfg, when given, adjusts the relay's configuration. IDs are
+// name-NNNNNN, so that rigs sharing a stream do not collide; the events
+// belong to 5 aggregates, name-agg-0 to name-agg-4, in turn.
+func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.Logger) outbox.Handler, cfg ...func(*outbox.RelayConfig)) *rig {
+	t.Helper()
+	r := &rig{t: t, name: name, logs: newLogRecorder(), stopW: make(chan struct{}), done: make(chan struct{})}
+	var ob *outbox.Outbox
+	log := slog.New(r.logs)
+	r.db, ob = outboxtest.SQLite(t, outbox.Config{Logger: log})
+	h := handler(log)
+	ob.Handle(outbox.AnyEvent, func(ctx context.Context, e outbox.Event) error {
+		err := h(ctx, e)
+		r.calls.Add(1)
+		if outbox.IsUnavailable(err) {
+			r.down.Add(1)
+		}
+		return err
+	})
+	rc := outbox.RelayConfig{PollInterval: 50 * time.Millisecond}
+	for _, f := range cfg {
+		f(&rc)
+	}
+	relay := ob.Relay(r.db, rc)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.cancel = cancel
+	go func() { defer close(r.done); _ = relay.Run(ctx) }()
+	t.Cleanup(r.stop)
+
+	r.writerW.Add(1)
+	go func() {
+		defer r.writerW.Done()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-r.stopW:
+				return
+			case <-tick.C:
+			}
+			id := fmt.Sprintf("%s-%06d", name, n)
+			err := r.db.Transaction(func(tx *gorm.DB) error {
+				return outbox.Publish(tx, outbox.Event{ID: id, Type: "order.created", AggregateID: fmt.Sprintf("%s-agg-%d", name, n%5),
+					Payload: map[string]any{"n": n, "marker": payloadMarker}})
+			})
+			if err != nil {
+				t.Errorf("publish %s: %v", id, err)
+				return
+			}
+			r.mu.Lock()
+			r.ids = append(r.ids, id)
+			r.mu.Unlock()
+		}
+	}()
+	return r
+}
+
+// stopWriting stops the writer and returns the IDs it committed.
+func (r *rig) stopWriting() []string {
+	select {
+	case <-r.stopW:
+	default:
+		close(r.stopW)
+	}
+	r.writerW.Wait()
+	return r.committed()
+}
+
+func (r *rig) committed() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.ids)
+}
+
+// stop stops the writer and the relay.
+func (r *rig) stop() {
+	r.stopWriting()
+	r.cancel()
+	<-r.done
+}
+
+// statuses counts the rows by status.
+func (r *rig) statuses() map[string]int {
+	r.t.Helper()
+	var rows []struct {
+		Status string
+		N      int
+	}
+	require.NoError(r.t, r.db.Table(outbox.DefaultTable).Select("status, count(*) AS n").Group("status").Scan(&rows).Error)
+	m := map[string]int{}
+	for _, row := range rows {
+		m[row.Status] = row.N
+	}
+	return m
+}
+
+// attempts counts the rows of a status by their attempts column: for sent
+// rows, the attempts the delivery took (a hand-back does not count).
+func (r *rig) attempts(status string) map[int]int {
+	r.t.Helper()
+	var rows []struct {
+		Attempts int
+		N        int
+	}
+	require.NoError(r.t, r.db.Table(outbox.DefaultTable).Select("attempts, count(*) AS n").
+		Where("status = ?", status).Group("attempts").Scan(&rows).Error)
+	m := map[int]int{}
+	for _, row := range rows {
+		m[row.Attempts] = row.N
+	}
+	return m
+}
+
+// waitSent waits until every committed row is sent.
+func (r *rig) waitSent(timeout time.Duration) {
+	r.t.Helper()
+	want := len(r.committed())
+	deadline := time.Now().Add(timeout)
+	for {
+		st := r.statuses()
+		if st[outbox.StatusSent] == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("%s: after %v, %d of %d events sent (statuses %v)", r.name, timeout, st[outbox.StatusSent], want, st)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// report is what an outage test measured, in the shape RELIABILITY.md
+// records.
+type report struct {
+	Events, Delivered, Lost, Failed, Duplicates int
+	Attempts                                    map[int]int // sent rows by attempts
+	Paused, Resumed, RetryWarnings, FailedLogs  int
+	AdapterErrors                               int      // error records the adapter logged
+	Calls, Unavailable                          int64    // handler calls, and those that said Unavailable
+	PausedFor                                   []string // the "paused" durations the relay logged on resuming
+}
+
+var pausedAttr = regexp.MustCompile(`paused=(\S+)`)
+
+// checkLogs asserts that no record carries a payload.
+func (r *rig) checkLogs() {
+	r.t.Helper()
+	for _, rec := range r.logs.records() {
+		assert.NotContains(r.t, rec.Text, payloadMarker, "%s: a log record carries a payload", r.name)
+	}
+}
+
+// report builds the figures from the rows, the logs and seen (event ID to
+// how many copies the broker holds).
+func (r *rig) report(seen map[string]int) report {
+	r.t.Helper()
+	ids := r.committed()
+	rep := report{Events: len(ids), Attempts: r.attempts(outbox.StatusSent)}
+	for _, id := range ids {
+		switch n := seen[id]; {
+		case n == 0:
+			rep.Lost++
+		default:
+			rep.Delivered++
+			rep.Duplicates += n - 1
+		}
+	}
+	rep.Failed = r.statuses()[outbox.StatusFailed]
+	rep.Paused = r.logs.count(logPaused)
+	rep.Resumed = r.logs.count(logResumed)
+	rep.RetryWarnings = r.logs.count(logRetry)
+	rep.FailedLogs = r.logs.count(logFailed)
+	for _, rec := range r.logs.records() {
+		if rec.Level >= slog.LevelError && strings.HasPrefix(rec.Msg, adapterLogPrefix) {
+			rep.AdapterErrors++
+		}
+		if strings.HasPrefix(rec.Msg, logResumed) {
+			if m := pausedAttr.FindStringSubmatch(rec.Text); m != nil {
+				rep.PausedFor = append(rep.PausedFor, m[1])
+			}
+		}
+	}
+	rep.Calls, rep.Unavailable = r.calls.Load(), r.down.Load()
+	r.t.Logf("RESULT %s: events %d, delivered %d, lost %d, failed %d, duplicates %d, sent rows by attempts %v; handler calls %d, %d of them Unavailable; log lines: %q %d, %q %d (paused %v), %q %d, %q %d, adapter errors %d",
+		r.name, rep.Events, rep.Delivered, rep.Lost, rep.Failed, rep.Duplicates, fmtHist(rep.Attempts),
+		rep.Calls, rep.Unavailable,
+		"destination unavailable", rep.Paused, "delivery resumed", rep.Resumed, rep.PausedFor,
+		"will retry", rep.RetryWarnings, "failed for good", rep.FailedLogs, rep.AdapterErrors)
+	return rep
+}
+
+func fmtHist(m map[int]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%d:%d", k, m[k]))
+	}
+	return "{" + strings.Join(parts, " ") + "}"
+}
