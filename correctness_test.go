@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,6 +46,9 @@ var correctnessTests = map[string]func(*testing.T, backend){
 	"SQLTx":                              testSQLTx,
 	"StartupDoesNotBlockPublishers":      testStartupDoesNotBlock,
 	"DBResolverReadOnlyReplica":          testDBResolver,
+	"OrderTiesFollowWriteOrder":          testOrderTies,
+	"SchemaUpgradeFromVersion1":          testSchemaUpgrade,
+	"UpgradeSQLByHand":                   testUpgradeSQLByHand,
 }
 
 // drain runs ProcessOnce until it claims nothing.
@@ -563,4 +568,135 @@ func TestNonComparableConnPool(t *testing.T) {
 	ob.Handle("x", c.handle)
 	require.NoError(t, Publish(db, Event{ID: "np", Type: "x"}))
 	assert.Equal(t, []string{"np"}, c.ids())
+}
+
+// testOrderTies: events of one aggregate written in one Publish call share
+// their created_at, and a writer whose clock is behind writes older times;
+// per-aggregate order must follow write order all the same, not the IDs'
+// alphabetical order or the clocks.
+func testOrderTies(t *testing.T, b backend) {
+	e := b.setup(t)
+	c := &collector{}
+	e.ob.Handle("x", c.handle)
+	var events []Event
+	for v := 1; v <= 12; v++ { // acct-7-v10 sorts before acct-7-v9
+		events = append(events, Event{ID: fmt.Sprintf("acct-7-v%d", v), Type: "x", AggregateType: "acct", AggregateID: "7"})
+	}
+	require.NoError(t, Publish(e.db, events...))
+	// A second writer whose clock is an hour behind writes the next ones.
+	skewed := &fakeClock{t: e.clock.Now().Add(-time.Hour)}
+	e.ob.clock = skewed.Now
+	require.NoError(t, Publish(e.db, Event{ID: "acct-7-v13", Type: "x", AggregateType: "acct", AggregateID: "7"}))
+	e.ob.clock = e.clock.Now
+
+	r := e.relay(RelayConfig{OrderByAggregate: true, Workers: 4})
+	drain(t, r)
+	want := make([]string, 13)
+	for i := range want {
+		want[i] = fmt.Sprintf("acct-7-v%d", i+1)
+	}
+	assert.Equal(t, want, c.ids(), "delivered in write order")
+}
+
+// testSchemaUpgrade creates a table with the first release's DDL, fills it
+// with pending (two ordered aggregates among them), failed and sent rows as
+// that release wrote them, then installs the plugin: the table is upgraded
+// in place and every row keeps its state; the pending ones are delivered in
+// their original order.
+func testSchemaUpgrade(t *testing.T, b backend) {
+	if b.name == "mysql" {
+		t.Skip("no release created a version 1 table on MySQL")
+	}
+	db := b.open(t, &gorm.Config{})
+	v1, err := os.ReadFile(filepath.Join("testdata", "schema-v1", b.name+".sql"))
+	require.NoError(t, err)
+	require.NoError(t, db.Exec(string(v1)).Error)
+	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Microsecond)
+	row := func(id, aggID, status string, attempts int, at time.Duration) {
+		ts := base.Add(at)
+		var sentAt any
+		if status == StatusSent {
+			sentAt = ts
+		}
+		require.NoError(t, db.Exec(`INSERT INTO outbox_events (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
+			status, attempts, available_at, occurred_at, created_at, updated_at, sent_at) VALUES (?, 'x', 'acct', ?, ?, '{"v":1}', ?, ?, ?, ?, ?, ?, ?)`,
+			id, aggID, "key-"+id, status, attempts, ts, ts, ts, ts, sentAt).Error)
+	}
+	row("sent-1", "", StatusSent, 1, 0)
+	row("failed-1", "", StatusFailed, 10, time.Second)
+	// Written in this order, with IDs that sort the other way.
+	row("b-3", "B", StatusPending, 0, 2*time.Second)
+	row("b-2", "B", StatusPending, 0, 3*time.Second)
+	row("b-1", "B", StatusPending, 0, 4*time.Second)
+	row("a-2", "A", StatusPending, 2, 5*time.Second)
+	row("a-1", "A", StatusPending, 0, 6*time.Second)
+
+	// A team with its own migrations is told what to run.
+	err = db.Use(Plugin(Config{DisableAutoMigrate: true}))
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.ErrorContains(t, err, "UpgradeSQL")
+
+	// Two instances start at once: one upgrades, the other finds it done.
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	first := &testEnv{t: t, db: db, name: b.name}
+	dbs := []*gorm.DB{first.reopen(t), first.reopen(t)}
+	obs := []*Outbox{Plugin(Config{Logger: slog.New(slog.DiscardHandler)}), Plugin(Config{Logger: slog.New(slog.DiscardHandler)})}
+	for i := range 2 {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = dbs[i].Use(obs[i]) }()
+	}
+	wg.Wait()
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[1])
+	ob := obs[0]
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	v, err := ob.dialect.version(t.Context(), sqlDB)
+	require.NoError(t, err)
+	assert.Equal(t, schemaVersionCurrent, v)
+
+	c := &collector{}
+	ob.Handle("x", c.handle)
+	drain(t, ob.Relay(dbs[0], RelayConfig{OrderByAggregate: true, Workers: 4}))
+	assert.Equal(t, []string{"b-3", "b-2", "b-1"}, filterPrefix(c.ids(), "b-"))
+	assert.Equal(t, []string{"a-2", "a-1"}, filterPrefix(c.ids(), "a-"))
+	st, err := ob.Stats(t.Context(), dbs[0])
+	require.NoError(t, err)
+	assert.Equal(t, int64(6), st.Sent)
+	assert.Equal(t, int64(1), st.Failed)
+	n, err := ob.Replay(t.Context(), dbs[0], "failed-1")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	drain(t, ob.Relay(dbs[0], RelayConfig{}))
+	assert.Contains(t, c.ids(), "failed-1")
+
+	// Idempotency keys of the old rows still hold, new events get on.
+	require.NoError(t, Publish(dbs[0], Event{ID: "dup", Type: "x", IdempotencyKey: "key-a-1"}))
+	require.NoError(t, Publish(dbs[0], Event{ID: "new", Type: "x"}))
+	var count int64
+	require.NoError(t, db.Table("outbox_events").Where("id IN ?", []string{"dup", "new"}).Count(&count).Error)
+	assert.EqualValues(t, 1, count)
+}
+
+// testUpgradeSQLByHand: a team that runs its own migrations applies
+// UpgradeSQL to a version 1 table; db.Use then accepts it.
+func testUpgradeSQLByHand(t *testing.T, b backend) {
+	if b.name == "mysql" {
+		t.Skip("no release created a version 1 table on MySQL")
+	}
+	db := b.open(t, &gorm.Config{})
+	v1, err := os.ReadFile(filepath.Join("testdata", "schema-v1", b.name+".sql"))
+	require.NoError(t, err)
+	require.NoError(t, db.Exec(string(v1)).Error)
+	up, err := UpgradeSQL(b.name, DefaultTable)
+	require.NoError(t, err)
+	require.NoError(t, db.Exec(up).Error)
+	ob := Plugin(Config{DisableAutoMigrate: true})
+	require.NoError(t, db.Use(ob))
+	require.NoError(t, Publish(db, Event{ID: "after", Type: "x"}))
+	c := &collector{}
+	ob.Handle("x", c.handle)
+	drain(t, ob.Relay(db, RelayConfig{}))
+	assert.Equal(t, []string{"after"}, c.ids())
 }

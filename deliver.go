@@ -19,6 +19,7 @@ import (
 
 // claimed is one row a relay holds a lease on.
 type claimed struct {
+	seq       int64 // the database's write order
 	ev        Event
 	attempts  int
 	createdAt time.Time
@@ -381,10 +382,8 @@ func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, l
 	if err != nil {
 		return nil, err
 	}
-	// RETURNING has no order; deliver oldest first.
-	slices.SortFunc(batch, func(a, b claimed) int {
-		return cmp.Or(a.createdAt.Compare(b.createdAt), strings.Compare(a.ev.ID, b.ev.ID))
-	})
+	// RETURNING has no order; deliver in write order.
+	slices.SortFunc(batch, func(a, b claimed) int { return cmp.Compare(a.seq, b.seq) })
 	return batch, nil
 }
 

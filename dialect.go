@@ -31,13 +31,19 @@ type dialect interface {
 	// exists reports whether the table or index named name exists.
 	exists(ctx context.Context, db *sql.DB, name string) (bool, error)
 
-	// insert writes rows as pending events; a row whose idempotency key is
-	// already in the table is skipped (the first write wins), while one
-	// whose ID is taken by an event with another key is an error.
+	// version reports the schema version of the table: 0 when there is
+	// none, 1 for the first release's shape, 2 for the current one.
+	version(ctx context.Context, db querier) (int, error)
+	// upgrade is the script that turns a version 1 table into version 2
+	// (schema/*-upgrade-2.sql), "" when the database never had version 1.
+	upgrade() string
+
+	// insert writes rows as pending events; a row whose ID or idempotency
+	// key is already in the table is skipped (the first write wins; the
+	// publisher then tells a duplicate from an ID reused by another event).
 	insert(rows []encoded, now time.Time) query
-	// idTaken reports whether insert's error is an ID taken by an event
-	// with another idempotency key.
-	idTaken(err error) bool
+	// keysOf reads the idempotency keys of the rows with the given IDs.
+	keysOf(ids []string) query
 	// claim takes up to c.limit due pending rows, oldest first, moves
 	// their available_at and locked_until to c.lease, counts an attempt,
 	// and returns them. Concurrent claims never return the same row while
@@ -62,6 +68,11 @@ type dialect interface {
 	// notifies reports whether relays in other processes can be woken
 	// through the database (PostgreSQL's LISTEN/NOTIFY).
 	notifies() bool
+}
+
+// querier runs queries: a *sql.DB or a *sql.Tx.
+type querier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
 // query is one statement and its arguments.
@@ -181,14 +192,21 @@ func (s *sqlSyntax) insertRows(rows []encoded, now time.Time, conflict string) q
 	return b.query()
 }
 
-// claimColumns are the columns a claim returns, in scanClaimed's order.
+// claimColumns are the columns a claim returns, in queryClaimed's order.
 func (s *sqlSyntax) claimColumns() string {
-	return "id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, " +
+	return "seq, id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, " +
 		s.timeCol("occurred_at") + ", " + s.timeCol("created_at")
 }
 
+// keysOf reads the idempotency keys of the rows with the given IDs.
+func (s *sqlSyntax) keysOf(ids []string) query {
+	b := s.build()
+	return b.w("SELECT id, idempotency_key FROM ", s.table, " WHERE ", b.ids("id", ids)).query()
+}
+
 // due writes the claim's filter on the table aliased c: pending and due,
-// and with ordering, not behind an older unsent event of its aggregate.
+// and with ordering, not behind an unsent event of its aggregate written
+// before it (seq is the database's write order, not a writer's clock).
 // Events without an aggregate ID are not ordered.
 func (s *sqlSyntax) due(b *builder, c claimSpec) {
 	b.w("c.status = 'pending' AND c.available_at <= ", b.time(c.now))
@@ -198,7 +216,7 @@ func (s *sqlSyntax) due(b *builder, c claimSpec) {
 	if c.ordered {
 		b.w(" AND (c.aggregate_id = '' OR NOT EXISTS (SELECT 1 FROM ", s.table, " p",
 			" WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id AND ", s.unsent,
-			" AND (p.created_at, p.id) < (c.created_at, c.id)))")
+			" AND p.seq < c.seq))")
 	}
 }
 
@@ -214,7 +232,7 @@ func (s *sqlSyntax) claimUpdate(c claimSpec, lock string) query {
 		", attempts = attempts + 1, updated_at = ", b.time(c.now),
 		" WHERE id IN (SELECT c.id FROM ", s.table, " c WHERE ")
 	s.due(b, c)
-	b.w(" ORDER BY c.available_at, c.id LIMIT ", b.arg(c.limit), lock, ") RETURNING ", s.claimColumns())
+	b.w(" ORDER BY c.available_at, c.seq LIMIT ", b.arg(c.limit), lock, ") RETURNING ", s.claimColumns())
 	return b.query()
 }
 
@@ -288,7 +306,7 @@ func queryClaimed(ctx context.Context, q interface {
 			headers    sql.NullString
 			occ, added dbTime
 		)
-		if err := rows.Scan(&c.ev.ID, &c.ev.Type, &c.ev.AggregateType, &c.ev.AggregateID, &c.ev.IdempotencyKey,
+		if err := rows.Scan(&c.seq, &c.ev.ID, &c.ev.Type, &c.ev.AggregateType, &c.ev.AggregateID, &c.ev.IdempotencyKey,
 			&payload, &headers, &c.attempts, &occ, &added); err != nil {
 			return nil, err
 		}

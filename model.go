@@ -27,6 +27,7 @@ const (
 // or take a time.Time read with another loc as UTC wall-clock time.
 type Record struct {
 	ID             string `gorm:"primaryKey;size:255"`
+	Seq            int64  `gorm:"->"` // assigned by the database in write order
 	EventType      string `gorm:"size:255;not null"`
 	AggregateType  string `gorm:"size:255;not null;default:''"`
 	AggregateID    string `gorm:"size:255;not null;default:''"`

@@ -63,20 +63,22 @@ func (d *mysqlDialect) exists(ctx context.Context, db *sql.DB, name string) (boo
 	return n > 0, err
 }
 
-// insert skips a duplicate idempotency key with ON DUPLICATE KEY UPDATE, not
-// INSERT IGNORE, which would also turn truncation and other errors into
-// warnings. ON DUPLICATE KEY fires on the primary key too: when the key
-// differs, the row holding the ID is another event, and the UPDATE
-// evaluates a subquery of two rows to fail the statement (error 1242) in
-// any sql_mode, as PostgreSQL and SQLite fail on the primary key.
+// insert skips a duplicate with ON DUPLICATE KEY UPDATE, not INSERT IGNORE,
+// which would also turn truncation and other errors into warnings.
 func (d *mysqlDialect) insert(rows []encoded, now time.Time) query {
-	return d.insertRows(rows, now, " ON DUPLICATE KEY UPDATE id = IF(idempotency_key = VALUES(idempotency_key), id, (SELECT 1 UNION ALL SELECT 2))")
+	return d.insertRows(rows, now, " ON DUPLICATE KEY UPDATE id = id")
 }
 
-func (d *mysqlDialect) idTaken(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1242
+func (d *mysqlDialect) version(ctx context.Context, db querier) (int, error) {
+	var table, seq int
+	err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?),"+
+		" (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'seq')",
+		d.name, d.name).Scan(&table, &seq)
+	return schemaVersion(table > 0, seq > 0), err
 }
+
+// upgrade: no release created a version 1 table on MySQL.
+func (d *mysqlDialect) upgrade() string { return "" }
 
 // claimRetries bounds how often a claim that lost a deadlock or a lock wait
 // is tried again before the relay treats it as a failed cycle.
@@ -131,7 +133,7 @@ func (d *mysqlDialect) selectDue(c claimSpec) query {
 	b := d.build()
 	b.w("SELECT ", d.claimColumns(), " FROM ", d.table, " c WHERE ")
 	d.due(b, c)
-	b.w(" ORDER BY c.available_at, c.id LIMIT ", b.arg(c.limit), skipLocked)
+	b.w(" ORDER BY c.available_at, c.seq LIMIT ", b.arg(c.limit), skipLocked)
 	return b.query()
 }
 
@@ -169,15 +171,14 @@ func (d *mysqlDialect) deleteSent(before time.Time, limit int) query {
 }
 
 // orderingIndex: no partial index, so status is in it and the probe reads
-// only the aggregate's unsent rows; InnoDB appends the primary key (id) to
-// every secondary index, so (created_at, id) order is served too. The key
-// stays within InnoDB's 3072 bytes at utf8mb4. InnoDB builds it online,
+// only the aggregate's unsent rows; InnoDB appends the primary key (seq) to
+// every secondary index, so seq order is served too. InnoDB builds it online,
 // but takes a metadata lock at the start and end that queues behind open
 // publishing transactions, and publishers queue behind it: on MariaDB WAIT
 // bounds that wait (the relay tries again on its next cycle).
 func (d *mysqlDialect) orderingIndex() (string, []string) {
 	name := d.name + "_aggregate_idx"
-	ddl := "CREATE INDEX `" + name + "` ON " + d.table + " (aggregate_type, aggregate_id, status, created_at)"
+	ddl := "CREATE INDEX `" + name + "` ON " + d.table + " (aggregate_type, aggregate_id, status, seq)"
 	if d.mariadb.Load() {
 		ddl += " WAIT 2"
 	}

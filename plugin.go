@@ -199,6 +199,14 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 	if o.migrate {
 		return o.Migrate(ctx, db)
 	}
+	sqlDB, err := rawDB(db)
+	if err != nil {
+		return err
+	}
+	if v, err := o.dialect.version(ctx, sqlDB); err == nil && v > 0 && v < schemaVersionCurrent {
+		return fmt.Errorf("%w: table %s has schema version %d and Config.DisableAutoMigrate is set: apply outbox.UpgradeSQL(%q, %q) (schema/%s-upgrade-%d.sql) first",
+			ErrInvalidConfig, o.table, v, o.dialectName, o.table, o.dialectName, schemaVersionCurrent)
+	}
 	return nil
 }
 

@@ -4,15 +4,17 @@ import (
 	"context"
 	"database/sql"
 	_ "embed"
-	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
-//go:embed schema/postgres.sql
-var schemaPostgres string
+var (
+	//go:embed schema/postgres.sql
+	schemaPostgres string
+	//go:embed schema/postgres-upgrade-2.sql
+	upgradePostgres string
+)
 
 func init() { dialects["postgres"] = newPostgres }
 
@@ -52,16 +54,19 @@ func (d *postgresDialect) exists(ctx context.Context, db *sql.DB, name string) (
 }
 
 func (d *postgresDialect) insert(rows []encoded, now time.Time) query {
-	// A duplicate key is a no-op, and the caller's transaction is not
-	// aborted by a unique violation. The conflict target is the key alone:
-	// a different event reusing an ID fails instead of vanishing.
-	return d.insertRows(rows, now, " ON CONFLICT (idempotency_key) DO NOTHING")
+	// A duplicate is a no-op, and the caller's transaction is not aborted
+	// by a unique violation.
+	return d.insertRows(rows, now, " ON CONFLICT DO NOTHING")
 }
 
-func (d *postgresDialect) idTaken(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == d.name+"_pkey"
+func (d *postgresDialect) version(ctx context.Context, db querier) (int, error) {
+	var table, seq bool
+	err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute"+
+		" WHERE attrelid = to_regclass($1) AND attname = 'seq' AND NOT attisdropped)", `"`+d.name+`"`).Scan(&table, &seq)
+	return schemaVersion(table, seq), err
 }
+
+func (d *postgresDialect) upgrade() string { return schemaFor(upgradePostgres, d.name) }
 
 func (d *postgresDialect) claim(ctx context.Context, db *sql.DB, c claimSpec) ([]claimed, error) {
 	return queryClaimed(ctx, db, d.claimUpdate(c, skipLocked))
@@ -84,7 +89,7 @@ func (d *postgresDialect) orderingIndex() (string, []string) {
 	return name, []string{
 		`DROP INDEX CONCURRENTLY IF EXISTS "` + name + `"`,
 		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + name + `" ON ` + d.table +
-			" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent'",
+			" (aggregate_type, aggregate_id, seq) WHERE status <> 'sent'",
 	}
 }
 

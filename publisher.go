@@ -277,14 +277,50 @@ const insertChunk = 1000
 // payload arguments of a slow statement.
 func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time) error {
 	q := o.dialect.insert(enc, now)
-	if _, err := pool.ExecContext(ctx, q.sql, q.args...); err != nil {
-		if o.dialect.idTaken(err) {
-			err = fmt.Errorf("an event ID is already used by an event with another idempotency key: %w", err)
-		}
+	res, err := pool.ExecContext(ctx, q.sql, q.args...)
+	if err != nil {
 		if len(enc) == 1 {
 			return fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
 		}
 		return fmt.Errorf("outbox: insert %d events: %w", len(enc), err)
+	}
+	if n, err := res.RowsAffected(); err == nil && int(n) == len(enc) {
+		return nil
+	}
+	return o.checkSkipped(ctx, pool, enc)
+}
+
+// checkSkipped runs when an INSERT skipped rows (or could not say): a row
+// skipped because its idempotency key, or its ID with the same key, is
+// already there is a duplicate, the first write winning; one whose ID is
+// taken by an event with another key is a different event, and an error
+// rather than a silent loss.
+func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []encoded) error {
+	ids := make([]string, len(enc))
+	for i := range enc {
+		ids[i] = enc[i].ID
+	}
+	q := o.dialect.keysOf(ids)
+	rows, err := pool.QueryContext(ctx, q.sql, q.args...)
+	if err != nil {
+		return fmt.Errorf("outbox: check skipped events: %w", err)
+	}
+	defer rows.Close()
+	keys := make(map[string]string, len(enc))
+	for rows.Next() {
+		var id, key string
+		if err := rows.Scan(&id, &key); err != nil {
+			return fmt.Errorf("outbox: check skipped events: %w", err)
+		}
+		keys[id] = key
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("outbox: check skipped events: %w", err)
+	}
+	for i := range enc {
+		if key, ok := keys[enc[i].ID]; ok && key != enc[i].IdempotencyKey {
+			return fmt.Errorf("outbox: insert event %s (%s): the ID is already used by an event with another idempotency key", enc[i].ID, enc[i].Type)
+		}
 	}
 	return nil
 }

@@ -13,8 +13,12 @@ import (
 	"gorm.io/gorm"
 )
 
-//go:embed schema/sqlite.sql
-var schemaSQLite string
+var (
+	//go:embed schema/sqlite.sql
+	schemaSQLite string
+	//go:embed schema/sqlite-upgrade-2.sql
+	upgradeSQLite string
+)
 
 func init() { dialects["sqlite"] = newSQLite }
 
@@ -54,14 +58,17 @@ func (d *sqliteDialect) exists(ctx context.Context, db *sql.DB, name string) (bo
 }
 
 func (d *sqliteDialect) insert(rows []encoded, now time.Time) query {
-	return d.insertRows(rows, now, " ON CONFLICT (idempotency_key) DO NOTHING")
+	return d.insertRows(rows, now, " ON CONFLICT DO NOTHING")
 }
 
-// idTaken reads the message: the cgo driver's error type is not imported
-// here (a pure-Go driver has its own).
-func (d *sqliteDialect) idTaken(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed: "+d.name+".id")
+func (d *sqliteDialect) version(ctx context.Context, db querier) (int, error) {
+	var table, seq int
+	err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?),"+
+		" (SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'seq')", d.name, d.name).Scan(&table, &seq)
+	return schemaVersion(table > 0, seq > 0), err
 }
+
+func (d *sqliteDialect) upgrade() string { return schemaFor(upgradeSQLite, d.name) }
 
 func (d *sqliteDialect) claim(ctx context.Context, db *sql.DB, c claimSpec) ([]claimed, error) {
 	return queryClaimed(ctx, db, d.claimUpdate(c, ""))
@@ -78,7 +85,7 @@ func (d *sqliteDialect) deleteSent(before time.Time, limit int) query {
 func (d *sqliteDialect) orderingIndex() (string, []string) {
 	name := d.name + "_aggregate_idx"
 	return name, []string{`CREATE INDEX IF NOT EXISTS "` + name + `" ON ` + d.table +
-		" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent'"}
+		" (aggregate_type, aggregate_id, seq) WHERE status <> 'sent'"}
 }
 
 func (d *sqliteDialect) notifies() bool { return false }
