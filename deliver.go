@@ -76,6 +76,9 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, erro
 
 	w := r.newOutcomeWriter(ctx, lease, start)
 	down := r.deliverBatch(ctx, bctx, batch, w)
+	if w.nsent > 0 {
+		r.delivered.Store(true)
+	}
 	err = w.close()
 	if down != nil {
 		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
@@ -241,6 +244,7 @@ type outcomeWriter struct {
 	lease, start time.Time
 
 	mu     sync.Mutex
+	nsent  int // delivered in this batch; read once the workers are done
 	sentID []string
 	fails  []outcome
 	back   []string
@@ -261,7 +265,9 @@ func (r *Relay) newOutcomeWriter(ctx context.Context, lease, start time.Time) *o
 	return w
 }
 
-func (w *outcomeWriter) sent(id string)     { w.add(func() { w.sentID = append(w.sentID, id) }) }
+func (w *outcomeWriter) sent(id string) {
+	w.add(func() { w.sentID = append(w.sentID, id); w.nsent++ })
+}
 func (w *outcomeWriter) failed(o outcome)   { w.add(func() { w.fails = append(w.fails, o) }) }
 func (w *outcomeWriter) handBack(id string) { w.add(func() { w.back = append(w.back, id) }) }
 

@@ -92,7 +92,8 @@ func retryDelay(err error) (time.Duration, bool) {
 // down (a broker or endpoint that cannot be reached), not that the event is
 // bad. The relay hands the event back without counting the attempt, stops
 // delivering, and probes with one event at a time, with backoff (from half
-// a second up to 30 seconds), until a delivery goes through; it logs once
+// a second up to 5 seconds, or after the delay of a [RetryAfter] that err
+// wraps), until a delivery goes through; it logs once
 // when delivery pauses and once when it resumes, instead of a warning per
 // event. So an outage of any length burns no attempts and fails no event.
 // The broker adapters return it for connection errors. [Permanent] takes

@@ -149,6 +149,7 @@ type Relay struct {
 
 	orderingMu   sync.Mutex
 	orderingDone bool
+	delivered    atomic.Bool // a handler succeeded since Run last looked
 	listening    atomic.Bool // a LISTEN connection is up
 }
 
@@ -313,7 +314,12 @@ func (r *Relay) Run(ctx context.Context) error {
 				r.o.logger.WarnContext(ctx, "outbox: destination unavailable; delivery paused, probing with one event at a time with backoff (attempts are not counted)", slog.Any("error", err))
 				destDown, downAt = true, time.Now()
 			}
-			wait(probeIn, false)
+			r.delivered.Store(false)
+			pause := probeIn
+			if d, ok := retryDelay(err); ok {
+				pause = min(d, maxProbePause) // the destination said when to come back
+			}
+			wait(pause, false)
 			probeIn = min(probeIn*2, destProbeMax)
 			continue
 		case err != nil:
@@ -329,7 +335,9 @@ func (r *Relay) Run(ctx context.Context) error {
 			r.o.logger.InfoContext(ctx, "outbox: relay recovered")
 			dbDown, dbRetry = false, r.cfg.PollInterval
 		}
-		if destDown && n > 0 {
+		// Resumed once a delivery went through: a probe that failed for
+		// another reason says nothing about the destination.
+		if destDown && r.delivered.Swap(false) {
 			r.o.logger.InfoContext(ctx, "outbox: destination available again; delivery resumed", slog.Duration("paused", time.Since(downAt)))
 			destDown, probeIn = false, destProbeMin
 		}
@@ -343,8 +351,9 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // The backoff between probes while a destination is down.
 const (
-	destProbeMin = 500 * time.Millisecond
-	destProbeMax = 30 * time.Second
+	destProbeMin  = 500 * time.Millisecond
+	destProbeMax  = 5 * time.Second
+	maxProbePause = 10 * time.Minute // a RetryAfter inside Unavailable, bounded
 )
 
 // deliverFresh claims and delivers events this process just committed
