@@ -80,7 +80,7 @@ func BenchmarkRelayCycle(b *testing.B) {
 		b.Run(backend, func(b *testing.B) {
 			db, ob := benchOutbox(b, backend, Config{DisableNotify: true})
 			ob.Handle("order.created", func(context.Context, Event) error { return nil })
-			relay := ob.Relay(db, RelayConfig{BatchSize: relayCycleBatch, KeepSent: true})
+			relay := ob.Relay(db, RelayConfig{BatchSize: relayCycleBatch, RetainSent: RetainForever})
 			ctx := context.Background()
 			events := make([]Event, relayCycleBatch)
 			var (

@@ -164,7 +164,7 @@ func newPublishEnv(t testing.TB, fdb *fuzzDB) *publishEnv {
 		e.mu.Unlock()
 		return nil
 	})
-	e.relay = e.ob.Relay(e.db, outbox.RelayConfig{DisableListen: true, KeepSent: true})
+	e.relay = e.ob.Relay(e.db, outbox.RelayConfig{DisableListen: true, RetainSent: outbox.RetainForever})
 	return e
 }
 
@@ -572,7 +572,7 @@ func (e *publishEnv) check(t *testing.T, in publishInput) {
 	require.EqualValues(t, len(events), e.count(t, e.ob.Table()), "%s: rows written", e.name)
 
 	// Read it back from the table.
-	var rec outbox.Record
+	var rec outbox.Row
 	q := e.db.Table(e.ob.Table()).Where("id <> ?", canaryID)
 	if ev.ID != "" {
 		q = e.db.Table(e.ob.Table()).Where("id = ?", ev.ID)

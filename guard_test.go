@@ -23,7 +23,7 @@ func testOutcomeGuards(t *testing.T, b backend) {
 	type step struct {
 		name  string
 		write func(ctx context.Context, id string, lease time.Time) error
-		check func(t *testing.T, rec Record)
+		check func(t *testing.T, rec Row)
 	}
 	fail := func(status string) func(ctx context.Context, id string, lease time.Time) error {
 		return func(ctx context.Context, id string, lease time.Time) error {
@@ -35,20 +35,20 @@ func testOutcomeGuards(t *testing.T, b backend) {
 			func(ctx context.Context, id string, lease time.Time) error {
 				return r.markSent(ctx, []string{id}, lease)
 			},
-			func(t *testing.T, rec Record) { assert.Equal(t, StatusSent, rec.Status) }},
+			func(t *testing.T, rec Row) { assert.Equal(t, StatusSent, rec.Status) }},
 		{"Retry", fail(StatusPending),
-			func(t *testing.T, rec Record) {
+			func(t *testing.T, rec Row) {
 				assert.Equal(t, StatusPending, rec.Status)
 				require.NotNil(t, rec.LastError)
 				assert.Nil(t, rec.LockedUntil)
 			}},
 		{"Failed", fail(StatusFailed),
-			func(t *testing.T, rec Record) { assert.Equal(t, StatusFailed, rec.Status) }},
+			func(t *testing.T, rec Row) { assert.Equal(t, StatusFailed, rec.Status) }},
 		{"HandBack",
 			func(ctx context.Context, id string, lease time.Time) error {
 				return r.release(ctx, []string{id}, lease)
 			},
-			func(t *testing.T, rec Record) {
+			func(t *testing.T, rec Row) {
 				assert.Equal(t, StatusPending, rec.Status)
 				assert.Nil(t, rec.LockedUntil)
 				assert.Equal(t, 1, rec.Attempts, "the hand-back takes back the attempt its claim counted")

@@ -279,9 +279,9 @@ func (e *testEnv) count(where string, args ...any) int64 {
 	return n
 }
 
-func (e *testEnv) record(id string) Record {
+func (e *testEnv) record(id string) Row {
 	e.t.Helper()
-	var r Record
+	var r Row
 	require.NoError(e.t, e.db.Table(e.ob.Table()).Where("id = ?", id).Take(&r).Error)
 	if e.name == "mysql" {
 		// The columns hold UTC; the driver labels them with the DSN's loc.

@@ -14,9 +14,9 @@ const (
 	StatusFailed = "failed"
 )
 
-// Record is one row of the outbox table, for reading it with GORM:
+// Row is one row of the outbox table, for reading it with GORM:
 //
-//	var failed []outbox.Record
+//	var failed []outbox.Row
 //	db.Table(ob.Table()).Where("status = ?", outbox.StatusFailed).Find(&failed)
 //
 // The library itself writes the table with plain SQL; the column names are
@@ -25,7 +25,7 @@ const (
 //
 // On MySQL the time columns hold UTC: read them with loc=UTC in the DSN,
 // or take a time.Time read with another loc as UTC wall-clock time.
-type Record struct {
+type Row struct {
 	ID             string `gorm:"primaryKey;size:255"`
 	Seq            int64  `gorm:"->"` // assigned by the database in write order
 	EventType      string `gorm:"size:255;not null"`
@@ -47,4 +47,4 @@ type Record struct {
 
 // TableName is the default table name; use db.Table(ob.Table()) when
 // Config.Table is set.
-func (Record) TableName() string { return DefaultTable }
+func (Row) TableName() string { return DefaultTable }

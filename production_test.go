@@ -346,12 +346,12 @@ func testRetention(t *testing.T, b backend) {
 	require.NoError(t, err)
 	publishN(t, e.db, "waiting", 2)
 
-	n, err := r.DeleteSent(t.Context())
+	n, err := e.ob.DeleteSent(t.Context(), e.db, time.Hour)
 	require.NoError(t, err)
 	assert.Equal(t, 0, n, "nothing is old enough yet")
 
 	e.clock.Advance(31 * time.Minute)
-	n, err = r.DeleteSent(t.Context())
+	n, err = e.ob.DeleteSent(t.Context(), e.db, time.Hour)
 	require.NoError(t, err)
 	assert.Equal(t, 1200, n)
 	assert.EqualValues(t, 1, e.count("status = ?", StatusSent), "a younger sent row stays")

@@ -75,12 +75,10 @@ type RelayConfig struct {
 	OrderByAggregate bool
 
 	// RetainSent is how long sent rows are kept before Run deletes them, in
-	// small batches. Failed rows are never deleted automatically. Defaults
-	// to 72 hours.
+	// small batches; [RetainForever] keeps them. A sent row also makes its
+	// idempotency key a no-op for as long as it is kept. Failed rows are
+	// never deleted automatically. Defaults to 72 hours.
 	RetainSent time.Duration
-
-	// KeepSent turns retention off: sent rows are kept forever.
-	KeepSent bool
 
 	// DisableListen stops Run from listening for PostgreSQL notifications;
 	// it then relies on PollInterval (and on wake-ups from writers in its own
@@ -112,16 +110,15 @@ type Delivery struct {
 	Latency time.Duration
 }
 
-// Defaults of [RelayConfig].
+// Defaults of RelayConfig; each field's documentation states its own.
 const (
-	DefaultBatchSize    = 100
-	DefaultWorkers      = 4
-	DefaultPollInterval = 500 * time.Millisecond
-	DefaultMaxAttempts  = 10
-	DefaultLease        = time.Minute
-	DefaultRetainSent   = 72 * time.Hour
-
-	DefaultStatementTimeout = 10 * time.Second
+	defaultBatchSize        = 100
+	defaultWorkers          = 4
+	defaultPollInterval     = 500 * time.Millisecond
+	defaultMaxAttempts      = 10
+	defaultLease            = time.Minute
+	defaultRetainSent       = 72 * time.Hour
+	defaultStatementTimeout = 10 * time.Second
 )
 
 // DefaultBackoff is exponential with jitter: about 1s after the first failed
@@ -166,13 +163,13 @@ type Relay struct {
 // cannot fail unnoticed; do not drop Run's error.
 func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 	r := &Relay{o: o, db: db, cfg: cfg}
-	r.cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
-	r.cfg.Workers = cmp.Or(cfg.Workers, DefaultWorkers)
-	r.cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
-	r.cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, DefaultMaxAttempts)
-	r.cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
-	r.cfg.RetainSent = cmp.Or(cfg.RetainSent, DefaultRetainSent)
-	r.cfg.StatementTimeout = min(cmp.Or(cfg.StatementTimeout, DefaultStatementTimeout), r.cfg.Lease)
+	r.cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
+	r.cfg.Workers = cmp.Or(cfg.Workers, defaultWorkers)
+	r.cfg.PollInterval = cmp.Or(cfg.PollInterval, defaultPollInterval)
+	r.cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
+	r.cfg.Lease = cmp.Or(cfg.Lease, defaultLease)
+	r.cfg.RetainSent = cmp.Or(cfg.RetainSent, defaultRetainSent)
+	r.cfg.StatementTimeout = min(cmp.Or(cfg.StatementTimeout, defaultStatementTimeout), r.cfg.Lease)
 	if r.cfg.Backoff == nil {
 		r.cfg.Backoff = DefaultBackoff
 	}
@@ -207,7 +204,7 @@ func (r *Relay) check(c RelayConfig) error {
 		{c.HandlerTimeout < 0, fmt.Sprintf("HandlerTimeout %v is negative", c.HandlerTimeout)},
 		{c.HandlerTimeout > r.cfg.Lease, fmt.Sprintf("HandlerTimeout %v exceeds Lease %v (a handler must end before the claim does)", c.HandlerTimeout, r.cfg.Lease)},
 		{c.StatementTimeout < 0 || (c.StatementTimeout > 0 && c.StatementTimeout < minStatementTimeout), fmt.Sprintf("StatementTimeout %v is below %v", c.StatementTimeout, minStatementTimeout)},
-		{c.RetainSent < 0, fmt.Sprintf("RetainSent %v is negative", c.RetainSent)},
+		{c.RetainSent < 0 && c.RetainSent != RetainForever, fmt.Sprintf("RetainSent %v is negative (RetainForever keeps sent rows)", c.RetainSent)},
 	} {
 		if f.wrong {
 			bad = append(bad, f.what)
@@ -259,7 +256,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.listen(bgCtx, w) }()
 	}
-	if !r.cfg.KeepSent {
+	if r.cfg.RetainSent != RetainForever {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.retain(bgCtx) }()
 	}

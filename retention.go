@@ -5,7 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"gorm.io/gorm"
 )
+
+// RetainForever, as RelayConfig.RetainSent, keeps sent rows: Run deletes
+// none.
+const RetainForever time.Duration = -1
 
 // retentionBatch is how many sent rows one DELETE removes: small enough to
 // hold locks briefly, large enough to keep up with a busy relay.
@@ -24,7 +30,7 @@ func (r *Relay) retain(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		_, err := r.DeleteSent(ctx)
+		_, err := r.o.deleteSent(ctx, r.db, r.cfg.RetainSent, r.cfg.StatementTimeout)
 		if ctx.Err() != nil {
 			return
 		}
@@ -36,21 +42,34 @@ func (r *Relay) retain(ctx context.Context) {
 	}
 }
 
-// DeleteSent deletes sent rows older than RetainSent, in batches of 1000,
-// and returns how many it deleted. Run calls it periodically; call it
-// yourself when you run retention from a job of your own.
-func (r *Relay) DeleteSent(ctx context.Context) (int, error) {
-	if r.err != nil {
-		return 0, r.err
+// DeleteSent deletes the sent rows older than olderThan from db's outbox
+// table, in batches of 1000 so that it never holds many row locks at once,
+// and returns how many it deleted. A relay's Run does this by itself every
+// so often (RelayConfig.RetainSent); call it when retention runs as a job
+// of your own. Failed rows are never deleted. db is the *gorm.DB the
+// plugin is installed on, not a transaction.
+func (o *Outbox) DeleteSent(ctx context.Context, db *gorm.DB, olderThan time.Duration) (int, error) {
+	if o.mode == Memory {
+		return 0, ErrMemoryMode
 	}
-	sqlDB, err := rawDB(r.db)
+	if o.dialect == nil || fromDB(db) != o {
+		return 0, ErrNotInstalled
+	}
+	if olderThan < 0 {
+		return 0, fmt.Errorf("%w: DeleteSent olderThan %v is negative", ErrInvalidConfig, olderThan)
+	}
+	return o.deleteSent(ctx, db, olderThan, defaultStatementTimeout)
+}
+
+func (o *Outbox) deleteSent(ctx context.Context, db *gorm.DB, olderThan, stmtTimeout time.Duration) (int, error) {
+	sqlDB, err := rawDB(db)
 	if err != nil {
 		return 0, err
 	}
 	total := 0
 	for ctx.Err() == nil {
-		q := r.o.dialect.deleteSent(r.o.now().Add(-r.cfg.RetainSent), retentionBatch)
-		sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+		q := o.dialect.deleteSent(o.now().Add(-olderThan), retentionBatch)
+		sctx, cancel := context.WithTimeout(ctx, stmtTimeout)
 		res, err := sqlDB.ExecContext(sctx, q.sql, q.args...)
 		cancel()
 		if err != nil {

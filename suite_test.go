@@ -123,7 +123,7 @@ func testPersistentOutsideTx(t *testing.T, b backend) {
 	assert.EqualValues(t, 2, e.count("status = ?", StatusPending))
 
 	// Defaults: UUIDv7 id, key = id, occurred_at now at microsecond precision.
-	var recs []Record
+	var recs []Row
 	require.NoError(t, e.db.Table(e.ob.Table()).Order("event_type").Find(&recs).Error)
 	require.Len(t, recs, 2)
 	assert.Len(t, recs[0].ID, 36)

@@ -162,3 +162,9 @@ func stripComments(s string) string {
 	}
 	return b.String()
 }
+
+// The library's RelayConfig defaults, which the "defaults" rows use.
+const (
+	defaultBatchSize = 100
+	defaultWorkers   = 4
+)

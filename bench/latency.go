@@ -419,7 +419,7 @@ func floorLatency(ctx context.Context, pg *pgServer, plain *gorm.DB) (latencyCon
 				for {
 					now := time.Now().UTC().Truncate(time.Microsecond)
 					lease := now.Add(time.Minute)
-					rs, err := pg.floorClaim(ctx, db, table, outbox.DefaultBatchSize, now, lease)
+					rs, err := pg.floorClaim(ctx, db, table, defaultBatchSize, now, lease)
 					if err != nil || len(rs) == 0 {
 						return err
 					}

@@ -141,7 +141,7 @@ func relayOn(ctx context.Context, s server, opts options, t *table) error {
 	defer closeDB(admin)
 	adb := sqlDB(admin)
 
-	shapes := append([]relayShape{{outbox.DefaultBatchSize, outbox.DefaultWorkers}}, opts.tuned...)
+	shapes := append([]relayShape{{defaultBatchSize, defaultWorkers}}, opts.tuned...)
 	var batches []int
 	// Each of ours sits next to the floors at its batch size, so that in a
 	// round they run minutes apart at most; the per-round ratio between

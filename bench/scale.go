@@ -68,7 +68,7 @@ func scaleOn(ctx context.Context, s server, opts options, t *table) error {
 					if err := fills[tb](ctx, n); err != nil {
 						return err
 					}
-					ms, plan, err := s.probeClaim(ctx, adb, tb, outbox.DefaultBatchSize)
+					ms, plan, err := s.probeClaim(ctx, adb, tb, defaultBatchSize)
 					if err != nil {
 						return err
 					}

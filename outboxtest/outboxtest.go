@@ -61,13 +61,13 @@ func Publish(t testing.TB, db *gorm.DB, events ...outbox.Event) {
 
 // Row reads the outbox row of event id from the table of the outbox
 // installed on db.
-func Row(t testing.TB, db *gorm.DB, id string) outbox.Record {
+func Row(t testing.TB, db *gorm.DB, id string) outbox.Row {
 	t.Helper()
 	ob, ok := db.Config.Plugins["outbox"].(*outbox.Outbox)
 	if !ok {
 		t.Fatalf("outboxtest: %v", outbox.ErrNotInstalled)
 	}
-	var r outbox.Record
+	var r outbox.Row
 	if err := db.Table(ob.Table()).Where("id = ?", id).Take(&r).Error; err != nil {
 		t.Fatalf("outboxtest: read event %s: %v", id, err)
 	}

@@ -108,7 +108,7 @@ func testHostileHandlers(t *testing.T, db *gorm.DB) {
 		assert.Equal(t, 1, got.count(fmt.Sprintf("good-%03d", i)), "good event %d", i)
 	}
 	for typ, want := range bad {
-		var rec outbox.Record
+		var rec outbox.Row
 		require.NoError(t, db.Table(ob.Table()).Where("id = ?", "bad-"+typ).Take(&rec).Error)
 		assert.Equal(t, outbox.StatusFailed, rec.Status, typ)
 		assert.Equal(t, maxAttempts, rec.Attempts, typ)

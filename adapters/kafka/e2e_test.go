@@ -20,7 +20,7 @@ func openOutbox(t *testing.T) (*gorm.DB, *outbox.Outbox) {
 	return outboxtest.SQLite(t, outbox.Config{})
 }
 
-func record(t *testing.T, db *gorm.DB, id string) outbox.Record {
+func record(t *testing.T, db *gorm.DB, id string) outbox.Row {
 	t.Helper()
 	return outboxtest.Row(t, db, id)
 }

@@ -396,8 +396,8 @@ func TestEndToEnd(t *testing.T) {
 	require.NoError(t, json.Unmarshal(byID["ok"].body, &env))
 	assert.JSONEq(t, `{"total":99}`, string(env.Payload))
 
-	rec := func(id string) outbox.Record {
-		var r outbox.Record
+	rec := func(id string) outbox.Row {
+		var r outbox.Row
 		require.NoError(t, db.Table(outbox.DefaultTable).Where("id = ?", id).Take(&r).Error)
 		return r
 	}
@@ -417,7 +417,7 @@ func TestEndToEnd(t *testing.T) {
 	n, err = ob2.Relay(db2, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.Equal(t, 1, n)
 	require.True(t, outbox.IsUnavailable(err), "%v", err)
-	var paused outbox.Record
+	var paused outbox.Row
 	require.NoError(t, db2.Table(outbox.DefaultTable).Where("id = ?", "paused").Take(&paused).Error)
 	assert.Equal(t, outbox.StatusPending, paused.Status)
 	assert.Equal(t, 0, paused.Attempts, "handed back, no attempt counted")

@@ -133,7 +133,7 @@ func run() error {
 	fmt.Printf("  traceparent:        %s\n", msg.Header.Get("traceparent"))
 	fmt.Printf("  payload:            %s\n", msg.Data)
 
-	var rec outbox.Record
+	var rec outbox.Row
 	if err := db.Table(ob.Table()).Where("status = ?", outbox.StatusSent).Take(&rec).Error; err != nil {
 		return err
 	}

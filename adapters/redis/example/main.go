@@ -113,7 +113,7 @@ func run() error {
 		}
 	}
 
-	var rec outbox.Record
+	var rec outbox.Row
 	if err := db.Table(ob.Table()).Take(&rec).Error; err != nil {
 		return err
 	}

@@ -98,7 +98,7 @@ func run() error {
 	if _, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(ctx); err != nil {
 		return err
 	}
-	var rec outbox.Record
+	var rec outbox.Row
 	if err := db.Table(ob.Table()).Take(&rec).Error; err != nil {
 		return err
 	}
