@@ -3,7 +3,7 @@ module github.com/gorm-outbox/outbox/adapters/kafka
 go 1.26.8
 
 require (
-	github.com/gorm-outbox/outbox v0.0.0
+	github.com/gorm-outbox/outbox v0.1.0
 	github.com/stretchr/testify v1.12.1
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
@@ -29,5 +29,3 @@ require (
 	golang.org/x/sync v0.17.0 // indirect
 	golang.org/x/text v0.29.0 // indirect
 )
-
-replace github.com/gorm-outbox/outbox => ../..

@@ -3,7 +3,7 @@ module github.com/gorm-outbox/outbox/adapters/nats
 go 1.26.8
 
 require (
-	github.com/gorm-outbox/outbox v0.0.0
+	github.com/gorm-outbox/outbox v0.1.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/stretchr/testify v1.12.1
 	gorm.io/driver/sqlite v1.6.0
@@ -30,5 +30,3 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	golang.org/x/text v0.42.0 // indirect
 )
-
-replace github.com/gorm-outbox/outbox => ../..

@@ -3,7 +3,7 @@ module github.com/gorm-outbox/outbox/adapters/webhook
 go 1.26.8
 
 require (
-	github.com/gorm-outbox/outbox v0.0.0
+	github.com/gorm-outbox/outbox v0.1.0
 	github.com/stretchr/testify v1.12.1
 	gorm.io/driver/sqlite v1.6.0
 	gorm.io/gorm v1.31.2
@@ -24,5 +24,3 @@ require (
 	golang.org/x/sync v0.17.0 // indirect
 	golang.org/x/text v0.29.0 // indirect
 )
-
-replace github.com/gorm-outbox/outbox => ../..
