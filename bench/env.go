@@ -141,8 +141,9 @@ func createOutboxTable(ctx context.Context, db *gorm.DB, table string) error {
 	if err != nil {
 		return fmt.Errorf("schema for %s: %w", table, err)
 	}
-	for _, stmt := range strings.Split(ddl, ";") {
-		if strings.TrimSpace(stripComments(stmt)) == "" {
+	// Comments first: they may hold semicolons.
+	for _, stmt := range strings.Split(stripComments(ddl), ";") {
+		if strings.TrimSpace(stmt) == "" {
 			continue
 		}
 		if err := db.WithContext(ctx).Exec(stmt).Error; err != nil {

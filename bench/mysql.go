@@ -190,9 +190,10 @@ func inList(ids []string) (string, []any) {
 }
 
 // mysqlSelectDue is the library's selectDue (mysql.go), copied: keep the
-// two in step. Arguments: now, batch size.
+// two in step. It returns the columns the floor uses (the library's also
+// returns seq, and reads the times as text). Arguments: now, batch size.
 const mysqlSelectDue = "SELECT " + floorColumns + " FROM %s c WHERE c.status = 'pending' AND c.available_at <= ?" +
-	" ORDER BY c.available_at, c.id LIMIT ? FOR UPDATE SKIP LOCKED"
+	" ORDER BY c.available_at, c.seq LIMIT ? FOR UPDATE SKIP LOCKED"
 
 // claimTx is the library's claim transaction (claimTx in mysql.go) by hand:
 // at READ COMMITTED, lock the due rows skipping those another claim holds,
