@@ -13,6 +13,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/kafka"
 	"github.com/gorm-outbox/outbox/outboxtest"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 // openOutbox returns a SQLite database with the outbox plugin installed.
@@ -46,7 +47,7 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, 1, n)
 
 	r := consume(t, c.ListenAddrs(), kafka.DefaultTopic, 1)[0]
-	assert.Equal(t, "e2e-1", header(r, kafka.HeaderEventID))
+	assert.Equal(t, "e2e-1", header(r, wire.EventID))
 	assert.Equal(t, "7", string(r.Key))
 	assert.JSONEq(t, `{"total":12}`, string(r.Value))
 	assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", header(r, "traceparent"))
@@ -109,7 +110,7 @@ func TestBrokerOutage(t *testing.T) {
 	last := map[string]string{}
 	seen := map[string]bool{}
 	for _, rec := range recs {
-		id := header(rec, kafka.HeaderEventID)
+		id := header(rec, wire.EventID)
 		if seen[id] {
 			continue
 		}

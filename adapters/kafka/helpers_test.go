@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/kafka"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 // newCluster starts an in-process Kafka cluster (kfake) with the default
@@ -80,7 +81,7 @@ func header(r *kgo.Record, key string) string {
 func countIDs(recs []*kgo.Record) map[string]int {
 	n := map[string]int{}
 	for _, r := range recs {
-		n[header(r, kafka.HeaderEventID)]++
+		n[header(r, wire.EventID)]++
 	}
 	return n
 }

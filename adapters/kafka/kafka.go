@@ -9,7 +9,8 @@
 // Plug a [Producer] into an outbox with ob.Handle(eventType, p.Handler()).
 // Every event becomes one record: by default on the topic "outbox.events",
 // keyed by its aggregate ID, with the JSON payload as value and the event's
-// fields and headers (trace context included) as record headers. The
+// headers (trace context included) and fields as record headers, built by
+// [wire.Headers] as in every outbox adapter, plus [HeaderContentType]. The
 // handler returns once the broker has acknowledged the record, or when its
 // context ends.
 //

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/kafka"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 func TestRecord(t *testing.T) {
@@ -28,7 +29,9 @@ func TestRecord(t *testing.T) {
 	e := testEvent("evt-1", "42", 1)
 	// Reserved names among the event's headers must not override the
 	// event's own fields.
-	e.Headers[kafka.HeaderAggregateID] = "spoofed"
+	e.Headers[wire.AggregateID] = "spoofed"
+	e.Headers["outbox-event-type"] = "spoofed" // in any case
+	e.Headers["content-type"] = "text/plain"   // the adapter's own header
 	e.Headers["b-custom"] = "2"
 	require.NoError(t, p.Handler()(t.Context(), e))
 	// An event without aggregate, with a Go payload (memory mode, direct
@@ -38,7 +41,7 @@ func TestRecord(t *testing.T) {
 	recs := consume(t, c.ListenAddrs(), kafka.DefaultTopic, 2)
 	byID := map[string]*kgo.Record{}
 	for _, r := range recs {
-		byID[header(r, kafka.HeaderEventID)] = r
+		byID[header(r, wire.EventID)] = r
 	}
 	r := byID["evt-1"]
 	require.NotNil(t, r)
@@ -48,12 +51,12 @@ func TestRecord(t *testing.T) {
 	assert.Equal(t, []kgo.RecordHeader{
 		{Key: "b-custom", Value: []byte("2")},
 		{Key: "traceparent", Value: []byte("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")},
-		{Key: kafka.HeaderEventID, Value: []byte("evt-1")},
-		{Key: kafka.HeaderEventType, Value: []byte("order.created")},
-		{Key: kafka.HeaderAggregateType, Value: []byte("order")},
-		{Key: kafka.HeaderAggregateID, Value: []byte("42")},
-		{Key: kafka.HeaderIdempotencyKey, Value: []byte("key-evt-1")},
-		{Key: kafka.HeaderOccurredAt, Value: []byte("2026-05-04T03:02:01.123456Z")},
+		{Key: wire.EventID, Value: []byte("evt-1")},
+		{Key: wire.EventType, Value: []byte("order.created")},
+		{Key: wire.AggregateType, Value: []byte("order")},
+		{Key: wire.AggregateID, Value: []byte("42")},
+		{Key: wire.IdempotencyKey, Value: []byte("key-evt-1")},
+		{Key: wire.OccurredAt, Value: []byte("2026-05-04T03:02:01.123456Z")},
 		{Key: kafka.HeaderContentType, Value: []byte("application/json")},
 	}, r.Headers)
 
@@ -61,7 +64,7 @@ func TestRecord(t *testing.T) {
 	require.NotNil(t, r)
 	assert.Nil(t, r.Key, "no aggregate, no key")
 	assert.JSONEq(t, `{"n":1}`, string(r.Value))
-	assert.Empty(t, header(r, kafka.HeaderAggregateID))
+	assert.Empty(t, header(r, wire.AggregateID))
 }
 
 func TestTopicMapping(t *testing.T) {
@@ -74,8 +77,8 @@ func TestTopicMapping(t *testing.T) {
 	paid.Type = "order.paid"
 	require.NoError(t, p.Publish(t.Context(), created))
 	require.NoError(t, p.Publish(t.Context(), paid))
-	assert.Equal(t, "evt-created", header(consume(t, c.ListenAddrs(), "events.order.created", 1)[0], kafka.HeaderEventID))
-	assert.Equal(t, "evt-paid", header(consume(t, c.ListenAddrs(), "events.order.paid", 1)[0], kafka.HeaderEventID))
+	assert.Equal(t, "evt-created", header(consume(t, c.ListenAddrs(), "events.order.created", 1)[0], wire.EventID))
+	assert.Equal(t, "evt-paid", header(consume(t, c.ListenAddrs(), "events.order.paid", 1)[0], wire.EventID))
 
 	// A type that makes no valid topic name fails for good, before any
 	// network round trip.
@@ -120,7 +123,7 @@ func TestOrderPerAggregate(t *testing.T) {
 	// ordering per aggregate needs.
 	for _, r := range recs {
 		key := string(r.Key)
-		require.Equal(t, key, header(r, kafka.HeaderAggregateID))
+		require.Equal(t, key, header(r, wire.AggregateID))
 		if p, ok := partition[key]; ok {
 			require.Equal(t, p, r.Partition, "all events of %s in one partition", key)
 		}
@@ -273,7 +276,7 @@ func TestPublishDuringOutage(t *testing.T) {
 	assert.Equal(t, map[string]int{"evt-before": 1, "evt-during": 1, "evt-after": 1}, countIDs(recs))
 	var order []string
 	for _, r := range recs {
-		order = append(order, header(r, kafka.HeaderEventID))
+		order = append(order, header(r, wire.EventID))
 	}
 	assert.Equal(t, []string{"evt-before", "evt-during", "evt-after"}, order, "one key, one partition, in order")
 }

@@ -42,31 +42,16 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/wire"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Headers the adapter sets on every message, besides the event's own and
-// Nats-Msg-Id.
-const (
-	// HeaderEventID carries the event ID, the consumer's deduplication key
-	// beyond the duplicate window.
-	HeaderEventID = outbox.HeaderEventID
-	// HeaderEventType carries the event type.
-	HeaderEventType = outbox.HeaderEventType
-	// HeaderAggregateType carries the aggregate type, when the event has one.
-	HeaderAggregateType = outbox.HeaderAggregateType
-	// HeaderAggregateID carries the aggregate ID, when the event has one.
-	HeaderAggregateID = outbox.HeaderAggregateID
-	// HeaderIdempotencyKey carries the publisher's idempotency key.
-	HeaderIdempotencyKey = outbox.HeaderIdempotencyKey
-	// HeaderOccurredAt carries when the event happened: RFC 3339, UTC,
-	// microseconds.
-	HeaderOccurredAt = outbox.HeaderOccurredAt
-	// HeaderContentType is always "application/json": the body is the
-	// event's JSON payload.
-	HeaderContentType = "Content-Type"
-)
+// HeaderContentType is set on every message, always "application/json":
+// the body is the event's JSON payload. The headers that carry the event's
+// fields are named in package [github.com/gorm-outbox/outbox/wire], as in
+// every outbox adapter.
+const HeaderContentType = "Content-Type"
 
 // Defaults of [Config].
 const (
@@ -176,12 +161,14 @@ func (p *Publisher) checkReconnects(nc *natsgo.Conn) {
 // Handler returns the outbox handler that publishes each event it is given:
 // register it with ob.Handle(eventType, p.Handler()).
 //
-// The message body is the event's JSON payload. Its headers are the event's
-// headers (trace context such as "traceparent" included, names kept as they
-// are), then the Outbox-* headers above, which win over event headers of the
-// same name, and Nats-Msg-Id = event ID. Event headers whose names start
-// with "Nats-" are dropped: they would steer JetStream itself (expected
-// sequences, message TTL, the dedupe ID).
+// The message body is the event's JSON payload. Its headers are those
+// [wire.Headers] gives: the event's headers (trace context such as
+// "traceparent" included, names kept as they are; those with a reserved
+// Outbox-* name, in any case, dropped), then the Outbox-* fields; plus
+// [HeaderContentType] and Nats-Msg-Id = event ID. Event headers named
+// Content-Type, in any case, are dropped, and so are those whose names start
+// with "Nats-": they would steer JetStream itself (expected sequences,
+// message TTL, the dedupe ID).
 //
 // Errors that retrying cannot fix (an invalid subject or header, a message
 // over the server's size limit) are marked [outbox.Permanent]. Errors that
@@ -298,35 +285,21 @@ func checkSubject(s string) error {
 
 func headers(e outbox.Event) (natsgo.Header, error) {
 	h := make(natsgo.Header, len(e.Headers)+8)
-	for k, v := range e.Headers {
-		if len(k) >= 5 && strings.EqualFold(k[:5], "Nats-") {
-			continue
+	var err error
+	wire.Headers(e, func(k, v string) {
+		if err != nil || strings.EqualFold(k, HeaderContentType) || (len(k) >= 5 && strings.EqualFold(k[:5], "Nats-")) {
+			return
 		}
-		if err := checkHeader(k, v); err != nil {
-			return nil, err
+		// The Outbox-* values come from the event too: a CR or LF in them
+		// would split the header block.
+		if err = checkHeader(k, v); err == nil {
+			h.Set(k, v)
 		}
-		h.Set(k, v)
-	}
-	h.Set(HeaderEventID, e.ID)
-	h.Set(HeaderEventType, e.Type)
-	if e.AggregateType != "" {
-		h.Set(HeaderAggregateType, e.AggregateType)
-	}
-	if e.AggregateID != "" {
-		h.Set(HeaderAggregateID, e.AggregateID)
-	}
-	h.Set(HeaderIdempotencyKey, e.IdempotencyKey)
-	if !e.OccurredAt.IsZero() {
-		h.Set(HeaderOccurredAt, e.OccurredAt.UTC().Format("2006-01-02T15:04:05.000000Z07:00"))
+	})
+	if err != nil {
+		return nil, err
 	}
 	h.Set(HeaderContentType, "application/json")
-	for k, v := range h {
-		// The fields come from the event too: a CR or LF in them would
-		// split the header block.
-		if err := checkHeader(k, v[0]); err != nil {
-			return nil, err
-		}
-	}
 	return h, nil
 }
 

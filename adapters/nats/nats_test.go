@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	outboxnats "github.com/gorm-outbox/outbox/adapters/nats"
+	"github.com/gorm-outbox/outbox/wire"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -50,6 +51,8 @@ func TestPublishHeadersAndPayload(t *testing.T) {
 			"traceparent":          "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
 			"Nats-Expected-Stream": "not-this-one", // must not reach JetStream
 			"Outbox-Event-Id":      "spoofed",      // the event's own ID wins
+			"outbox-event-type":    "spoofed",      // in any case: dropped
+			"content-type":         "text/plain",   // the adapter's own header
 		},
 	}
 	require.NoError(t, h(t.Context(), e))
@@ -63,15 +66,17 @@ func TestPublishHeadersAndPayload(t *testing.T) {
 	assert.JSONEq(t, `{"total":1250}`, string(msg.Data()))
 	hdr := msg.Headers()
 	assert.Equal(t, "evt-1", hdr.Get(jetstream.MsgIDHeader))
-	assert.Equal(t, "evt-1", hdr.Get(outboxnats.HeaderEventID))
-	assert.Equal(t, "order.created", hdr.Get(outboxnats.HeaderEventType))
-	assert.Equal(t, "order", hdr.Get(outboxnats.HeaderAggregateType))
-	assert.Equal(t, "42", hdr.Get(outboxnats.HeaderAggregateID))
-	assert.Equal(t, "order-42-created", hdr.Get(outboxnats.HeaderIdempotencyKey))
-	assert.Equal(t, "2025-03-04T05:06:07.123456Z", hdr.Get(outboxnats.HeaderOccurredAt))
+	assert.Equal(t, "evt-1", hdr.Get(wire.EventID))
+	assert.Equal(t, "order.created", hdr.Get(wire.EventType))
+	assert.Equal(t, "order", hdr.Get(wire.AggregateType))
+	assert.Equal(t, "42", hdr.Get(wire.AggregateID))
+	assert.Equal(t, "order-42-created", hdr.Get(wire.IdempotencyKey))
+	assert.Equal(t, "2025-03-04T05:06:07.123456Z", hdr.Get(wire.OccurredAt))
 	assert.Equal(t, "application/json", hdr.Get(outboxnats.HeaderContentType))
 	assert.Equal(t, e.Headers["traceparent"], hdr.Get("traceparent"), "trace context keeps its lower-case W3C name")
 	assert.Empty(t, hdr.Get("Nats-Expected-Stream"))
+	assert.Empty(t, hdr.Get("outbox-event-type"))
+	assert.Empty(t, hdr.Get("content-type"))
 }
 
 func TestSameEventTwiceIsStoredOnce(t *testing.T) {

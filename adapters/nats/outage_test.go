@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	outboxnats "github.com/gorm-outbox/outbox/adapters/nats"
+	"github.com/gorm-outbox/outbox/wire"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
@@ -34,7 +35,7 @@ func streamIDs(t *testing.T, js jetstream.JetStream, name string) map[string]int
 		require.NoError(t, err)
 		got := 0
 		for m := range batch.Messages() {
-			seen[m.Headers().Get(outboxnats.HeaderEventID)]++
+			seen[m.Headers().Get(wire.EventID)]++
 			got++
 		}
 		require.NoError(t, batch.Error())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/outboxtest"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 // openOutbox returns a SQLite database with the outbox plugin installed.
@@ -47,7 +48,7 @@ func TestEndToEnd(t *testing.T) {
 	assert.Equal(t, "e2e-1", m.MessageId)
 	assert.Equal(t, "order.created", m.RoutingKey)
 	assert.JSONEq(t, `{"total":12}`, string(m.Body))
-	assert.Equal(t, "7", m.Headers[HeaderAggregateID])
+	assert.Equal(t, "7", m.Headers[wire.AggregateID])
 	assert.Equal(t, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", m.Headers["traceparent"])
 	assert.Equal(t, outbox.StatusSent, record(t, db, "e2e-1").Status)
 }

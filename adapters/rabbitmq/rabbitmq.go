@@ -10,8 +10,9 @@
 // Messages go to a topic exchange (by default "outbox.events", declared on
 // request) with the event type as routing key, so consumers bind queues with
 // patterns such as "order.*". Each message is persistent, typed
-// application/json, carries the event ID as MessageId and the event's fields
-// and headers (trace context included) as AMQP headers.
+// application/json, carries the event ID as MessageId and the event's
+// headers (trace context included) and fields as AMQP headers, built by
+// [wire.Headers] as in every outbox adapter.
 //
 // Each publish waits for its confirm, and a queue keeps the order in which
 // a channel published, but the relay delivers with several workers: run it

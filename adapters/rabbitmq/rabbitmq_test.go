@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 func testEvent(id string) outbox.Event {
@@ -39,7 +40,8 @@ func TestMessageProperties(t *testing.T) {
 	e := testEvent("evt-1")
 	// A reserved name among the event's headers must not override the
 	// event's own field.
-	e.Headers[HeaderAggregateID] = "spoofed"
+	e.Headers[wire.AggregateID] = "spoofed"
+	e.Headers["outbox-event-type"] = "spoofed" // in any case
 	require.NoError(t, p.Handler()(t.Context(), e))
 
 	m := receive(t, d)
@@ -52,13 +54,13 @@ func TestMessageProperties(t *testing.T) {
 	assert.Equal(t, e.OccurredAt.Truncate(time.Second), m.Timestamp.UTC(), "AMQP timestamps have second precision")
 	assert.JSONEq(t, `{"total":7}`, string(m.Body))
 	assert.Equal(t, amqp.Table{
-		"traceparent":        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-		HeaderEventID:        "evt-1",
-		HeaderEventType:      "order.created",
-		HeaderAggregateType:  "order",
-		HeaderAggregateID:    "42",
-		HeaderIdempotencyKey: "key-evt-1",
-		HeaderOccurredAt:     "2026-05-04T03:02:01.123456Z",
+		"traceparent":       "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+		wire.EventID:        "evt-1",
+		wire.EventType:      "order.created",
+		wire.AggregateType:  "order",
+		wire.AggregateID:    "42",
+		wire.IdempotencyKey: "key-evt-1",
+		wire.OccurredAt:     "2026-05-04T03:02:01.123456Z",
 	}, m.Headers)
 
 	// An event without aggregate carries no aggregate headers, and a Go
@@ -67,8 +69,8 @@ func TestMessageProperties(t *testing.T) {
 	m = receive(t, d)
 	assert.Equal(t, "evt-2", m.MessageId)
 	assert.JSONEq(t, `{"n":1}`, string(m.Body))
-	assert.NotContains(t, m.Headers, HeaderAggregateID)
-	assert.NotContains(t, m.Headers, HeaderAggregateType)
+	assert.NotContains(t, m.Headers, wire.AggregateID)
+	assert.NotContains(t, m.Headers, wire.AggregateType)
 }
 
 func TestRoutingKeyFunc(t *testing.T) {

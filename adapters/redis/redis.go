@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/wire"
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -55,8 +56,8 @@ const (
 	FieldAggregateID = "aggregate_id"
 	// FieldIdempotencyKey holds the publisher's idempotency key.
 	FieldIdempotencyKey = "idempotency_key"
-	// FieldOccurredAt holds when the event happened: RFC 3339, UTC,
-	// microseconds.
+	// FieldOccurredAt holds when the event happened, formatted with
+	// [wire.TimeFormat] (RFC 3339, UTC, microseconds), "" when not set.
 	FieldOccurredAt = "occurred_at"
 	// FieldHeaders holds the event's headers as a JSON object, "{}" when
 	// there are none.
@@ -212,7 +213,7 @@ func entry(e outbox.Event) ([]any, error) {
 	}
 	var occurred string
 	if !e.OccurredAt.IsZero() {
-		occurred = e.OccurredAt.UTC().Format("2006-01-02T15:04:05.000000Z07:00")
+		occurred = e.OccurredAt.UTC().Format(wire.TimeFormat)
 	}
 	// A slice, not a map, so that every entry lists its fields in the same
 	// order.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/webhook"
+	"github.com/gorm-outbox/outbox/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -54,7 +55,7 @@ func (rr *restartable) serve(l net.Listener) {
 			return
 		}
 		rr.mu.Lock()
-		rr.seen[r.Header.Get(webhook.HeaderEventID)]++
+		rr.seen[r.Header.Get(wire.EventID)]++
 		rr.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	})}

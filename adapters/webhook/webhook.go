@@ -16,20 +16,28 @@
 //	Content-Type: application/json
 //	Outbox-Event-Id: <event ID>
 //	Outbox-Event-Type: <event type>
+//	Outbox-Aggregate-Type: <aggregate type, when set>
+//	Outbox-Aggregate-Id: <aggregate ID, when set>
+//	Outbox-Idempotency-Key: <idempotency key>
+//	Outbox-Occurred-At: <OccurredAt, RFC 3339, UTC, microseconds>
 //	X-Outbox-Timestamp: <Unix seconds when this attempt was sent>
 //	X-Outbox-Signature: sha256=<hex HMAC-SHA256 of timestamp + "." + body>
 //
-// The event ID and type headers have the names every outbox adapter uses
-// (outbox.HeaderEventID, outbox.HeaderEventType). Until a later release the
-// requests also carry them under their former names, X-Outbox-Event-Id and
-// X-Outbox-Event-Type, so that receivers written against those keep
-// deduplicating while they move to the new names.
+// plus the event headers named in [Config.ForwardHeaders] (traceparent,
+// tracestate and baggage by default) and any static [Config.Header].
 //
-// plus the trace headers named in [Config.ForwardHeaders] (traceparent,
-// tracestate and baggage by default) and any static [Config.Header]. Every
-// attempt is signed afresh, so a retry is never stale; receivers check the
-// signature and the timestamp's age with [Verify], which defeats replays
-// older than its max age, and deduplicate by event ID within it.
+// The Outbox-* headers are those of every outbox adapter, built by
+// [wire.Headers]; neither an event header nor Config.Header can set them.
+// They are not signed (the envelope's copies are). An Outbox-* value that is
+// not a valid HTTP header value is left out, except the event ID and type.
+// Until a later release the requests also carry the event ID and type under
+// their former names, X-Outbox-Event-Id and X-Outbox-Event-Type, so that
+// receivers written against those keep deduplicating while they move to the
+// new names.
+//
+// Every attempt is signed afresh, so a retry is never stale; receivers check
+// the signature and the timestamp's age with [Verify], which defeats
+// replays older than its max age, and deduplicate by event ID within it.
 //
 // # Outcome
 //
@@ -76,18 +84,12 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
-// Request headers set on every delivery.
+// Request headers set on every delivery, besides Content-Type and the
+// Outbox-* headers named in package [github.com/gorm-outbox/outbox/wire].
 const (
-	// HeaderEventID carries the event ID, the receiver's deduplication key:
-	// "Outbox-Event-Id", as in every outbox adapter. It was
-	// "X-Outbox-Event-Id" before; see [LegacyHeaderEventID].
-	HeaderEventID = outbox.HeaderEventID
-	// HeaderEventType carries the event type, for routing without decoding:
-	// "Outbox-Event-Type", as in every outbox adapter. It was
-	// "X-Outbox-Event-Type" before; see [LegacyHeaderEventType].
-	HeaderEventType = outbox.HeaderEventType
 	// HeaderTimestamp carries the time of this attempt in decimal Unix
 	// seconds; it is part of the signed string.
 	HeaderTimestamp = "X-Outbox-Timestamp"
@@ -96,12 +98,13 @@ const (
 	HeaderSignature = "X-Outbox-Signature"
 )
 
-// The former names of [HeaderEventID] and [HeaderEventType]. Requests still
-// carry them, with the same values, so that receivers reading them keep
-// working while they move to the new names.
+// The former names of the [wire.EventID] and [wire.EventType] headers.
+// Requests still carry them, with the same values, so that receivers
+// reading them keep working while they move to the new names.
 //
-// Deprecated: read HeaderEventID and HeaderEventType; these headers will no
-// longer be sent in a later release.
+// Deprecated: read wire.EventID and wire.EventType (Outbox-Event-Id and
+// Outbox-Event-Type); these headers will no longer be sent in a later
+// release.
 const (
 	LegacyHeaderEventID   = "X-Outbox-Event-Id"
 	LegacyHeaderEventType = "X-Outbox-Event-Type"
@@ -162,8 +165,9 @@ type Config struct {
 	PayloadOnly bool
 
 	// Header is added to every request, for example an Authorization
-	// header the receiver requires. It cannot override the Outbox-* and
-	// X-Outbox-* headers or Content-Type. Defaults to none.
+	// header the receiver requires. It cannot override the X-Outbox-*
+	// headers or Content-Type, and its entries with the reserved Outbox-*
+	// names of package wire are ignored. Defaults to none.
 	Header http.Header
 
 	// ForwardHeaders names the event headers that are also sent as HTTP
@@ -266,20 +270,27 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: build request for %s", e.ID, s.host))
 	}
 	for k, vs := range s.cfg.Header {
-		req.Header[k] = append([]string(nil), vs...)
+		if !wire.Reserved(k) {
+			req.Header[k] = append([]string(nil), vs...)
+		}
 	}
 	if req.Header.Get("User-Agent") == "" {
 		req.Header.Set("User-Agent", "gorm-outbox-webhook/1")
 	}
-	for _, name := range s.forward {
-		if v, ok := lookupFold(e.Headers, name); ok && validHeaderValue(v) {
-			req.Header.Set(name, v)
+	wire.Headers(e, func(k, v string) {
+		switch {
+		case k == wire.EventID || k == wire.EventType:
+			// The receiver cannot do without them: a value net/http
+			// refuses fails the request rather than going missing.
+			req.Header.Set(k, v)
+		case !validHeaderValue(v):
+			// Left out; the envelope carries it.
+		case wire.Reserved(k) || s.forwarded(k):
+			req.Header.Set(k, v)
 		}
-	}
+	})
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(HeaderEventID, e.ID)
-	req.Header.Set(HeaderEventType, e.Type)
 	req.Header.Set(LegacyHeaderEventID, e.ID)
 	req.Header.Set(LegacyHeaderEventType, e.Type)
 	req.Header.Set(HeaderTimestamp, ts)
@@ -408,16 +419,15 @@ func envelope(e outbox.Event, payload []byte) ([]byte, error) {
 	return out, nil
 }
 
-func lookupFold(m map[string]string, name string) (string, bool) {
-	if v, ok := m[name]; ok {
-		return v, true
-	}
-	for k, v := range m {
-		if strings.EqualFold(k, name) {
-			return v, true
+// forwarded reports whether the event header name is one of
+// Config.ForwardHeaders, ignoring case.
+func (s *Sender) forwarded(name string) bool {
+	for _, f := range s.forward {
+		if strings.EqualFold(f, name) {
+			return true
 		}
 	}
-	return "", false
+	return false
 }
 
 // validHeaderValue accepts what net/http sends without error: no control

@@ -18,6 +18,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/webhook"
 	"github.com/gorm-outbox/outbox/outboxtest"
+	"github.com/gorm-outbox/outbox/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -105,8 +106,10 @@ func TestSuccessEnvelopeAndSignature(t *testing.T) {
 	assert.Equal(t, "application/json", contentType)
 	assert.Equal(t, "evt-1", r.header.Get("Outbox-Event-Id"), "the name every adapter uses")
 	assert.Equal(t, "order.created", r.header.Get("Outbox-Event-Type"))
-	assert.Equal(t, outbox.HeaderEventID, webhook.HeaderEventID)
-	assert.Equal(t, outbox.HeaderEventType, webhook.HeaderEventType)
+	assert.Equal(t, "order", r.header.Get(wire.AggregateType))
+	assert.Equal(t, "42", r.header.Get(wire.AggregateID))
+	assert.Equal(t, "order-42-created", r.header.Get(wire.IdempotencyKey))
+	assert.Equal(t, "2025-03-04T05:06:07.123456Z", r.header.Get(wire.OccurredAt))
 	assert.Equal(t, "evt-1", r.header.Get("X-Outbox-Event-Id"), "the former name, still sent")
 	assert.Equal(t, "order.created", r.header.Get("X-Outbox-Event-Type"))
 	assert.Equal(t, "Bearer t0k", r.header.Get("Authorization"))
@@ -138,6 +141,42 @@ func TestPayloadOnly(t *testing.T) {
 	r := rc.requests()[0]
 	assert.Equal(t, `{"total":1250,"email":"ada@example.com"}`, string(r.body))
 	assert.Empty(t, r.header.Get("traceparent"), "ForwardHeaders: empty forwards nothing")
+	// Without the envelope the metadata is in the Outbox-* headers only.
+	assert.Equal(t, "42", r.header.Get(wire.AggregateID))
+	assert.Equal(t, "order-42-created", r.header.Get(wire.IdempotencyKey))
+	require.NoError(t, webhook.Verify(secret, r.header, r.body, time.Minute))
+}
+
+// TestOutboxHeadersDescribeTheEvent: neither an event header (forwarded or
+// not) nor Config.Header sets an Outbox-* header, and an Outbox-* value
+// net/http cannot send is left out (the envelope carries it) instead of
+// failing the request.
+func TestOutboxHeadersDescribeTheEvent(t *testing.T) {
+	t.Parallel()
+	rc := newReceiver(t, status(http.StatusOK))
+	h := newHandler(t, rc.URL, webhook.Config{
+		Header:         http.Header{"Outbox-Aggregate-Type": {"static"}, "outbox-tenant": {"acme"}},
+		ForwardHeaders: []string{"traceparent", "outbox-aggregate-id", "Outbox-Idempotency-Key"},
+	})
+	e := sampleEvent()
+	e.AggregateType = ""
+	e.AggregateID = "line\nbreak"
+	e.Headers["Outbox-Aggregate-Id"] = "spoofed"
+	e.Headers["outbox-idempotency-key"] = "spoofed"
+	e.Headers["Traceparent"] = "ignored: the exact name wins"
+	require.NoError(t, h(t.Context(), e))
+	r := rc.requests()[0]
+
+	assert.Equal(t, "evt-1", r.header.Get(wire.EventID))
+	assert.Empty(t, r.header.Values(wire.AggregateType), "Config.Header cannot set it, and the event has none")
+	assert.Empty(t, r.header.Values(wire.AggregateID), "not a valid header value: left out")
+	assert.Equal(t, []string{"order-42-created"}, r.header.Values(wire.IdempotencyKey))
+	assert.Equal(t, "acme", r.header.Get("Outbox-Tenant"), "other names are the operator's")
+	assert.Equal(t, []string{e.Headers["traceparent"]}, r.header.Values("Traceparent"))
+
+	var env webhook.Envelope
+	require.NoError(t, json.Unmarshal(r.body, &env))
+	assert.Equal(t, "line\nbreak", env.AggregateID, "the envelope carries it")
 	require.NoError(t, webhook.Verify(secret, r.header, r.body, time.Minute))
 }
 
@@ -363,7 +402,7 @@ func openDB(t *testing.T) (*gorm.DB, *outbox.Outbox) {
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
-		switch r.Header.Get(webhook.HeaderEventType) {
+		switch r.Header.Get(wire.EventType) {
 		case "order.rejected":
 			w.WriteHeader(http.StatusBadRequest)
 		case "order.later":
@@ -389,7 +428,7 @@ func TestEndToEnd(t *testing.T) {
 	byID := map[string]received{}
 	for _, r := range rc.requests() {
 		require.NoError(t, webhook.Verify(secret, r.header, r.body, time.Minute))
-		byID[r.header.Get(webhook.HeaderEventID)] = r
+		byID[r.header.Get(wire.EventID)] = r
 	}
 	require.Len(t, byID, 3)
 	var env webhook.Envelope

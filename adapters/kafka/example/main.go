@@ -30,6 +30,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/kafka"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 // Order is the business model.
@@ -140,7 +141,7 @@ func run() error {
 		fetches.EachRecord(func(r *kgo.Record) {
 			received++
 			fmt.Printf("partition %d offset %d  key=%s  %s  %s\n",
-				r.Partition, r.Offset, r.Key, header(r, kafka.HeaderEventType), r.Value)
+				r.Partition, r.Offset, r.Key, header(r, wire.EventType), r.Value)
 		})
 	}
 	stopRelay()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	outboxnats "github.com/gorm-outbox/outbox/adapters/nats"
+	"github.com/gorm-outbox/outbox/wire"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"gorm.io/driver/sqlite"
@@ -128,8 +129,8 @@ func run() error {
 	}
 	fmt.Printf("stream %s seq %d subject %s\n", "OUTBOX_EXAMPLE", msg.Sequence, msg.Subject)
 	fmt.Printf("  Nats-Msg-Id:        %s\n", msg.Header.Get(jetstream.MsgIDHeader))
-	fmt.Printf("  Outbox-Event-Type:  %s\n", msg.Header.Get(outboxnats.HeaderEventType))
-	fmt.Printf("  Outbox-Aggregate:   %s/%s\n", msg.Header.Get(outboxnats.HeaderAggregateType), msg.Header.Get(outboxnats.HeaderAggregateID))
+	fmt.Printf("  Outbox-Event-Type:  %s\n", msg.Header.Get(wire.EventType))
+	fmt.Printf("  Outbox-Aggregate:   %s/%s\n", msg.Header.Get(wire.AggregateType), msg.Header.Get(wire.AggregateID))
 	fmt.Printf("  traceparent:        %s\n", msg.Header.Get("traceparent"))
 	fmt.Printf("  payload:            %s\n", msg.Data)
 

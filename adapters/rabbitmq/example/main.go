@@ -28,6 +28,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/rabbitmq"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 // Order is the business model.
@@ -115,7 +116,7 @@ func run() error {
 		select {
 		case m := <-deliveries:
 			fmt.Printf("received %s  message-id=%s  routing-key=%s  aggregate=%v/%v  body=%s\n",
-				m.Type, m.MessageId, m.RoutingKey, m.Headers[rabbitmq.HeaderAggregateType], m.Headers[rabbitmq.HeaderAggregateID], m.Body)
+				m.Type, m.MessageId, m.RoutingKey, m.Headers[wire.AggregateType], m.Headers[wire.AggregateID], m.Body)
 		case <-ctx.Done():
 			stopRelay()
 			return errors.New("timed out waiting for the events")
