@@ -239,10 +239,15 @@ func goEnv(proxy, tmp string) []string {
 		}
 		return false
 	})
+	// A module cache of its own: a shared one may hold an earlier build of
+	// this same unpublished version, which would shadow the proxy. The
+	// shared cache's downloads still serve the third-party modules.
+	shared := strings.TrimSpace(output(exec.Command("go", "env", "GOMODCACHE")))
 	return append(env,
 		"GOWORK=off",
-		"GOFLAGS=-mod=mod",
-		"GOPROXY=file://"+filepath.ToSlash(proxy)+","+upstream,
+		"GOFLAGS=-mod=mod -modcacherw",
+		"GOMODCACHE="+filepath.Join(tmp, "modcache"),
+		"GOPROXY=file://"+filepath.ToSlash(proxy)+",file://"+filepath.ToSlash(filepath.Join(shared, "cache", "download"))+","+upstream,
 		"GONOSUMDB="+corePath,
 		"GOTOOLCHAIN=local",
 	)
