@@ -114,7 +114,7 @@ func (d *mysqlDialect) claimTx(ctx context.Context, db *sql.DB, c claimSpec) ([]
 		batch[i].attempts++
 	}
 	u := d.build()
-	u.w("UPDATE ", d.table, " SET available_at = ", u.time(c.lease), ", locked_until = ", u.time(c.lease),
+	u.w("UPDATE ", d.table, " SET locked_until = ", u.time(c.lease),
 		", attempts = attempts + 1, updated_at = ", u.time(c.now), " WHERE ", u.ids("id", ids))
 	q := u.query()
 	if _, err := tx.ExecContext(ctx, q.sql, q.args...); err != nil {

@@ -193,13 +193,13 @@ func inList(ids []string) (string, []any) {
 // two in step. It returns the columns the floor uses (the library's also
 // returns seq, and reads the times as text). Arguments: now, batch size.
 const mysqlSelectDue = "SELECT " + floorColumns + " FROM %s c WHERE c.status = 'pending' AND c.available_at <= ?" +
-	" ORDER BY c.available_at, c.seq LIMIT ? FOR UPDATE SKIP LOCKED"
+	" AND (c.locked_until IS NULL OR c.locked_until <= ?) ORDER BY c.available_at, c.seq LIMIT ? FOR UPDATE SKIP LOCKED"
 
 // claimTx is the library's claim transaction (claimTx in mysql.go) by hand:
 // at READ COMMITTED, lock the due rows skipping those another claim holds,
 // then lease them. The caller commits or rolls back.
 func (m *mysqlServer) claimTx(ctx context.Context, tx *sql.Tx, table string, batch int, now, lease time.Time) ([]floorRow, error) {
-	rows, err := tx.QueryContext(ctx, fmt.Sprintf(mysqlSelectDue, m.quote(table)), m.timeArg(now), batch)
+	rows, err := tx.QueryContext(ctx, fmt.Sprintf(mysqlSelectDue, m.quote(table)), m.timeArg(now), m.timeArg(now), batch)
 	if err != nil {
 		return nil, err
 	}
@@ -208,9 +208,9 @@ func (m *mysqlServer) claimTx(ctx context.Context, tx *sql.Tx, table string, bat
 		return nil, err
 	}
 	in, ids := inList(rowIDs(rs))
-	args := append([]any{m.timeArg(lease), m.timeArg(lease), m.timeArg(now)}, ids...)
+	args := append([]any{m.timeArg(lease), m.timeArg(now)}, ids...)
 	if _, err := tx.ExecContext(ctx, "UPDATE "+m.quote(table)+
-		" SET available_at = ?, locked_until = ?, attempts = attempts + 1, updated_at = ? WHERE id IN "+in, args...); err != nil {
+		" SET locked_until = ?, attempts = attempts + 1, updated_at = ? WHERE id IN "+in, args...); err != nil {
 		return nil, err
 	}
 	for i := range rs {
@@ -268,7 +268,7 @@ func (m *mysqlServer) floorOneStep(ctx context.Context, db *sql.DB, table string
 		}
 		defer func() { _ = tx.Rollback() }() // after Commit: a no-op
 		now := m.timeArg(time.Now())
-		rows, err := tx.QueryContext(ctx, fmt.Sprintf(mysqlSelectDue, m.quote(table)), now, batch)
+		rows, err := tx.QueryContext(ctx, fmt.Sprintf(mysqlSelectDue, m.quote(table)), now, now, batch)
 		if err != nil {
 			return 0, err
 		}
@@ -346,7 +346,7 @@ func (m *mysqlServer) explainClaim(ctx context.Context, db *sql.DB, table string
 	defer func() { _ = tx.Rollback() }()
 	q := fmt.Sprintf(mysqlSelectDue, m.quote(table))
 	now := m.timeArg(time.Now())
-	rows, err := tx.QueryContext(ctx, "EXPLAIN "+q, now, batch)
+	rows, err := tx.QueryContext(ctx, "EXPLAIN "+q, now, now, batch)
 	if err != nil {
 		return "", fmt.Errorf("explain claim on %s: %w", table, err)
 	}

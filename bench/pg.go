@@ -163,9 +163,9 @@ func vacuum(ctx context.Context, db *sql.DB, tables ...string) error {
 // step), returning the columns the floor uses (the library's also returns
 // seq). $1 lease end, $2 now, $3 batch size.
 const (
-	pgClaim = `UPDATE "%[1]s" SET available_at = $1, locked_until = $1, attempts = attempts + 1, updated_at = $2
+	pgClaim = `UPDATE "%[1]s" SET locked_until = $1, attempts = attempts + 1, updated_at = $2
 		WHERE id IN (SELECT c.id FROM "%[1]s" c WHERE c.status = 'pending' AND c.available_at <= $2
-			ORDER BY c.available_at, c.seq LIMIT $3 FOR UPDATE SKIP LOCKED)
+			AND (c.locked_until IS NULL OR c.locked_until <= $2) ORDER BY c.available_at, c.seq LIMIT $3 FOR UPDATE SKIP LOCKED)
 		RETURNING ` + floorColumns
 	pgMark = `UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, locked_until = NULL, last_error = NULL
 		WHERE id = ANY($3) AND locked_until = $2 AND status = 'pending'`
