@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -367,31 +366,4 @@ func (r *Relay) deliverFresh(ctx context.Context, ids []string) {
 		}
 		ids = ids[n:]
 	}
-}
-
-// Replay puts failed events back to pending, due now, with their attempts
-// reset, and returns how many it changed. IDs that are not failed are
-// skipped. db may be a transaction.
-func (o *Outbox) Replay(ctx context.Context, db *gorm.DB, ids ...string) (int, error) {
-	if o.mode == Memory {
-		return 0, ErrMemoryMode
-	}
-	if o.dialect == nil {
-		return 0, ErrNotInstalled
-	}
-	total := 0
-	now := o.now()
-	for chunk := range slices.Chunk(ids, outcomeChunk) {
-		q := o.dialect.replay(chunk, now)
-		res, err := db.Statement.ConnPool.ExecContext(ctx, q.sql, q.args...)
-		if err != nil {
-			return total, fmt.Errorf("outbox: replay %d events: %w", len(ids), err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			return total, fmt.Errorf("outbox: replay: %w", err)
-		}
-		total += int(n)
-	}
-	return total, nil
 }
