@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/kafka"
+	"github.com/gorm-outbox/outbox/internal/outagetest"
 	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/gorm-outbox/outbox/wire"
 )
@@ -70,7 +71,7 @@ func TestBrokerOutage(t *testing.T) {
 	// A short metadata age lets the client find the restarted broker
 	// quickly instead of after the default 5s.
 	p := newProducer(t, seeds, kafka.Config{ClientOptions: []kgo.Opt{kgo.MetadataMinAge(100 * time.Millisecond)}})
-	r := newRig(t, "outage", 10*time.Millisecond, func(*slog.Logger) outbox.Handler { return p.Handler() },
+	r := outagetest.NewRig(t, "outbox/kafka:", "outage", 10*time.Millisecond, func(*slog.Logger) outbox.Handler { return p.Handler() },
 		func(rc *outbox.RelayConfig) {
 			rc.OrderByAggregate = true
 			// franz-go retries an unreachable broker until the context
@@ -83,20 +84,20 @@ func TestBrokerOutage(t *testing.T) {
 	// while it is down.
 	const outages, down = 2, 4 * time.Second
 	for i := range outages {
-		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return r.statuses()[outbox.StatusSent] >= 20*(i+1) })
+		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return r.Statuses()[outbox.StatusSent] >= 20*(i+1) })
 		c.Close() // the broker goes away
 		time.Sleep(down)
 		c = broker.start() // back, with its data
-		waitFor(t, 60*time.Second, "the relay to resume", func() bool { return r.logs.count(logResumed) == i+1 })
+		waitFor(t, 60*time.Second, "the relay to resume", func() bool { return r.Logs.Count(outagetest.LogResumed) == i+1 })
 	}
-	r.stopWriting()
-	r.waitSent(60 * time.Second)
-	r.stop()
+	r.StopWriting()
+	r.WaitSent(60 * time.Second)
+	r.Stop()
 
 	total := stored(t, c, kafka.DefaultTopic)
 	recs := consume(t, seeds, kafka.DefaultTopic, int(total))
-	rep := r.report(countIDs(recs))
-	r.checkLogs()
+	rep := r.Report(countIDs(recs))
+	r.CheckLogs()
 	assert.Zero(t, rep.Lost)
 	assert.Zero(t, rep.Failed)
 	assert.Equal(t, map[int]int{1: rep.Events}, rep.Attempts, "no attempt is counted for the outages")

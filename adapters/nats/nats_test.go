@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	outboxnats "github.com/gorm-outbox/outbox/adapters/nats"
+	"github.com/gorm-outbox/outbox/internal/outagetest"
 	"github.com/gorm-outbox/outbox/wire"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -234,7 +235,7 @@ func TestErrorClassification(t *testing.T) {
 // to do, without payloads.
 func TestClosedConnectionLoggedOnce(t *testing.T) {
 	t.Parallel()
-	logs := newLogRecorder()
+	logs := outagetest.NewLogRecorder()
 	js := &fakeJS{err: natsgo.ErrConnectionClosed}
 	p, err := outboxnats.New(js, outboxnats.Config{Logger: slog.New(logs)})
 	require.NoError(t, err)
@@ -242,7 +243,7 @@ func TestClosedConnectionLoggedOnce(t *testing.T) {
 		err := p.Handler()(t.Context(), outbox.Event{ID: fmt.Sprint("e", i), Type: "t", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
 		require.True(t, outbox.IsUnavailable(err), "%v", err)
 	}
-	recs := logs.records()
+	recs := logs.Records()
 	require.Len(t, recs, 1, "logged once, not per event: %v", recs)
 	assert.Equal(t, slog.LevelError, recs[0].Level)
 	assert.Contains(t, recs[0].Msg, "closed for good")
@@ -269,11 +270,11 @@ func TestNewWarnsAboutBoundedReconnects(t *testing.T) {
 		require.NoError(t, err)
 		js, err := jetstream.New(nc)
 		require.NoError(t, err)
-		logs := newLogRecorder()
+		logs := outagetest.NewLogRecorder()
 		_, err = outboxnats.New(js, outboxnats.Config{Logger: slog.New(logs)})
 		require.NoError(t, err)
 		nc.Close()
-		recs := logs.records()
+		recs := logs.Records()
 		if tc.warn == "" {
 			assert.Empty(t, recs, name)
 			continue

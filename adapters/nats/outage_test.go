@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	outboxnats "github.com/gorm-outbox/outbox/adapters/nats"
+	"github.com/gorm-outbox/outbox/internal/outagetest"
 	"github.com/gorm-outbox/outbox/wire"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,6 +22,10 @@ import (
 // streamIDs reads the whole stream as a consumer would and counts the
 // messages of each event ID; anything the duplicate window failed to drop
 // shows up as a count above 1.
+
+// logClosed starts the adapter's error for a connection closed for good.
+const logClosed = "outbox/nats: the nats.Conn is closed for good"
+
 func streamIDs(t *testing.T, js jetstream.JetStream, name string) map[string]int {
 	t.Helper()
 	s, err := js.Stream(t.Context(), name)
@@ -88,23 +93,23 @@ func TestBrokerOutage(t *testing.T) {
 	_, js := connectWith(t, srv.url(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
 	createStream(t, js, "OUTAGE", "outage.>")
 
-	r := newRig(t, "outage", 10*time.Millisecond, func(log *slog.Logger) outbox.Handler {
+	r := outagetest.NewRig(t, "outbox/nats:", "outage", 10*time.Millisecond, func(log *slog.Logger) outbox.Handler {
 		return newPublisher(t, js, outboxnats.Config{SubjectPrefix: "outage.", Timeout: 500 * time.Millisecond, Logger: log}).Handler()
 	})
 	const outages, down = 2, 2 * time.Second
 	for i := range outages {
-		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return r.statuses()[outbox.StatusSent] >= 20*(i+1) })
+		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return r.Statuses()[outbox.StatusSent] >= 20*(i+1) })
 		srv.stop()
 		time.Sleep(down) // the outage itself
 		srv.start()
-		waitFor(t, 60*time.Second, "the relay to resume", func() bool { return r.logs.count(logResumed) == i+1 })
+		waitFor(t, 60*time.Second, "the relay to resume", func() bool { return r.Logs.Count(outagetest.LogResumed) == i+1 })
 	}
-	r.stopWriting()
-	r.waitSent(60 * time.Second)
-	r.stop()
+	r.StopWriting()
+	r.WaitSent(60 * time.Second)
+	r.Stop()
 
-	rep := r.report(streamIDs(t, js, "OUTAGE"))
-	r.checkLogs()
+	rep := r.Report(streamIDs(t, js, "OUTAGE"))
+	r.CheckLogs()
 	assert.Zero(t, rep.Lost)
 	assert.Zero(t, rep.Failed)
 	assert.Zero(t, rep.Duplicates, "the duplicate window drops re-sends")
@@ -185,7 +190,7 @@ func runGiveUp(t *testing.T, c giveUpCase) {
 	createStream(t, admin, "GIVEUP", "giveup.>")
 
 	type side struct {
-		rig *rig
+		rig *outagetest.Rig
 		nc  *natsgo.Conn
 		pub atomic.Pointer[outboxnats.Publisher]
 	}
@@ -197,13 +202,13 @@ func runGiveUp(t *testing.T, c giveUpCase) {
 	}{{&bounded, "bounded", c.bounded}, {&unbounded, "unbounded", c.unbounded}} {
 		nc, js := connectWith(t, srv.url(), s.opts...)
 		s.side.nc = nc
-		s.side.rig = newRig(t, s.name, c.every, func(log *slog.Logger) outbox.Handler {
+		s.side.rig = outagetest.NewRig(t, "outbox/nats:", s.name, c.every, func(log *slog.Logger) outbox.Handler {
 			s.side.pub.Store(newPublisher(t, js, outboxnats.Config{SubjectPrefix: "giveup." + s.name + ".", Timeout: c.timeout, Logger: log}))
 			return func(ctx context.Context, e outbox.Event) error { return s.side.pub.Load().Handler()(ctx, e) }
 		})
 	}
 	for _, s := range []*side{&bounded, &unbounded} {
-		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return s.rig.statuses()[outbox.StatusSent] >= 10 })
+		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return s.rig.Statuses()[outbox.StatusSent] >= 10 })
 	}
 
 	srv.stop()
@@ -216,49 +221,49 @@ func runGiveUp(t *testing.T, c giveUpCase) {
 	t.Logf("outage: %v", back.Sub(began).Round(time.Millisecond))
 	time.Sleep(c.settle)
 	for _, s := range []*side{&bounded, &unbounded} {
-		s.rig.stopWriting()
+		s.rig.StopWriting()
 	}
 
 	// The documented connection came back by itself.
-	unbounded.rig.waitSent(90 * time.Second)
+	unbounded.rig.WaitSent(90 * time.Second)
 	t.Logf("unbounded: every event sent %v after the server came back", time.Since(back).Round(time.Millisecond))
 	assert.False(t, unbounded.nc.IsClosed())
 
 	// The bounded one did not, but its events are all pending, with no
 	// attempt spent: the relay hands each probe back.
 	require.True(t, bounded.nc.IsClosed())
-	st := bounded.rig.statuses()
+	st := bounded.rig.Statuses()
 	assert.Zero(t, st[outbox.StatusFailed])
 	assert.NotZero(t, st[outbox.StatusPending], "events written after the connection closed wait for a new one")
-	assert.Equal(t, map[int]int{0: st[outbox.StatusPending]}, bounded.rig.attempts(outbox.StatusPending))
-	assert.Equal(t, 1, bounded.rig.logs.count(logClosed), "the closed connection is logged once, as an error")
-	assert.Equal(t, 1, bounded.rig.logs.count(logPaused))
-	assert.Zero(t, bounded.rig.logs.count(logResumed))
+	assert.Equal(t, map[int]int{0: st[outbox.StatusPending]}, bounded.rig.Attempts(outbox.StatusPending))
+	assert.Equal(t, 1, bounded.rig.Logs.Count(logClosed), "the closed connection is logged once, as an error")
+	assert.Equal(t, 1, bounded.rig.Logs.Count(outagetest.LogPaused))
+	assert.Zero(t, bounded.rig.Logs.Count(outagetest.LogResumed))
 	t.Logf("bounded, before the restart: statuses %v", st)
 
 	// The process restart: a new connection, with the documented options.
 	_, js := connectWith(t, srv.url(), c.unbounded...)
-	bounded.pub.Store(newPublisher(t, js, outboxnats.Config{SubjectPrefix: "giveup.bounded.", Timeout: c.timeout, Logger: slog.New(bounded.rig.logs)}))
-	bounded.rig.waitSent(90 * time.Second)
+	bounded.pub.Store(newPublisher(t, js, outboxnats.Config{SubjectPrefix: "giveup.bounded.", Timeout: c.timeout, Logger: slog.New(bounded.rig.Logs)}))
+	bounded.rig.WaitSent(90 * time.Second)
 
 	_, reader := connectWith(t, srv.url()) // admin's connection gave up too when bounded
 	seen := streamIDs(t, reader, "GIVEUP")
 	for _, s := range []*side{&bounded, &unbounded} {
-		s.rig.stop()
-		rep := s.rig.report(seen)
-		s.rig.checkLogs()
-		assert.Zero(t, rep.Lost, s.rig.name)
-		assert.Zero(t, rep.Failed, s.rig.name)
-		assert.Zero(t, rep.Duplicates, s.rig.name)
-		assert.Equal(t, map[int]int{1: rep.Events}, rep.Attempts, "%s: no attempt counted for the outage", s.rig.name)
-		assert.Equal(t, 1, rep.Paused, "%s: one \"destination unavailable\" for the outage", s.rig.name)
-		assert.Equal(t, 1, rep.Resumed, s.rig.name)
-		assert.Zero(t, rep.RetryWarnings, s.rig.name)
-		assert.Zero(t, rep.FailedLogs, s.rig.name)
+		s.rig.Stop()
+		rep := s.rig.Report(seen)
+		s.rig.CheckLogs()
+		assert.Zero(t, rep.Lost, s.rig.Name())
+		assert.Zero(t, rep.Failed, s.rig.Name())
+		assert.Zero(t, rep.Duplicates, s.rig.Name())
+		assert.Equal(t, map[int]int{1: rep.Events}, rep.Attempts, "%s: no attempt counted for the outage", s.rig.Name())
+		assert.Equal(t, 1, rep.Paused, "%s: one \"destination unavailable\" for the outage", s.rig.Name())
+		assert.Equal(t, 1, rep.Resumed, s.rig.Name())
+		assert.Zero(t, rep.RetryWarnings, s.rig.Name())
+		assert.Zero(t, rep.FailedLogs, s.rig.Name())
 	}
-	assert.Zero(t, unbounded.rig.logs.count(logClosed))
+	assert.Zero(t, unbounded.rig.Logs.Count(logClosed))
 	var warned int
-	for _, rec := range bounded.rig.logs.records() {
+	for _, rec := range bounded.rig.Logs.Records() {
 		if strings.Contains(rec.Msg, "gives up reconnecting") {
 			warned++
 		}

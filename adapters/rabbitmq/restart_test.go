@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/outagetest"
 )
 
 // serverEnv names the rabbitmq-server script the restart test runs; by
@@ -194,21 +195,21 @@ func TestBrokerRestart(t *testing.T) {
 	p, err := New(Config{URL: n.url(), DeclareExchange: true, ConnectionName: randomName("outbox-test-restart-")})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.Close() })
-	r := newRig(t, "restart", 10*time.Millisecond, func(*slog.Logger) outbox.Handler { return p.Handler() })
+	r := outagetest.NewRig(t, "outbox/rabbitmq:", "restart", 10*time.Millisecond, func(*slog.Logger) outbox.Handler { return p.Handler() })
 
-	waitFor(t, 60*time.Second, "deliveries before the restart", func() bool { return r.statuses()[outbox.StatusSent] >= 20 })
+	waitFor(t, 60*time.Second, "deliveries before the restart", func() bool { return r.Statuses()[outbox.StatusSent] >= 20 })
 	began := time.Now()
 	n.stop()
 	time.Sleep(2 * time.Second) // down, then a start that takes its time
 	n.start()
 	t.Logf("broker unavailable for %v (stop, 2 s, start)", time.Since(began).Round(100*time.Millisecond))
-	waitFor(t, 60*time.Second, "the relay to resume", func() bool { return r.logs.count(logResumed) == 1 })
-	r.stopWriting()
-	r.waitSent(60 * time.Second)
-	r.stop()
+	waitFor(t, 60*time.Second, "the relay to resume", func() bool { return r.Logs.Count(outagetest.LogResumed) == 1 })
+	r.StopWriting()
+	r.WaitSent(60 * time.Second)
+	r.Stop()
 
-	rep := r.report(drainQueue(t, n.url(), queue))
-	r.checkLogs()
+	rep := r.Report(drainQueue(t, n.url(), queue))
+	r.CheckLogs()
 	assert.Zero(t, rep.Lost)
 	assert.Zero(t, rep.Failed)
 	assert.Equal(t, map[int]int{1: rep.Events}, rep.Attempts, "no attempt is counted for the outage")
@@ -217,7 +218,7 @@ func TestBrokerRestart(t *testing.T) {
 	assert.Zero(t, rep.RetryWarnings, "no per-event warnings")
 	assert.Zero(t, rep.FailedLogs)
 	if t.Failed() {
-		for _, rec := range r.logs.records() {
+		for _, rec := range r.Logs.Records() {
 			if rec.Level >= slog.LevelWarn {
 				t.Log(rec.Text)
 			}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	outboxredis "github.com/gorm-outbox/outbox/adapters/redis"
+	"github.com/gorm-outbox/outbox/internal/outagetest"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -296,20 +297,20 @@ func TestBrokerOutage(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	const key = "outage"
 
-	r := newRig(t, "outage", 10*time.Millisecond, func(*slog.Logger) outbox.Handler {
+	r := outagetest.NewRig(t, "outbox/redis:", "outage", 10*time.Millisecond, func(*slog.Logger) outbox.Handler {
 		return newPublisher(t, rdb, outboxredis.Config{Stream: key, Timeout: time.Second}).Handler()
 	})
 	const outages, down = 2, 2 * time.Second
 	for i := range outages {
-		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return r.statuses()[outbox.StatusSent] >= 20*(i+1) })
+		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return r.Statuses()[outbox.StatusSent] >= 20*(i+1) })
 		srv.stop()
 		time.Sleep(down) // the outage itself
 		srv.start()
-		waitFor(t, 60*time.Second, "the relay to resume", func() bool { return r.logs.count(logResumed) == i+1 })
+		waitFor(t, 60*time.Second, "the relay to resume", func() bool { return r.Logs.Count(outagetest.LogResumed) == i+1 })
 	}
-	r.stopWriting()
-	r.waitSent(60 * time.Second)
-	r.stop()
+	r.StopWriting()
+	r.WaitSent(60 * time.Second)
+	r.Stop()
 
 	msgs, err := rdb.XRange(t.Context(), key, "-", "+").Result()
 	require.NoError(t, err)
@@ -317,8 +318,8 @@ func TestBrokerOutage(t *testing.T) {
 	for _, m := range msgs {
 		seen[m.Values[outboxredis.FieldID].(string)]++
 	}
-	rep := r.report(seen)
-	r.checkLogs()
+	rep := r.Report(seen)
+	r.CheckLogs()
 	assert.Zero(t, rep.Lost)
 	assert.Zero(t, rep.Failed)
 	assert.Len(t, seen, rep.Events, "no entries but the events")

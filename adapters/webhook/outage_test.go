@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/adapters/webhook"
+	"github.com/gorm-outbox/outbox/internal/outagetest"
 	"github.com/gorm-outbox/outbox/wire"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -117,7 +118,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 func TestReceiverOutage(t *testing.T) {
 	t.Parallel()
 	rr := newRestartable(t)
-	r := newRig(t, "outage", 10*time.Millisecond, func(*slog.Logger) outbox.Handler {
+	r := outagetest.NewRig(t, "outbox/webhook:", "outage", 10*time.Millisecond, func(*slog.Logger) outbox.Handler {
 		return newHandler(t, rr.url(), webhook.Config{Timeout: time.Second})
 	})
 	const down = 2 * time.Second
@@ -129,18 +130,18 @@ func TestReceiverOutage(t *testing.T) {
 		{"503", func() { rr.down503.Store(true) }, func() { rr.down503.Store(false) }},
 	}
 	for i, o := range outages {
-		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return r.statuses()[outbox.StatusSent] >= 20*(i+1) })
+		waitFor(t, 30*time.Second, "deliveries before the outage", func() bool { return r.Statuses()[outbox.StatusSent] >= 20*(i+1) })
 		o.begin()
 		time.Sleep(down) // the outage itself
 		o.end()
-		waitFor(t, 60*time.Second, "the relay to resume after "+o.name, func() bool { return r.logs.count(logResumed) == i+1 })
+		waitFor(t, 60*time.Second, "the relay to resume after "+o.name, func() bool { return r.Logs.Count(outagetest.LogResumed) == i+1 })
 	}
-	r.stopWriting()
-	r.waitSent(60 * time.Second)
-	r.stop()
+	r.StopWriting()
+	r.WaitSent(60 * time.Second)
+	r.Stop()
 
-	rep := r.report(rr.received())
-	r.checkLogs()
+	rep := r.Report(rr.received())
+	r.CheckLogs()
 	assert.Zero(t, rep.Lost)
 	assert.Zero(t, rep.Failed)
 	assert.Equal(t, map[int]int{1: rep.Events}, rep.Attempts, "no attempt is counted for the outages")

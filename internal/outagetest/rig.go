@@ -1,4 +1,4 @@
-package webhook_test
+package outagetest
 
 import (
 	"context"
@@ -20,18 +20,19 @@ import (
 	"gorm.io/gorm"
 )
 
-// payloadMarker is in every payload the outage tests publish; no log line
+// PayloadMarker is in every payload the outage tests publish; no log line
 // may contain it.
-const payloadMarker = "payload-marker-never-logged"
+const PayloadMarker = "payload-marker-never-logged"
 
-// rig is an outbox on SQLite with a steady writer and a running
+// Rig is an outbox on SQLite with a steady writer and a running
 // Relay.Run, for the outage tests: it publishes one event every interval
 // until stopped, and reports what became of them.
-type rig struct {
+type Rig struct {
 	t      *testing.T
 	name   string
+	prefix string // the adapter's log messages start with it
 	db     *gorm.DB
-	logs   *logRecorder
+	Logs   *LogRecorder // the relay's and the adapter's records
 	cancel context.CancelFunc
 	done   chan struct{} // the relay's Run returned
 
@@ -43,16 +44,16 @@ type rig struct {
 	writerW sync.WaitGroup
 }
 
-// newRig starts the relay and the writer. handler builds the handler with
+// NewRig starts the relay and the writer. handler builds the handler with
 // the rig's logger, which records the relay's and the adapter's messages;
 // cfg, when given, adjusts the relay's configuration. IDs are
 // name-NNNNNN, so that rigs sharing a stream do not collide; the events
 // belong to 5 aggregates, name-agg-0 to name-agg-4, in turn.
-func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.Logger) outbox.Handler, cfg ...func(*outbox.RelayConfig)) *rig {
+func NewRig(t *testing.T, adapterLogPrefix, name string, every time.Duration, handler func(*slog.Logger) outbox.Handler, cfg ...func(*outbox.RelayConfig)) *Rig {
 	t.Helper()
-	r := &rig{t: t, name: name, logs: newLogRecorder(), stopW: make(chan struct{}), done: make(chan struct{})}
+	r := &Rig{t: t, name: name, prefix: adapterLogPrefix, Logs: NewLogRecorder(), stopW: make(chan struct{}), done: make(chan struct{})}
 	var ob *outbox.Outbox
-	log := slog.New(r.logs)
+	log := slog.New(r.Logs)
 	r.db, ob = outboxtest.SQLite(t, outbox.Config{Logger: log})
 	h := handler(log)
 	ob.Handle(outbox.AnyEvent, func(ctx context.Context, e outbox.Event) error {
@@ -71,7 +72,7 @@ func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.L
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { defer close(r.done); _ = relay.Run(ctx) }()
-	t.Cleanup(r.stop)
+	t.Cleanup(r.Stop)
 
 	r.writerW.Add(1)
 	go func() {
@@ -87,7 +88,7 @@ func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.L
 			id := fmt.Sprintf("%s-%06d", name, n)
 			err := r.db.Transaction(func(tx *gorm.DB) error {
 				return outbox.Publish(tx, outbox.Event{ID: id, Type: "order.created", AggregateID: fmt.Sprintf("%s-agg-%d", name, n%5),
-					Payload: map[string]any{"n": n, "marker": payloadMarker}})
+					Payload: map[string]any{"n": n, "marker": PayloadMarker}})
 			})
 			if err != nil {
 				t.Errorf("publish %s: %v", id, err)
@@ -101,32 +102,36 @@ func newRig(t *testing.T, name string, every time.Duration, handler func(*slog.L
 	return r
 }
 
-// stopWriting stops the writer and returns the IDs it committed.
-func (r *rig) stopWriting() []string {
+// StopWriting stops the writer and returns the IDs it committed.
+func (r *Rig) StopWriting() []string {
 	select {
 	case <-r.stopW:
 	default:
 		close(r.stopW)
 	}
 	r.writerW.Wait()
-	return r.committed()
+	return r.Committed()
 }
 
-func (r *rig) committed() []string {
+// Name is the rig's name, the prefix of its event IDs.
+func (r *Rig) Name() string { return r.name }
+
+// Committed returns the IDs the writer committed so far.
+func (r *Rig) Committed() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.ids)
 }
 
-// stop stops the writer and the relay.
-func (r *rig) stop() {
-	r.stopWriting()
+// Stop stops the writer and the relay.
+func (r *Rig) Stop() {
+	r.StopWriting()
 	r.cancel()
 	<-r.done
 }
 
-// statuses counts the rows by status.
-func (r *rig) statuses() map[string]int {
+// Statuses counts the rows by status.
+func (r *Rig) Statuses() map[string]int {
 	r.t.Helper()
 	var rows []struct {
 		Status string
@@ -140,9 +145,9 @@ func (r *rig) statuses() map[string]int {
 	return m
 }
 
-// attempts counts the rows of a status by their attempts column: for sent
+// Attempts counts the rows of a status by their attempts column: for sent
 // rows, the attempts the delivery took (a hand-back does not count).
-func (r *rig) attempts(status string) map[int]int {
+func (r *Rig) Attempts(status string) map[int]int {
 	r.t.Helper()
 	var rows []struct {
 		Attempts int
@@ -157,13 +162,13 @@ func (r *rig) attempts(status string) map[int]int {
 	return m
 }
 
-// waitSent waits until every committed row is sent.
-func (r *rig) waitSent(timeout time.Duration) {
+// WaitSent waits until every committed row is sent.
+func (r *Rig) WaitSent(timeout time.Duration) {
 	r.t.Helper()
-	want := len(r.committed())
+	want := len(r.Committed())
 	deadline := time.Now().Add(timeout)
 	for {
-		st := r.statuses()
+		st := r.Statuses()
 		if st[outbox.StatusSent] == want {
 			return
 		}
@@ -174,9 +179,9 @@ func (r *rig) waitSent(timeout time.Duration) {
 	}
 }
 
-// report is what an outage test measured, in the shape RELIABILITY.md
+// Report is what an outage test measured, in the shape RELIABILITY.md
 // records.
-type report struct {
+type Report struct {
 	Events, Delivered, Lost, Failed, Duplicates int
 	Attempts                                    map[int]int // sent rows by attempts
 	Paused, Resumed, RetryWarnings, FailedLogs  int
@@ -187,20 +192,20 @@ type report struct {
 
 var pausedAttr = regexp.MustCompile(`paused=(\S+)`)
 
-// checkLogs asserts that no record carries a payload.
-func (r *rig) checkLogs() {
+// CheckLogs asserts that no record carries a payload.
+func (r *Rig) CheckLogs() {
 	r.t.Helper()
-	for _, rec := range r.logs.records() {
-		assert.NotContains(r.t, rec.Text, payloadMarker, "%s: a log record carries a payload", r.name)
+	for _, rec := range r.Logs.Records() {
+		assert.NotContains(r.t, rec.Text, PayloadMarker, "%s: a log record carries a payload", r.name)
 	}
 }
 
-// report builds the figures from the rows, the logs and seen (event ID to
+// Report builds the figures from the rows, the logs and seen (event ID to
 // how many copies the broker holds).
-func (r *rig) report(seen map[string]int) report {
+func (r *Rig) Report(seen map[string]int) Report {
 	r.t.Helper()
-	ids := r.committed()
-	rep := report{Events: len(ids), Attempts: r.attempts(outbox.StatusSent)}
+	ids := r.Committed()
+	rep := Report{Events: len(ids), Attempts: r.Attempts(outbox.StatusSent)}
 	for _, id := range ids {
 		switch n := seen[id]; {
 		case n == 0:
@@ -210,16 +215,16 @@ func (r *rig) report(seen map[string]int) report {
 			rep.Duplicates += n - 1
 		}
 	}
-	rep.Failed = r.statuses()[outbox.StatusFailed]
-	rep.Paused = r.logs.count(logPaused)
-	rep.Resumed = r.logs.count(logResumed)
-	rep.RetryWarnings = r.logs.count(logRetry)
-	rep.FailedLogs = r.logs.count(logFailed)
-	for _, rec := range r.logs.records() {
-		if rec.Level >= slog.LevelError && strings.HasPrefix(rec.Msg, adapterLogPrefix) {
+	rep.Failed = r.Statuses()[outbox.StatusFailed]
+	rep.Paused = r.Logs.Count(LogPaused)
+	rep.Resumed = r.Logs.Count(LogResumed)
+	rep.RetryWarnings = r.Logs.Count(LogRetry)
+	rep.FailedLogs = r.Logs.Count(LogFailed)
+	for _, rec := range r.Logs.Records() {
+		if rec.Level >= slog.LevelError && strings.HasPrefix(rec.Msg, r.prefix) {
 			rep.AdapterErrors++
 		}
-		if strings.HasPrefix(rec.Msg, logResumed) {
+		if strings.HasPrefix(rec.Msg, LogResumed) {
 			if m := pausedAttr.FindStringSubmatch(rec.Text); m != nil {
 				rep.PausedFor = append(rep.PausedFor, m[1])
 			}
