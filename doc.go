@@ -37,7 +37,8 @@
 //	relay := ob.Relay(db, outbox.RelayConfig{})
 //	go func() { errc <- relay.Run(ctx) }() // an error means an invalid configuration
 //
-// It claims due rows with a lease (FOR UPDATE SKIP LOCKED on PostgreSQL), so
+// It claims due rows with a lease (FOR UPDATE SKIP LOCKED on PostgreSQL and
+// MySQL), so
 // any number of relays can share one table without delivering an event twice
 // while its claim is live. It calls the handlers outside any transaction,
 // marks delivered rows sent, retries failures with backoff, and marks an
