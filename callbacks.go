@@ -8,7 +8,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
 
@@ -276,11 +275,11 @@ func fillRecorded(db *gorm.DB, events []Event, model reflect.Value) error {
 	for i := range events {
 		e := &events[i]
 		if e.ID == "" {
-			id, err := uuid.NewV7()
+			id, err := newEventID()
 			if err != nil {
-				return fmt.Errorf("outbox: generate event id: %w", err)
+				return err
 			}
-			e.ID = id.String()
+			e.ID = id
 		}
 		if e.OccurredAt.IsZero() {
 			e.OccurredAt = now

@@ -118,7 +118,9 @@ func ensure(ctx context.Context, db *gorm.DB, d dialect, name string, ddl ...str
 }
 
 // upgrade runs the dialect's upgrade script in one transaction. Its first
-// statement locks the table; the version is read again under that lock, so
+// statement takes a write lock (PostgreSQL: LOCK TABLE; SQLite: the
+// database's write lock, which its first write takes); the version is read
+// again under that lock, so
 // that of several instances starting at once one upgrades and the others
 // find the work done.
 func upgrade(ctx context.Context, db *sql.DB, d dialect) error {

@@ -148,17 +148,27 @@ func (o *Outbox) encodeAll(events []Event) ([]encoded, error) {
 	return out, nil
 }
 
+// newEventID is an event's default ID: a UUIDv7, time ordered (good index
+// locality).
+func newEventID() (string, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return "", fmt.Errorf("outbox: generate event id: %w", err)
+	}
+	return id.String(), nil
+}
+
 func (o *Outbox) encode(in *Event, now time.Time, out *encoded) error {
 	e := *in
 	if e.Type == "" {
 		return fmt.Errorf("%w: Type is required", ErrInvalidEvent)
 	}
 	if e.ID == "" {
-		id, err := uuid.NewV7()
+		id, err := newEventID()
 		if err != nil {
-			return fmt.Errorf("outbox: generate event id: %w", err)
+			return err
 		}
-		e.ID = id.String()
+		e.ID = id
 	}
 	if e.IdempotencyKey == "" {
 		e.IdempotencyKey = e.ID
