@@ -19,6 +19,7 @@
 //	Outbox-Aggregate-Type: <aggregate type, when set>
 //	Outbox-Aggregate-Id: <aggregate ID, when set>
 //	Outbox-Idempotency-Key: <idempotency key>
+//	Idempotency-Key: <idempotency key>
 //	Outbox-Occurred-At: <OccurredAt, RFC 3339, UTC, microseconds>
 //	X-Outbox-Timestamp: <Unix seconds when this attempt was sent>
 //	X-Outbox-Signature: sha256=<hex HMAC-SHA256 of timestamp + "." + body>
@@ -53,7 +54,10 @@
 // refused, dial or TLS failure, a connection reset or closed before the
 // response), and a 502, 503 or 504 without Retry-After, are reported as
 // [outbox.Unavailable]: the relay hands the event back without counting an
-// attempt and pauses delivery until the endpoint answers again. A timeout
+// attempt and pauses delivery until the endpoint answers again. A request
+// written on a kept-alive connection that the receiver had closed (it
+// restarted, or its idle timeout ran out) is first resent on a new
+// connection by net/http, which the Idempotency-Key header allows. A timeout
 // waiting for the response of a receiver that accepted the request is a
 // plain retry: a slow receiver may be slow on this event.
 //
@@ -290,6 +294,13 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 		}
 	})
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
+	if key := cmp.Or(e.IdempotencyKey, e.ID); validHeaderValue(key) {
+		// The de facto standard name, which receivers' middleware knows,
+		// and which lets net/http resend the request on a fresh connection
+		// when a kept-alive one turns out to have been closed by the
+		// receiver (a restart, an idle timeout) instead of failing it.
+		req.Header.Set("Idempotency-Key", key)
+	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(LegacyHeaderEventID, e.ID)
 	req.Header.Set(LegacyHeaderEventType, e.Type)
@@ -347,12 +358,16 @@ func unreachable(err error, connected bool) bool {
 	if !connected {
 		return true
 	}
-	for _, target := range []error{syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed} {
+	// ECONNREFUSED after a connection was made: net/http resent the
+	// request on a new connection and the receiver was gone by then.
+	for _, target := range []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EPIPE, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed} {
 		if errors.Is(err, target) {
 			return true
 		}
 	}
-	return false
+	// net/http's unexported errServerClosedIdle: the receiver closed a
+	// kept-alive connection as the request was written on it.
+	return strings.Contains(err.Error(), "server closed idle connection")
 }
 
 // maxRetryAfter caps what a receiver can ask for, so a bogus header cannot

@@ -1,6 +1,7 @@
 package webhook_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -496,4 +497,53 @@ func ExampleVerify() {
 	// Output:
 	// verified order.created {"total":5}
 	// error: <nil>
+}
+
+// TestKeptAliveConnectionClosedIsResent: a receiver that restarts closes
+// the connection the client keeps alive. A request written on it just then
+// is resent on a new connection and delivered, instead of failing and
+// taking the relay into an outage pause it does not need.
+func TestKeptAliveConnectionClosedIsResent(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	type delivery struct {
+		conn int
+		id   string
+		key  string
+	}
+	got := make(chan delivery, 10)
+	go func() {
+		for n := 1; ; n++ {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func(n int, c net.Conn) {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for i := 1; ; i++ {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					_, _ = io.Copy(io.Discard, req.Body)
+					if n == 1 && i == 2 {
+						return // the restart: the request is read, never answered
+					}
+					got <- delivery{n, req.Header.Get(wire.EventID), req.Header.Get("Idempotency-Key")}
+					_, _ = io.WriteString(c, "HTTP/1.1 204 No Content\r\n\r\n")
+				}
+			}(n, c)
+		}
+	}()
+	h := newHandler(t, "http://"+l.Addr().String()+"/hook", webhook.Config{})
+	first, second := sampleEvent(), sampleEvent()
+	second.ID, second.IdempotencyKey = "evt-2", ""
+
+	require.NoError(t, h(t.Context(), first))
+	assert.Equal(t, delivery{1, "evt-1", "order-42-created"}, <-got)
+	require.NoError(t, h(t.Context(), second), "resent on a new connection")
+	assert.Equal(t, delivery{2, "evt-2", "evt-2"}, <-got, "the key defaults to the event ID")
 }

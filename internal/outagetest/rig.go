@@ -224,6 +224,11 @@ func (r *Rig) Report(seen map[string]int) Report {
 		if rec.Level >= slog.LevelError && strings.HasPrefix(rec.Msg, r.prefix) {
 			rep.AdapterErrors++
 		}
+		if strings.HasPrefix(rec.Msg, LogRetry) || strings.HasPrefix(rec.Msg, LogFailed) {
+			// The error text says which failure the adapter did not
+			// classify, which a count alone cannot.
+			r.t.Logf("%s: %s", r.name, rec.Text)
+		}
 		if strings.HasPrefix(rec.Msg, LogResumed) {
 			if m := pausedAttr.FindStringSubmatch(rec.Text); m != nil {
 				rep.PausedFor = append(rep.PausedFor, m[1])
