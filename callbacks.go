@@ -159,7 +159,7 @@ func beginForEvents(db *gorm.DB) {
 	if db.Error != nil || !db.SkipDefaultTransaction || !hasRecorded(db) {
 		return
 	}
-	if o := fromDB(db); o == nil || o.mode != Persistent {
+	if o := fromDB(db); o == nil || o.mode == Memory {
 		return
 	}
 	if _, inTx := trackedTx(db.Statement.ConnPool); inTx {

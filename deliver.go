@@ -42,9 +42,21 @@ type outcome struct {
 // When a handler reports its destination down ([Unavailable]), the batch's
 // remaining events are handed back without counting attempts and the error
 // returned satisfies [IsUnavailable].
+//
+// In Logical mode it first delivers the events committed before the call
+// from the replication slot (unless another relay is streaming it), then
+// claims one batch from the table; the count is the sum.
 func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 	if r.err != nil {
 		return 0, r.err
+	}
+	if r.o.mode == Logical {
+		n, err := r.streamOnce(ctx)
+		if err != nil {
+			return n, err
+		}
+		m, err := r.process(ctx, nil, r.cfg.BatchSize)
+		return n + m, err
 	}
 	return r.process(ctx, nil, r.cfg.BatchSize)
 }

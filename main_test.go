@@ -10,10 +10,20 @@ import (
 // does not stop, a listener that outlives Run. The NOTIFY sender is allowed
 // its idle second before it exits by itself.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	goleak.VerifyTestMain(stopsServers{m},
 		goleak.IgnoreTopFunction("github.com/gorm-outbox/outbox.(*notifier).loop"),
 		goleak.IgnoreAnyFunction("github.com/gorm-outbox/outbox.(*notifier).send"),
 		// GORM's prepared-statement cache starts a janitor it never stops.
 		goleak.IgnoreAnyFunction("gorm.io/gorm/internal/lru.NewLRU[...].func1"),
 	)
+}
+
+// stopsServers stops the PostgreSQL servers the tests started once they
+// are done.
+type stopsServers struct{ m *testing.M }
+
+func (s stopsServers) Run() int {
+	code := s.m.Run()
+	stopLogicalServer()
+	return code
 }

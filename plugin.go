@@ -26,15 +26,25 @@ const (
 	// right after the transaction commits, and lost if the process dies
 	// before that. Meant for development on SQLite and for tests.
 	Memory
+	// Logical, on PostgreSQL only, writes every event into the publishing
+	// transaction's WAL (pg_logical_emit_message) instead of a table row;
+	// a [Relay] streams the committed events from a logical replication
+	// slot, in commit order, at least once. Failed deliveries go to the
+	// outbox table and are retried from there as in Persistent mode. It
+	// needs wal_level=logical and a role allowed to replicate; see
+	// README, "Logical mode".
+	Logical
 )
 
-// String returns "persistent" or "memory".
+// String returns "persistent", "memory" or "logical".
 func (m Mode) String() string {
 	switch m {
 	case Persistent:
 		return "persistent"
 	case Memory:
 		return "memory"
+	case Logical:
+		return "logical"
 	}
 	return fmt.Sprintf("Mode(%d)", int(m))
 }
@@ -85,6 +95,15 @@ type Config struct {
 	// is sent outside the business transaction, debounced (at most about one
 	// per millisecond per process). Defaults to false.
 	DisableNotify bool
+
+	// Slot names the logical replication slot Logical mode streams from
+	// (and the publication it reads through, and the prefix of its WAL
+	// messages). Slots belong to the whole PostgreSQL cluster: give every
+	// outbox (every table, schema or database) its own. Lower-case ASCII
+	// letters, digits and underscores, at most 63 bytes. Defaults to the
+	// table's name in lower case followed by "_slot". Ignored in other
+	// modes.
+	Slot string
 }
 
 // Outbox is the GORM plugin. Create it with [Plugin], install it with
@@ -93,6 +112,7 @@ type Config struct {
 type Outbox struct {
 	mode       Mode
 	table      string
+	slot       string // Logical mode
 	logger     *slog.Logger
 	migrate    bool
 	maxPayload int
@@ -143,16 +163,24 @@ func Plugin(cfg Config) *Outbox {
 		o.logger = slog.Default()
 	}
 	switch {
-	case cfg.Mode != Persistent && cfg.Mode != Memory:
+	case cfg.Mode != Persistent && cfg.Mode != Memory && cfg.Mode != Logical:
 		o.cfgErr = fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(cfg.Mode))
 	case !validTable(o.table):
 		o.cfgErr = fmt.Errorf("%w: Table %q is not a plain SQL identifier (use ASCII letters, digits and underscores, not starting with a digit or \"sqlite_\", at most 40 bytes, not \"sqlite\")", ErrInvalidConfig, o.table)
 	case cfg.MaxPayloadBytes < 0:
 		o.cfgErr = fmt.Errorf("%w: MaxPayloadBytes is negative (%d); use 0 for the 1 MiB default", ErrInvalidConfig, cfg.MaxPayloadBytes)
 	}
+	if o.cfgErr == nil && o.mode == Logical {
+		o.slot = cmp.Or(cfg.Slot, strings.ToLower(o.table)+"_slot")
+		if !slotRE.MatchString(o.slot) {
+			o.cfgErr = fmt.Errorf("%w: Slot %q is not a valid replication slot name (lower-case ASCII letters, digits and underscores, at most 63 bytes)", ErrInvalidConfig, o.slot)
+		}
+	}
 	o.handlers.Store(&[]route{})
 	return o
 }
+
+var slotRE = regexp.MustCompile(`^[a-z0-9_]{1,63}$`)
 
 // Name returns "outbox", the key under which GORM registers the plugin.
 func (o *Outbox) Name() string { return "outbox" }
@@ -167,8 +195,10 @@ func (o *Outbox) Table() string { return o.table }
 // configuration, hooks the connection pool so that after-commit work runs on
 // the outermost commit, registers the model callbacks and, in persistent mode,
 // checks the database's settings and creates the table unless
-// Config.DisableAutoMigrate is set. Memory mode runs no SQL, so it works on
-// any database GORM supports.
+// Config.DisableAutoMigrate is set. In Logical mode it also checks that the
+// server can decode the WAL and that the role may replicate, and creates the
+// replication slot when it is missing. Memory mode runs no SQL, so it works
+// on any database GORM supports.
 //
 // Install the plugin before other plugins that wrap the connection pool or
 // re-initialize plugins (such as dbresolver), and before creating sessions
@@ -177,16 +207,19 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 	if o.cfgErr != nil {
 		return o.cfgErr
 	}
-	if o.mode == Persistent {
+	if o.mode != Memory {
 		if err := o.bindDialect(db); err != nil {
 			return err
+		}
+		if o.mode == Logical && o.dialectName != "postgres" {
+			return fmt.Errorf("%w: Logical mode needs PostgreSQL, not %s", ErrUnsupportedDialect, o.dialectName)
 		}
 	}
 	hookConnPool(db, o)
 	if err := registerCallbacks(db); err != nil {
 		return fmt.Errorf("outbox: register callbacks: %w", err)
 	}
-	if o.mode != Persistent || db.DryRun {
+	if o.mode == Memory || db.DryRun {
 		return nil
 	}
 	ctx := db.Statement.Context
@@ -196,6 +229,25 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 	if err := o.dialect.check(ctx, db, o); err != nil {
 		return err
 	}
+	if o.mode == Logical {
+		// Before anything is created: a server that cannot do logical
+		// decoding is refused as it is.
+		if err := o.checkLogical(ctx, db); err != nil {
+			return err
+		}
+	}
+	if err := o.initTable(ctx, db); err != nil {
+		return err
+	}
+	if o.mode == Logical {
+		return o.createSlot(ctx, db)
+	}
+	return nil
+}
+
+// initTable creates or upgrades the table, or, with DisableAutoMigrate,
+// refuses one of an earlier schema version.
+func (o *Outbox) initTable(ctx context.Context, db *gorm.DB) error {
 	if o.migrate {
 		return o.Migrate(ctx, db)
 	}

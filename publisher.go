@@ -117,6 +117,9 @@ type encoded struct {
 	Event
 	payload []byte
 	headers []byte // nil when there are no headers
+	// generated: the publisher set neither the ID nor the key, so the key
+	// is a fresh UUID no other event can have.
+	generated bool
 }
 
 // event returns what a handler receives: the payload as json.RawMessage and
@@ -160,6 +163,7 @@ func newEventID() (string, error) {
 
 func (o *Outbox) encode(in *Event, now time.Time, out *encoded) error {
 	e := *in
+	generated := e.ID == "" && e.IdempotencyKey == ""
 	if e.Type == "" {
 		return fmt.Errorf("%w: Type is required", ErrInvalidEvent)
 	}
@@ -220,7 +224,7 @@ func (o *Outbox) encode(in *Event, now time.Time, out *encoded) error {
 			return fmt.Errorf("%w: event %s: headers are %d bytes encoded, over the %d-byte limit", ErrInvalidEvent, e.ID, len(headers), maxHeadersBytes)
 		}
 	}
-	*out = encoded{Event: e, payload: payload, headers: headers}
+	*out = encoded{Event: e, payload: payload, headers: headers, generated: generated}
 	return nil
 }
 
@@ -363,6 +367,11 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
 	if len(enc) > insertChunk && !inTx {
 		// Several statements must commit together: give them a transaction.
 		return tx.Transaction(func(tx *gorm.DB) error { return o.publishEncoded(tx, enc) })
+	}
+	if o.mode == Logical {
+		// One message however many events: nothing to wake, the relay
+		// streams it after the commit.
+		return o.emit(ctx, pool, enc)
 	}
 	now := o.now()
 	for chunk := range slices.Chunk(enc, insertChunk) {

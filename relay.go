@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
@@ -85,6 +86,13 @@ type RelayConfig struct {
 	// cannot work.
 	DisableListen bool
 
+	// ReplicationDSN is the connection string of the replication connection
+	// a relay streams through in Logical mode. Defaults to the DSN the
+	// *gorm.DB was opened with (gorm.io/driver/postgres's Config.DSN); set it
+	// when db was opened from an existing *sql.DB, or to stream through
+	// another role or host. Ignored in other modes.
+	ReplicationDSN string
+
 	// OnDelivery, if set, is called after every delivery attempt with its
 	// outcome and timings, from the delivering goroutine: build metrics or
 	// traces on it. It must be fast and safe for concurrent use.
@@ -142,6 +150,8 @@ type Relay struct {
 	db  *gorm.DB
 	cfg RelayConfig
 	err error
+
+	repl *pgconn.Config // Logical mode's replication connection
 
 	orderingMu   sync.Mutex
 	orderingDone bool
@@ -223,6 +233,12 @@ func (r *Relay) check(c RelayConfig) error {
 	if _, inTx := trackedTx(r.db.Statement.ConnPool); inTx {
 		return fmt.Errorf("%w: Relay needs the *gorm.DB the plugin is installed on, not a transaction: it runs its own statements and transactions", ErrInvalidConfig)
 	}
+	if r.o.mode == Logical {
+		var err error
+		if r.repl, err = r.replicationConfig(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -258,6 +274,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	if r.cfg.RetainSent != RetainForever {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.retain(bgCtx) }()
+	}
+	if r.o.mode == Logical {
+		// The stream delivers new events; the loop below retries those
+		// the stream wrote to the table.
+		bg.Add(1)
+		go func() { defer bg.Done(); r.streamRun(bgCtx) }()
 	}
 
 	var (

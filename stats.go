@@ -16,6 +16,14 @@ type Stats struct {
 	// OldestPending is the age of the oldest pending event, 0 when none is
 	// pending. A value that keeps growing means delivery is stuck.
 	OldestPending time.Duration
+
+	// Logical mode only: SlotLagBytes is how much WAL the replication slot
+	// keeps because no relay has confirmed it yet; SlotActive reports
+	// whether a relay is streaming the slot now. A lag that keeps growing
+	// while the slot is inactive means no relay runs, and the WAL fills the
+	// disk until max_slot_wal_keep_size (if set) invalidates the slot.
+	SlotLagBytes int64
+	SlotActive   bool
 }
 
 // Stats counts the outbox rows by status. It scans the table's rows (a
@@ -58,6 +66,20 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return st, fmt.Errorf("outbox: stats: %w", err)
+	}
+	if o.mode == Logical {
+		q := slotStatsQuery(o.slot)
+		srow, err := db.Statement.ConnPool.QueryContext(ctx, q.sql, q.args...)
+		if err != nil {
+			return st, fmt.Errorf("outbox: stats of slot %s: %w", o.slot, err)
+		}
+		defer srow.Close()
+		if !srow.Next() {
+			return st, fmt.Errorf("outbox: stats: %w: slot %s", ErrNoSlot, o.slot)
+		}
+		if err := srow.Scan(&st.SlotActive, &st.SlotLagBytes); err != nil {
+			return st, fmt.Errorf("outbox: stats of slot %s: %w", o.slot, err)
+		}
 	}
 	return st, nil
 }

@@ -1,0 +1,353 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// One streamed batch: route each event (deliver now, check its key in the
+// table first, or queue it in the table behind its aggregate), deliver with
+// Workers, and make every outcome but success durable in the table.
+
+type streamState int
+
+const (
+	stDirect   streamState = iota // delivered from the stream; success writes nothing
+	stLeased                      // in the table under the stream's lease (key checked)
+	stDone                        // written to the table or skipped: not delivered here
+	stSent                        // delivered
+	stFailed                      // the attempt failed; out holds the outcome
+	stDeferred                    // not delivered: held back or handed back
+)
+
+type aggKey struct{ typ, id string }
+
+// handleStream handles one batch. down is a handler's Unavailable error,
+// if one said its destination is down; err means the outcomes are not
+// durable and the batch must not be confirmed.
+func (r *Relay) handleStream(ctx context.Context, items []walItem) (down error, err error) {
+	pg := r.o.dialect.(*postgresDialect)
+	start := time.Now()
+	now := r.o.now()
+	lease := now.Add(r.cfg.Lease)
+	wctx := context.WithoutCancel(ctx) // outcomes are written even as the relay stops
+	states := make([]streamState, len(items))
+	outs := make([]outcome, len(items))
+
+	var blocked map[aggKey]bool
+	if r.cfg.OrderByAggregate {
+		if err := r.ensureOrdering(ctx); err != nil {
+			return nil, err
+		}
+		if blocked, err = r.blockedAggregates(wctx, pg, items); err != nil {
+			return nil, err
+		}
+	}
+	var park []parkRow
+	var parkIdx []int
+	batchIDs := map[string]bool{}
+	for i := range items {
+		it := &items[i]
+		e := &it.c.ev
+		switch {
+		case it.checked && batchIDs[e.ID]:
+			// The same event ID twice in one batch: one INSERT cannot tell
+			// which copy it kept; the first in commit order wins.
+			states[i] = stDone
+			continue
+		case blocked[aggKey{e.AggregateType, e.AggregateID}] && e.AggregateID != "":
+			// An older event of its aggregate waits in the table: this one
+			// queues behind it there.
+			park = append(park, r.parkDeferred(it, now))
+			states[i] = stDone
+		case it.checked:
+			batchIDs[e.ID] = true
+			park = append(park, parkRow{e: &it.enc, status: StatusPending, attempts: 1, due: lease, lease: lease, created: it.c.createdAt})
+			parkIdx = append(parkIdx, i)
+			states[i] = stLeased
+		}
+	}
+	if len(park) > 0 {
+		inserted, err := r.park(wctx, pg, park, now)
+		if err != nil {
+			return nil, err
+		}
+		for _, i := range parkIdx {
+			if !inserted[items[i].c.ev.ID] {
+				// Its key (or ID) is in the table already: a duplicate,
+				// first committed wins; or the stream replays an event a
+				// crashed relay had written there, which the table's relay
+				// delivers once that relay's lease has passed.
+				states[i] = stDone
+			}
+		}
+	}
+
+	down = r.deliverStreamed(ctx, start, items, states, outs)
+	return down, r.recordStreamed(wctx, pg, items, states, outs, now, lease)
+}
+
+// parkDeferred is an event written to the table undelivered: due now, no
+// attempt counted.
+func (r *Relay) parkDeferred(it *walItem, now time.Time) parkRow {
+	return parkRow{e: &it.enc, status: StatusPending, due: now, created: it.c.createdAt}
+}
+
+// deliverStreamed delivers the events in state stDirect or stLeased with
+// Workers goroutines. With OrderByAggregate the events of one aggregate go
+// to one goroutine, in stream order, and once one of them fails the rest
+// are deferred behind it.
+func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []walItem, states []streamState, outs []outcome) error {
+	budget := r.cfg.Lease - min(r.cfg.Lease/5, 5*time.Second)
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(budget))
+	defer cancel()
+
+	// groups of item indexes delivered one after the other
+	var groups [][]int
+	byAgg := map[aggKey]int{}
+	for i := range items {
+		if states[i] != stDirect && states[i] != stLeased {
+			continue
+		}
+		e := &items[i].c.ev
+		if r.cfg.OrderByAggregate && e.AggregateID != "" {
+			k := aggKey{e.AggregateType, e.AggregateID}
+			if g, ok := byAgg[k]; ok {
+				groups[g] = append(groups[g], i)
+				continue
+			}
+			byAgg[k] = len(groups)
+		}
+		groups = append(groups, []int{i})
+	}
+	var (
+		next atomic.Int64
+		down atomic.Pointer[error]
+	)
+	work := func() {
+		for {
+			g := int(next.Add(1)) - 1
+			if g >= len(groups) {
+				return
+			}
+			held := false
+			for _, i := range groups[g] {
+				if held || ctx.Err() != nil || bctx.Err() != nil || down.Load() != nil {
+					states[i] = stDeferred
+					continue
+				}
+				state, out, err := r.deliverStreamedOne(bctx, &items[i])
+				states[i], outs[i] = state, out
+				if state == stDeferred && err != nil {
+					down.CompareAndSwap(nil, &err)
+				}
+				held = state != stSent
+			}
+		}
+	}
+	workers := min(r.cfg.Workers, len(groups))
+	if workers <= 1 {
+		work()
+	} else {
+		var wg sync.WaitGroup
+		for range workers {
+			wg.Add(1)
+			go func() { defer wg.Done(); work() }()
+		}
+		wg.Wait()
+	}
+	if p := down.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// deliverStreamedOne delivers one event; an Unavailable error defers it
+// (no attempt counted) and is returned.
+func (r *Relay) deliverStreamedOne(bctx context.Context, it *walItem) (streamState, outcome, error) {
+	c := &it.c
+	var err error
+	began := time.Now()
+	if c.bad != nil {
+		err = Permanent(c.bad)
+	} else {
+		hctx := bctx
+		if r.cfg.HandlerTimeout > 0 {
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
+			defer cancel()
+		}
+		err = r.o.deliver(context.WithValue(hctx, attemptKey{}, c.attempts), c.ev)
+	}
+	took := time.Since(began)
+	state, status := stSent, StatusSent
+	var out outcome
+	var downErr error
+	switch {
+	case err == nil:
+		r.delivered.Store(true)
+	case IsUnavailable(err) && !IsPermanent(err):
+		state, status, downErr = stDeferred, StatusPending, err
+	default:
+		out = r.failure(c, err)
+		state, status = stFailed, out.status
+	}
+	if r.cfg.OnDelivery != nil {
+		r.cfg.OnDelivery(Delivery{
+			Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
+			Duration: took, Latency: r.o.now().Sub(c.createdAt),
+		})
+	}
+	return state, out, downErr
+}
+
+// recordStreamed makes the batch's outcomes durable: failed attempts and
+// deferred events of the stream go to the table in one INSERT, in stream
+// order; the leased rows get the outcome statements of the table path.
+// It retries until it succeeds or ctx ends.
+func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items []walItem, states []streamState, outs []outcome, now, lease time.Time) error {
+	var (
+		park       []parkRow
+		sent, back []string
+		fails      []outcome
+	)
+	for i := range items {
+		it := &items[i]
+		leased := it.checked && states[i] != stDone
+		switch states[i] {
+		case stSent:
+			if leased {
+				sent = append(sent, it.c.ev.ID)
+			}
+		case stFailed:
+			if leased {
+				fails = append(fails, outs[i])
+				continue
+			}
+			o := outs[i]
+			park = append(park, parkRow{e: &it.enc, status: o.status, attempts: 1, lastErr: o.err, due: o.due, created: it.c.createdAt})
+		case stDeferred, stLeased, stDirect:
+			if leased {
+				back = append(back, it.c.ev.ID)
+				continue
+			}
+			park = append(park, r.parkDeferred(it, now))
+		}
+	}
+	write := func() error {
+		if len(park) > 0 {
+			if _, err := r.park(ctx, pg, park, now); err != nil {
+				return err
+			}
+			park = nil
+		}
+		if len(sent) > 0 {
+			if err := r.markSent(ctx, sent, lease); err != nil {
+				return fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err)
+			}
+			sent = nil
+		}
+		if len(fails) > 0 {
+			if err := r.markFailed(ctx, fails, lease); err != nil {
+				return fmt.Errorf("outbox: record %d failed attempts: %w", len(fails), err)
+			}
+			fails = nil
+		}
+		if len(back) > 0 {
+			if err := r.release(ctx, back, lease); err != nil {
+				return fmt.Errorf("outbox: hand back %d events: %w", len(back), err)
+			}
+			back = nil
+		}
+		return nil
+	}
+	retry := 100 * time.Millisecond
+	for {
+		err := write()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || retry > 5*time.Second {
+			return err
+		}
+		sleepCtx(ctx, retry)
+		retry *= 2
+	}
+}
+
+// park writes rows, in chunks, and returns the IDs it inserted.
+func (r *Relay) park(ctx context.Context, pg *postgresDialect, rows []parkRow, now time.Time) (map[string]bool, error) {
+	sqlDB, err := rawDB(r.db)
+	if err != nil {
+		return nil, err
+	}
+	inserted := make(map[string]bool, len(rows))
+	for chunk := range slices.Chunk(rows, insertChunk) {
+		q := pg.park(chunk, now)
+		sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+		err := func() error {
+			rs, err := sqlDB.QueryContext(sctx, q.sql, q.args...)
+			if err != nil {
+				return err
+			}
+			defer rs.Close()
+			for rs.Next() {
+				var id string
+				if err := rs.Scan(&id); err != nil {
+					return err
+				}
+				inserted[id] = true
+			}
+			return rs.Err()
+		}()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("outbox: write %d streamed events to the table: %w", len(chunk), err)
+		}
+	}
+	return inserted, nil
+}
+
+// blockedAggregates returns the batch's aggregates that have an unsent
+// row in the table.
+func (r *Relay) blockedAggregates(ctx context.Context, pg *postgresDialect, items []walItem) (map[aggKey]bool, error) {
+	var types, ids []string
+	seen := map[aggKey]bool{}
+	for i := range items {
+		e := &items[i].c.ev
+		k := aggKey{e.AggregateType, e.AggregateID}
+		if e.AggregateID == "" || seen[k] {
+			continue
+		}
+		seen[k] = true
+		types, ids = append(types, k.typ), append(ids, k.id)
+	}
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	sqlDB, err := rawDB(r.db)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	defer cancel()
+	q := pg.blocked(types, ids)
+	rs, err := sqlDB.QueryContext(sctx, q.sql, q.args...)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: look for held-back aggregates: %w", err)
+	}
+	defer rs.Close()
+	blocked := map[aggKey]bool{}
+	for rs.Next() {
+		var k aggKey
+		if err := rs.Scan(&k.typ, &k.id); err != nil {
+			return nil, err
+		}
+		blocked[k] = true
+	}
+	return blocked, rs.Err()
+}

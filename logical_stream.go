@@ -1,0 +1,447 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"gorm.io/driver/postgres"
+)
+
+// Logical mode, the relay's side: one relay at a time streams the slot
+// (PostgreSQL lets one connection stream a slot; the others stand by and
+// retry), decodes the outbox's messages in commit order, delivers them in
+// batches and confirms the slot's position only once every outcome of a
+// batch is durable: delivered, or written to the table for a retry or as
+// failed. A crash replays from the last confirmed position, so delivery is
+// at least once and the duplicates are at most the batch in flight.
+
+// walTxn is one committed transaction's outbox events.
+type walTxn struct {
+	items []walItem
+	end   pglogrepl.LSN // confirming it means never seeing the transaction again
+}
+
+// walItem is one event read from the stream.
+type walItem struct {
+	c       claimed // attempts 1, createdAt the commit time
+	enc     encoded // for writing it to the table
+	checked bool    // its ID or key was chosen by the publisher
+}
+
+// replicationConfig is the replication connection's configuration: the
+// DSN the *gorm.DB was opened with unless RelayConfig.ReplicationDSN is set.
+func (r *Relay) replicationConfig() (*pgconn.Config, error) {
+	dsn := r.cfg.ReplicationDSN
+	if dsn == "" {
+		if d, ok := r.db.Dialector.(*postgres.Dialector); ok && d.Config != nil {
+			dsn = d.Config.DSN
+		}
+	}
+	if dsn == "" {
+		return nil, fmt.Errorf("%w: Logical mode needs a replication connection and the *gorm.DB was not opened from a DSN: set RelayConfig.ReplicationDSN", ErrInvalidConfig)
+	}
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		// The DSN may hold a password: name the field, not its value.
+		return nil, fmt.Errorf("%w: the replication DSN does not parse (%T)", ErrInvalidConfig, err)
+	}
+	cfg.RuntimeParams["replication"] = "database"
+	return cfg, nil
+}
+
+// errSlotBusy: another connection streams the slot.
+var errSlotBusy = errors.New("outbox: another relay streams the replication slot")
+
+// startStream opens a replication connection and starts streaming the
+// slot from its confirmed position.
+func (r *Relay) startStream(ctx context.Context) (*pgconn.PgConn, error) {
+	conn, err := pgconn.ConnectConfig(ctx, r.repl)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: open the replication connection: %w", err)
+	}
+	err = pglogrepl.StartReplication(ctx, conn, r.o.slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
+		"proto_version '1'", "publication_names '" + r.o.slot + "'", "messages 'true'",
+	}})
+	if err != nil {
+		_ = conn.Close(context.Background())
+		if isSQLState(err, "55006") { // object_in_use: the slot is active for another PID
+			return nil, errSlotBusy
+		}
+		if isSQLState(err, "42704") { // undefined_object
+			return nil, fmt.Errorf("%w: slot %s: %w", ErrNoSlot, r.o.slot, err)
+		}
+		return nil, fmt.Errorf("outbox: start streaming slot %s: %w", r.o.slot, err)
+	}
+	return conn, nil
+}
+
+// streamer is one streaming session on one replication connection.
+type streamer struct {
+	r    *Relay
+	conn *pgconn.PgConn
+	txns chan walTxn
+
+	handed pglogrepl.LSN // reader only: end of the last transaction handed over
+	done   atomic.Uint64 // end of the last transaction whose outcomes are durable
+	kick   chan struct{} // the dispatcher confirmed something: report it soon
+	until  pglogrepl.LSN // ProcessOnce: stop once the stream has passed it
+}
+
+// status reports the position up to which the slot may be freed: the
+// last transaction with durable outcomes, or, when every transaction
+// handed over is done and the reader is between transactions, all it has
+// received (transactions without outbox messages need no outcome).
+func (s *streamer) confirmable(received pglogrepl.LSN, inTxn bool) pglogrepl.LSN {
+	done := pglogrepl.LSN(s.done.Load())
+	if done >= s.handed && !inTxn {
+		return max(done, received)
+	}
+	return done
+}
+
+func (s *streamer) sendStatus(ctx context.Context, pos pglogrepl.LSN, reply bool) error {
+	return pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ReplyRequested: reply,
+	})
+}
+
+// standbyStatusInterval is how often the reader reports its position, well
+// inside PostgreSQL's wal_sender_timeout (60 s by default).
+const standbyStatusInterval = time.Second
+
+// read owns the connection: it receives the stream, hands each committed
+// transaction that carries outbox events to the dispatcher (in commit
+// order) and reports the confirmable position. It closes txns when it
+// returns: on ctx's end, an error, or, in ProcessOnce, once the stream
+// has passed s.until.
+func (s *streamer) read(ctx context.Context) error {
+	defer close(s.txns)
+	var (
+		received   pglogrepl.LSN // everything before it has been received
+		cur        *walTxn       // the transaction being received
+		commitTime time.Time
+		nextStatus = time.Now()
+		prefix     = logicalPrefix(s.r.o.slot)
+	)
+	report := func(reply bool) error {
+		pos := s.confirmable(received, cur != nil)
+		if err := s.sendStatus(ctx, pos, reply); err != nil {
+			return fmt.Errorf("outbox: report the stream's position: %w", err)
+		}
+		nextStatus = time.Now().Add(standbyStatusInterval)
+		return nil
+	}
+	for {
+		if s.until != 0 && cur == nil && received >= s.until && pglogrepl.LSN(s.done.Load()) >= s.handed {
+			return nil
+		}
+		select {
+		case <-s.kick:
+			nextStatus = time.Now()
+		default:
+		}
+		if !time.Now().Before(nextStatus) {
+			if err := report(s.until != 0); err != nil {
+				return err
+			}
+		}
+		wait := min(time.Until(nextStatus), 100*time.Millisecond)
+		if s.until != 0 {
+			wait = min(wait, 20*time.Millisecond)
+		}
+		rctx, cancel := context.WithTimeout(ctx, wait)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("outbox: receive from the replication stream: %w", err)
+		}
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("outbox: replication stream: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyData:
+			if len(m.Data) == 0 {
+				continue
+			}
+			switch m.Data[0] {
+			case pglogrepl.PrimaryKeepaliveMessageByteID:
+				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("outbox: replication stream: %w", err)
+				}
+				if cur == nil {
+					received = max(received, ka.ServerWALEnd)
+				}
+				if ka.ReplyRequested {
+					nextStatus = time.Now()
+				}
+			case pglogrepl.XLogDataByteID:
+				x, err := pglogrepl.ParseXLogData(m.Data[1:])
+				if err != nil {
+					return fmt.Errorf("outbox: replication stream: %w", err)
+				}
+				msg, err := pglogrepl.Parse(x.WALData)
+				if err != nil {
+					return fmt.Errorf("outbox: decode the replication stream at %s: %w", x.WALStart, err)
+				}
+				switch msg := msg.(type) {
+				case *pglogrepl.BeginMessage:
+					cur, commitTime = &walTxn{}, msg.CommitTime
+				case *pglogrepl.LogicalDecodingMessage:
+					if msg.Prefix != prefix || !msg.Transactional {
+						continue
+					}
+					items, err := decodeWAL(msg.Content, commitTime)
+					if err != nil {
+						// Only this package writes this prefix; a message it
+						// cannot read is corruption, and skipping it loses
+						// its events: say so loudly, with where it is.
+						s.r.o.logger.ErrorContext(ctx, "outbox: an outbox message in the WAL cannot be decoded; its events are skipped",
+							slog.String("lsn", msg.LSN.String()), slog.Any("error", err))
+						continue
+					}
+					if cur == nil { // a message outside Begin/Commit: never from pgoutput
+						cur = &walTxn{}
+					}
+					cur.items = append(cur.items, items...)
+				case *pglogrepl.CommitMessage:
+					if cur != nil && len(cur.items) > 0 {
+						cur.end = msg.TransactionEndLSN
+						select {
+						case s.txns <- *cur:
+						case <-ctx.Done():
+							return nil
+						}
+						s.handed = msg.TransactionEndLSN
+					}
+					cur = nil
+					received = max(received, msg.TransactionEndLSN)
+				}
+				if cur == nil {
+					received = max(received, x.ServerWALEnd)
+				}
+			}
+		}
+	}
+}
+
+// decodeWAL decodes one outbox message into its events.
+func decodeWAL(content []byte, commitTime time.Time) ([]walItem, error) {
+	var msg []walEvent
+	if err := json.Unmarshal(content, &msg); err != nil {
+		return nil, err
+	}
+	items := make([]walItem, len(msg))
+	for i, w := range msg {
+		if w.ID == "" || w.Type == "" {
+			return nil, fmt.Errorf("event %d of %d has no ID or type", i+1, len(msg))
+		}
+		e := Event{
+			ID: w.ID, Type: w.Type, AggregateType: w.AggregateType, AggregateID: w.AggregateID,
+			IdempotencyKey: w.Key, Payload: json.RawMessage(w.Payload), OccurredAt: w.OccurredAt.UTC(),
+		}
+		if e.IdempotencyKey == "" {
+			e.IdempotencyKey = e.ID
+		}
+		it := walItem{checked: w.Checked}
+		if len(w.Headers) > 0 {
+			if err := json.Unmarshal(w.Headers, &e.Headers); err != nil {
+				it.c.bad = fmt.Errorf("outbox: decode headers of event %s: %w", e.ID, err)
+			}
+		}
+		it.enc = encoded{Event: e, payload: w.Payload, headers: w.Headers}
+		it.c = claimed{ev: e, attempts: 1, createdAt: commitTime.UTC(), bad: it.c.bad}
+		items[i] = it
+	}
+	return items, nil
+}
+
+// streamRun is Run's streaming side: it holds the slot while it can,
+// stands by while another relay does, and reconnects after errors.
+func (r *Relay) streamRun(ctx context.Context) {
+	var (
+		standing bool // logged "standing by" for the current episode
+		failing  bool
+		retry    = r.cfg.PollInterval
+	)
+	for ctx.Err() == nil {
+		conn, err := r.startStream(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errSlotBusy):
+			if !standing {
+				r.o.logger.InfoContext(ctx, "outbox: another relay streams the slot; standing by to take over", slog.String("slot", r.o.slot))
+				standing = true
+			}
+			sleepCtx(ctx, time.Duration(500+rand.IntN(500))*time.Millisecond)
+			continue
+		case err != nil:
+			if !failing {
+				r.o.logger.ErrorContext(ctx, "outbox: cannot stream the replication slot; retrying with backoff", slog.Any("error", err))
+				failing = true
+			}
+			sleepCtx(ctx, retry)
+			retry = min(retry*2, 5*time.Second)
+			continue
+		}
+		if standing || failing {
+			r.o.logger.InfoContext(ctx, "outbox: streaming the replication slot", slog.String("slot", r.o.slot))
+		}
+		standing, failing, retry = false, false, r.cfg.PollInterval
+		if _, err := r.stream(ctx, conn, 0); err != nil && ctx.Err() == nil {
+			r.o.logger.ErrorContext(ctx, "outbox: the replication stream broke; reconnecting", slog.Any("error", err))
+			failing = true
+			sleepCtx(ctx, retry)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// streamOnce is ProcessOnce's streaming side: it delivers what was
+// committed before the call, unless another relay holds the slot.
+func (r *Relay) streamOnce(ctx context.Context) (int, error) {
+	var until pglogrepl.LSN
+	sqlDB, err := rawDB(r.db)
+	if err != nil {
+		return 0, err
+	}
+	if err := sqlDB.QueryRowContext(ctx, "SELECT pg_current_wal_flush_lsn()").Scan(&until); err != nil {
+		return 0, fmt.Errorf("outbox: read the WAL position: %w", err)
+	}
+	conn, err := r.startStream(ctx)
+	if errors.Is(err, errSlotBusy) {
+		return 0, nil // the relay streaming it delivers these events
+	}
+	if err != nil {
+		return 0, err
+	}
+	return r.stream(ctx, conn, until)
+}
+
+// stream runs one session on conn: the reader and the dispatcher, until
+// ctx ends, the stream breaks, or (until != 0) it has passed until. It
+// closes conn and returns how many events it handled.
+func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl.LSN) (int, error) {
+	s := &streamer{r: r, conn: conn, txns: make(chan walTxn, 64), kick: make(chan struct{}, 1), until: until}
+	rctx, stopReader := context.WithCancel(ctx)
+	var (
+		wg      sync.WaitGroup
+		readErr error
+	)
+	wg.Add(1)
+	go func() { defer wg.Done(); readErr = s.read(rctx) }()
+
+	var (
+		n       int
+		err     error
+		probeIn = destProbeMin
+		paused  bool
+		downAt  time.Time
+	)
+	for {
+		batch, ok := s.nextBatch(r.cfg.BatchSize)
+		if !ok {
+			break
+		}
+		var end pglogrepl.LSN
+		var items []walItem
+		for _, t := range batch {
+			items = append(items, t.items...)
+			end = t.end
+		}
+		down, werr := r.handleStream(ctx, items)
+		if werr != nil {
+			// Outcomes not durable: stop without confirming; the next
+			// session delivers the batch again.
+			err = werr
+			break
+		}
+		n += len(items)
+		s.done.Store(uint64(end))
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+		switch {
+		case down != nil:
+			if !paused {
+				r.o.logger.WarnContext(ctx, "outbox: destination unavailable; delivery paused, probing with one event at a time with backoff (attempts are not counted)", slog.Any("error", down))
+				paused, downAt = true, time.Now()
+			}
+			pause := probeIn
+			if d, ok := retryDelay(down); ok {
+				pause = min(d, maxProbePause)
+			}
+			sleepCtx(ctx, pause)
+			probeIn = min(probeIn*2, destProbeMax)
+		case paused && r.delivered.Load():
+			r.o.logger.InfoContext(ctx, "outbox: destination available again; delivery resumed", slog.Duration("paused", time.Since(downAt)))
+			paused, probeIn = false, destProbeMin
+		}
+	}
+	stopReader()
+	for range s.txns { // unblock the reader; these were not handled and are not confirmed
+	}
+	wg.Wait()
+	// The final report: what this session confirmed.
+	if done := pglogrepl.LSN(s.done.Load()); done > 0 {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
+		if serr := s.sendStatus(fctx, done, false); serr != nil && err == nil && readErr == nil {
+			err = fmt.Errorf("outbox: report the stream's position: %w", serr)
+		}
+		_, _ = pglogrepl.SendStandbyCopyDone(fctx, conn)
+		cancel()
+	}
+	_ = conn.Close(context.Background())
+	if err == nil && ctx.Err() == nil {
+		err = readErr
+	}
+	return n, err
+}
+
+// nextBatch waits for a transaction, then takes those already waiting,
+// up to about limit events (whole transactions only: a transaction is
+// confirmed as a whole). ok is false once the reader has stopped.
+func (s *streamer) nextBatch(limit int) (batch []walTxn, ok bool) {
+	t, ok := <-s.txns
+	if !ok {
+		return nil, false
+	}
+	batch, n := []walTxn{t}, len(t.items)
+	for n < limit {
+		select {
+		case t, ok := <-s.txns:
+			if !ok {
+				return batch, true
+			}
+			batch, n = append(batch, t), n+len(t.items)
+		default:
+			return batch, true
+		}
+	}
+	return batch, true
+}

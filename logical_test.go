@@ -1,0 +1,372 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/pgtest"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Logical mode needs wal_level=logical, which the shared server does not
+// have (changing it needs a restart): these tests start their own cluster,
+// once per test binary. Under CI a missing PostgreSQL installation fails
+// them; elsewhere it skips them.
+var logicalServer struct {
+	once sync.Once
+	s    *pgtest.Server
+	err  error
+}
+
+func logicalDSN(t *testing.T) string {
+	t.Helper()
+	logicalServer.once.Do(func() {
+		logicalServer.s, logicalServer.err = pgtest.Start("wal_level=logical", "max_replication_slots=200",
+			"max_wal_senders=200", "max_connections=300", "wal_sender_timeout=60s")
+	})
+	if err := logicalServer.err; err != nil {
+		if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+			t.Skipf("Logical mode tests need a PostgreSQL installation: %v", err)
+		}
+		t.Fatalf("cannot start the test's own PostgreSQL with wal_level=logical: %v", err)
+	}
+	return logicalServer.s.DSN("postgres")
+}
+
+func stopLogicalServer() {
+	if logicalServer.s != nil {
+		logicalServer.s.Close()
+	}
+}
+
+func randomName(prefix string) string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return prefix + hex.EncodeToString(b)
+}
+
+// logicalEnv is one test's outbox in Logical mode: its own schema and
+// slot (slots belong to the whole cluster), dropped afterwards.
+type logicalEnv struct {
+	*testEnv
+	dsn  string
+	slot string
+}
+
+func setupLogical(t *testing.T, cfg Config) *logicalEnv {
+	t.Helper()
+	dsn := logicalDSN(t)
+	admin, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	schema := randomName("t_")
+	require.NoError(t, admin.Exec("CREATE SCHEMA "+schema).Error)
+	dsn += "&search_path=" + schema
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	cfg.Mode = Logical
+	if cfg.Slot == "" {
+		cfg.Slot = randomName("s_")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ob := Plugin(cfg)
+	clock := &fakeClock{t: time.Now().UTC()}
+	ob.clock = clock.Now
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+		// The slot can be dropped once no relay streams it.
+		for range 50 {
+			if err := admin.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ?", cfg.Slot).Error; err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // the walsender exits asynchronously after its connection closes
+		}
+		_ = admin.Exec(`DROP PUBLICATION IF EXISTS "` + cfg.Slot + `"`).Error
+		_ = admin.Exec("DROP SCHEMA " + schema + " CASCADE").Error
+		if sqlDB, err := admin.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	require.NoError(t, db.Use(ob))
+	require.NoError(t, db.AutoMigrate(&Order{}))
+	return &logicalEnv{testEnv: &testEnv{t: t, db: db, ob: ob, clock: clock, name: "postgres"}, dsn: dsn, slot: cfg.Slot}
+}
+
+// drainLogical runs ProcessOnce until it finds nothing to do.
+func (e *logicalEnv) drain(r *Relay) int {
+	e.t.Helper()
+	total := 0
+	for range 100 {
+		n, err := r.ProcessOnce(e.t.Context())
+		require.NoError(e.t, err)
+		if n == 0 {
+			return total
+		}
+		total += n
+	}
+	e.t.Fatal("ProcessOnce kept finding work")
+	return total
+}
+
+func TestLogicalCommitRollbackSavepoint(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var got collector
+	e.ob.Handle(AnyEvent, got.handle)
+	r := e.relay(RelayConfig{})
+
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, tx.Create(&Order{Total: 1}).Error)
+		require.NoError(t, Publish(tx, Event{Type: "a", Payload: map[string]int{"total": 1}},
+			Event{Type: "b", AggregateType: "order", AggregateID: "1", Headers: map[string]string{"h": "v"}}))
+		// A rolled-back savepoint takes its event with it.
+		_ = tx.Transaction(func(tx *gorm.DB) error {
+			require.NoError(t, Publish(tx, Event{Type: "in-savepoint"}))
+			return errors.New("roll back the savepoint")
+		})
+		return nil
+	}))
+	require.Error(t, e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, Publish(tx, Event{Type: "rolled-back"}))
+		return errors.New("roll back")
+	}))
+	require.NoError(t, Publish(e.db, Event{Type: "no-tx"}))
+
+	assert.Equal(t, 3, e.drain(r))
+	var types []string
+	for _, ev := range got.events {
+		types = append(types, ev.Type)
+	}
+	assert.Equal(t, []string{"a", "b", "no-tx"}, types, "commit order; nothing rolled back")
+	assert.Zero(t, e.count(""), "delivered events with generated IDs leave no row")
+	ev := got.events[1]
+	assert.Equal(t, "order", ev.AggregateType)
+	assert.Equal(t, "1", ev.AggregateID)
+	assert.Equal(t, map[string]string{"h": "v"}, ev.Headers)
+	assert.JSONEq(t, `{"total":1}`, string(got.events[0].Payload.(json.RawMessage)))
+
+	// Confirmed: a new session does not see them again.
+	assert.Zero(t, e.drain(r))
+	assert.Equal(t, 3, got.len())
+}
+
+func TestLogicalRecorder(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var got collector
+	e.ob.Handle(AnyEvent, got.handle)
+	o := &Order{Total: 5}
+	o.Record(Event{Type: "order.created"})
+	require.NoError(t, e.db.Create(o).Error)
+	e.drain(e.relay(RelayConfig{}))
+	require.Equal(t, 1, got.len())
+	assert.Equal(t, fmt.Sprint(o.ID), got.events[0].AggregateID)
+}
+
+func TestLogicalNoSlotFailsClosed(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	require.NoError(t, e.db.Exec("SELECT pg_drop_replication_slot(?)", e.slot).Error)
+	err := e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, tx.Create(&Order{Total: 1}).Error)
+		return Publish(tx, Event{Type: "order.created"})
+	})
+	require.ErrorIs(t, err, ErrNoSlot)
+	var orders int64
+	require.NoError(t, e.db.Model(&Order{}).Count(&orders).Error)
+	assert.Zero(t, orders, "the business write rolled back with the event")
+
+	// db.Use creates it again.
+	require.NoError(t, e.ob.createSlot(t.Context(), e.db))
+	require.NoError(t, Publish(e.db, Event{Type: "order.created"}))
+}
+
+func TestLogicalRetriesFailedReplayNoHandler(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var (
+		mu    sync.Mutex
+		calls = map[string]int{}
+	)
+	e.ob.Handle("flaky", func(ctx context.Context, ev Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls[ev.ID]++
+		if calls[ev.ID] < 3 {
+			return fmt.Errorf("attempt %d fails", Attempt(ctx))
+		}
+		return nil
+	})
+	var cured sync.Map
+	e.ob.Handle("poison", func(_ context.Context, ev Event) error {
+		if _, ok := cured.Load(ev.ID); ok {
+			return nil
+		}
+		return Permanent(errors.New("cannot ever"))
+	})
+	r := e.relay(RelayConfig{Backoff: func(int) time.Duration { return time.Second }})
+	require.NoError(t, Publish(e.db, Event{ID: "f", Type: "flaky"}, Event{ID: "p", Type: "poison"}, Event{ID: "n", Type: "nobody"}))
+
+	e.drain(r)
+	f := e.record("f")
+	assert.Equal(t, StatusPending, f.Status)
+	assert.Equal(t, 1, f.Attempts)
+	require.NotNil(t, f.LastError)
+	assert.Contains(t, *f.LastError, "attempt 1 fails")
+	assert.Equal(t, StatusFailed, e.record("p").Status)
+	n := e.record("n")
+	assert.Equal(t, StatusPending, n.Status)
+	assert.Contains(t, *n.LastError, "no handler")
+
+	// The table's relay retries it as in Persistent mode.
+	for range 2 {
+		e.clock.Advance(2 * time.Second)
+		e.drain(r)
+	}
+	assert.Equal(t, StatusSent, e.record("f").Status)
+	assert.Equal(t, 3, e.record("f").Attempts)
+
+	cured.Store("p", true)
+	replayed, err := e.ob.Replay(t.Context(), e.db, "p")
+	require.NoError(t, err)
+	assert.Equal(t, 1, replayed)
+	e.drain(r)
+	assert.Equal(t, StatusSent, e.record("p").Status)
+}
+
+func TestLogicalIdempotencyKeyFirstCommittedWins(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var got collector
+	e.ob.Handle(AnyEvent, got.handle)
+	r := e.relay(RelayConfig{})
+	require.NoError(t, Publish(e.db, Event{ID: "first", Type: "x", IdempotencyKey: "k"}))
+	require.NoError(t, Publish(e.db, Event{ID: "second", Type: "x", IdempotencyKey: "k"}))
+	require.NoError(t, Publish(e.db, Event{ID: "explicit", Type: "x"}))
+	require.NoError(t, Publish(e.db, Event{ID: "explicit", Type: "x"}))
+	e.drain(r)
+	require.NoError(t, Publish(e.db, Event{ID: "third", Type: "x", IdempotencyKey: "k"}))
+	e.drain(r)
+	assert.Equal(t, []string{"first", "explicit"}, got.ids())
+	assert.Equal(t, StatusSent, e.record("first").Status, "the key is kept in the table as in Persistent mode")
+}
+
+func TestLogicalOrderByAggregate(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var (
+		mu      sync.Mutex
+		order   []string
+		failOne = true
+	)
+	e.ob.Handle(AnyEvent, func(_ context.Context, ev Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if ev.ID == "a1" && failOne {
+			failOne = false
+			return errors.New("a1 fails once")
+		}
+		order = append(order, ev.ID)
+		return nil
+	})
+	r := e.relay(RelayConfig{OrderByAggregate: true, Workers: 8, Backoff: func(int) time.Duration { return time.Second }})
+	agg := func(id, a string) Event { return Event{ID: id, Type: "x", AggregateType: "order", AggregateID: a} }
+	require.NoError(t, Publish(e.db, agg("a1", "A"), agg("b1", "B"), agg("a2", "A")))
+	require.NoError(t, Publish(e.db, agg("a3", "A"), agg("b2", "B")))
+	e.drain(r)
+	mu.Lock()
+	assert.Equal(t, []string{"b1", "b2"}, filter(order, "b"), "B is not held back")
+	assert.Empty(t, filter(order, "a"), "A waits behind a1's retry")
+	mu.Unlock()
+	e.clock.Advance(2 * time.Second)
+	e.drain(r)
+	require.NoError(t, Publish(e.db, agg("a4", "A")))
+	e.drain(r)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"a1", "a2", "a3", "a4"}, filter(order, "a"))
+}
+
+func filter(ids []string, prefix string) []string {
+	var out []string
+	for _, id := range ids {
+		if id[:1] == prefix {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+func TestLogicalRunStandbyTakesOver(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var got collector
+	e.ob.Handle(AnyEvent, got.handle)
+
+	run := func(r *Relay) (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		return func() { cancel(); require.NoError(t, <-done) }
+	}
+	stopA := run(e.relay(RelayConfig{PollInterval: 50 * time.Millisecond}))
+	waitUntil(t, 10*time.Second, "a relay streams the slot", func() bool {
+		st, err := e.ob.Stats(t.Context(), e.db)
+		return err == nil && st.SlotActive
+	})
+	stopB := run(e.relay(RelayConfig{PollInterval: 50 * time.Millisecond}))
+	defer stopB()
+
+	require.NoError(t, Publish(e.db, Event{ID: "1", Type: "x"}))
+	waitUntil(t, 10*time.Second, "event 1 delivered", func() bool { return got.len() >= 1 })
+	stopA()
+	require.NoError(t, Publish(e.db, Event{ID: "2", Type: "x"}))
+	waitUntil(t, 10*time.Second, "the standby takes over and delivers event 2", func() bool { return got.len() >= 2 })
+	assert.Equal(t, []string{"1", "2"}, got.ids())
+	st, err := e.ob.Stats(t.Context(), e.db)
+	require.NoError(t, err)
+	assert.True(t, st.SlotActive)
+}
+
+// waitUntil polls cond until it holds or timeout passes.
+func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestLogicalRefused(t *testing.T) {
+	t.Parallel()
+	// SQLite and MySQL have no WAL to carry events.
+	db := sqliteBackend.open(t, &gorm.Config{Logger: logger.Discard})
+	require.ErrorIs(t, db.Use(Plugin(Config{Mode: Logical})), ErrUnsupportedDialect)
+	// The shared server runs with wal_level=replica.
+	if os.Getenv(postgresDSNEnv) != "" {
+		pg := postgresBackend(t).open(t, &gorm.Config{Logger: logger.Discard})
+		err := pg.Use(Plugin(Config{Mode: Logical, Slot: randomName("s_")}))
+		require.ErrorIs(t, err, ErrUnsupportedDialect)
+		assert.Contains(t, err.Error(), "wal_level = logical")
+	}
+	assert.ErrorIs(t, Plugin(Config{Mode: Logical, Slot: "Bad-Name"}).cfgErr, ErrInvalidConfig)
+}
