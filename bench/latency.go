@@ -300,7 +300,7 @@ func oursLatency(pg *pgServer, table, name string, cfg outbox.Config, rcfg outbo
 			return err
 		}
 		defer closeDB(relayDB)
-		rob := outbox.Plugin(outbox.Config{Table: table, Logger: warnLogger, DisableNotify: cfg.DisableNotify})
+		rob := outbox.Plugin(outbox.Config{Table: table, Logger: warnLogger, DisableNotify: cfg.DisableNotify, Mode: cfg.Mode, Slot: cfg.Slot})
 		if err := relayDB.Use(rob); err != nil {
 			return fmt.Errorf("install outbox: %w", err)
 		}

@@ -63,7 +63,7 @@ func parseFlags(args []string) (options, error) {
 	)
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every A/B comparison; medians and min–max are over rounds")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: small backlogs, short durations, 1 round (unless -rounds is given)")
-	fs.StringVar(&only, "only", "write,relay,latency,scale", "scenarios to run, comma separated")
+	fs.StringVar(&only, "only", "write,relay,latency,scale", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named")
 	fs.StringVar(&dbs, "db", "postgres,sqlite,mysql", "databases to run them on, comma separated (mysql: MySQL or MariaDB, from "+mysqlDSNEnv+"; SQLite has only the write scenario, latency is PostgreSQL's alone)")
 	fs.DurationVar(&o.writeDur, "write-dur", 3*time.Second, "how long each write-overhead measurement runs")
 	fs.StringVar(&writers, "writers", "1,8", "concurrent writers for the write-overhead scenario")
@@ -109,11 +109,11 @@ func parseFlags(args []string) (options, error) {
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "write", "relay", "latency", "scale":
+		case "write", "relay", "latency", "scale", "logical":
 			o.only[s] = true
 		case "":
 		default:
-			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale)", s)
+			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, logical)", s)
 		}
 	}
 	o.dbs = map[string]bool{}
@@ -226,6 +226,7 @@ func run(ctx context.Context, opts options) (err error) {
 		{"relay", runRelay},
 		{"latency", runLatency},
 		{"scale", runScale},
+		{"logical", runLogical},
 	}
 	for _, s := range steps {
 		if !opts.only[s.name] {
