@@ -138,7 +138,13 @@ func (s *streamer) read(ctx context.Context) error {
 		if err := s.sendStatus(ctx, pos, reply); err != nil {
 			return fmt.Errorf("outbox: report the stream's position: %w", err)
 		}
-		nextStatus = time.Now().Add(standbyStatusInterval)
+		interval := standbyStatusInterval
+		if s.until != 0 {
+			// ProcessOnce asks for the server's position until it has
+			// caught up: an idle server would not say otherwise.
+			interval = 10 * time.Millisecond
+		}
+		nextStatus = time.Now().Add(interval)
 		return nil
 	}
 	for {

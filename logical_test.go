@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -369,4 +371,116 @@ func TestLogicalRefused(t *testing.T) {
 		assert.Contains(t, err.Error(), "wal_level = logical")
 	}
 	assert.ErrorIs(t, Plugin(Config{Mode: Logical, Slot: "Bad-Name"}).cfgErr, ErrInvalidConfig)
+}
+
+func TestLogicalProcessOnceIdleIsQuick(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	r := e.relay(RelayConfig{})
+	e.drain(r)
+	began := time.Now()
+	n, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	t.Logf("an idle ProcessOnce took %v", time.Since(began))
+}
+
+// TestLogicalUnavailableParksWithoutAttempts: a destination that is down
+// costs no attempt; the events wait in the table and are delivered from
+// there once it is back.
+func TestLogicalUnavailableParksWithoutAttempts(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var (
+		down atomic.Bool
+		got  collector
+	)
+	down.Store(true)
+	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
+		if down.Load() {
+			return Unavailable(errors.New("broker down"))
+		}
+		return got.handle(ctx, ev)
+	})
+	r := e.relay(RelayConfig{Workers: 1})
+	require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x"}, Event{Type: "x"}))
+	_, err := r.ProcessOnce(t.Context())
+	require.Error(t, err)
+	assert.True(t, IsUnavailable(err), "%v", err)
+	assert.EqualValues(t, 3, e.count("status = ? AND attempts = 0", StatusPending), "handed to the table, no attempt counted")
+
+	down.Store(false)
+	e.drain(r)
+	assert.Equal(t, 3, got.len())
+	assert.EqualValues(t, 3, e.count("status = ?", StatusSent))
+}
+
+// TestLogicalShutdownMidBatch: cancelling Run while a handler runs lets it
+// finish, hands the rest of the batch to the table and confirms the batch;
+// another relay delivers the rest; nothing is lost or delivered twice.
+func TestLogicalShutdownMidBatch(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var (
+		got     collector
+		entered = make(chan struct{}, 1)
+		release = make(chan struct{})
+		first   atomic.Bool
+	)
+	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
+		if first.CompareAndSwap(false, true) {
+			entered <- struct{}{}
+			<-release
+		}
+		return got.handle(ctx, ev)
+	})
+	var batch []Event
+	for range 20 {
+		batch = append(batch, Event{Type: "x"})
+	}
+	require.NoError(t, Publish(e.db, batch...))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.relay(RelayConfig{Workers: 1}).Run(ctx) }()
+	<-entered
+	cancel()
+	close(release)
+	require.NoError(t, <-done)
+	assert.Equal(t, 1, got.len(), "only the delivery in progress finished")
+	assert.EqualValues(t, 19, e.count("status = ? AND attempts = 0", StatusPending))
+
+	e.drain(e.relay(RelayConfig{}))
+	ids := got.ids()
+	assert.Len(t, ids, 20)
+	seen := map[string]bool{}
+	for _, id := range ids {
+		assert.False(t, seen[id], "delivered twice: %s", id)
+		seen[id] = true
+	}
+}
+
+func TestLogicalStatsSlotLag(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	e.ob.Handle("x", func(context.Context, Event) error { return nil })
+	r := e.relay(RelayConfig{})
+	e.drain(r)
+	var before Stats
+	waitUntil(t, 10*time.Second, "the slot is released after ProcessOnce", func() bool {
+		var err error
+		before, err = e.ob.Stats(t.Context(), e.db)
+		require.NoError(t, err)
+		return !before.SlotActive
+	})
+	big := strings.Repeat("x", 64<<10)
+	for range 4 {
+		require.NoError(t, Publish(e.db, Event{Type: "x", Payload: map[string]string{"pad": big}}))
+	}
+	lagging, err := e.ob.Stats(t.Context(), e.db)
+	require.NoError(t, err)
+	assert.Greater(t, lagging.SlotLagBytes, before.SlotLagBytes+4*64<<10, "the unconfirmed messages are kept")
+	e.drain(r)
+	after, err := e.ob.Stats(t.Context(), e.db)
+	require.NoError(t, err)
+	assert.Less(t, after.SlotLagBytes, lagging.SlotLagBytes)
 }
