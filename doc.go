@@ -54,6 +54,15 @@
 // development on SQLite and for tests. Handlers see the same [Event] in both
 // modes, payload as json.RawMessage.
 //
+// # Logical mode
+//
+// Config{Mode: outbox.Logical}, on PostgreSQL 14+ with wal_level=logical,
+// carries events in the WAL instead of the table: [Publish] emits them as a
+// logical decoding message (failing with [ErrNoSlot] rather than emitting
+// while the replication slot is missing), and the relay streams the slot in
+// commit order. Only failed or held-back events are written to the table,
+// and retried from there as in persistent mode.
+//
 // # Testing
 //
 // Use memory mode, or persistent mode with [Relay.ProcessOnce] to deliver
