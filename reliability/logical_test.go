@@ -325,7 +325,7 @@ func TestLogicalCrashRecovery(t *testing.T) {
 
 	start := time.Now()
 	seenLeases := map[string]bool{}
-	inSlot := make([]map[string]bool, rounds) // the slot's events past its confirmed position at each kill
+	inSlot := make([]map[string]bool, rounds)   // the slot's events past its confirmed position at each kill
 	leasedAt := make([]map[string]bool, rounds) // the rows under the dead child's lease
 	var startupKills, maxPending, maxLeased int
 	for r := range rounds {
