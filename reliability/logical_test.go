@@ -46,9 +46,9 @@ const (
 // logicalCluster starts a PostgreSQL cluster with wal_level=logical for the
 // test, stopped and removed at its end, and returns the DSN of its
 // "postgres" database.
-func logicalCluster(t *testing.T) (*pgtest.Server, string) {
+func logicalCluster(t *testing.T, settings ...string) (*pgtest.Server, string) {
 	t.Helper()
-	s, err := pgtest.Start("wal_level=logical", "max_replication_slots=10", "max_wal_senders=10")
+	s, err := pgtest.Start(append([]string{"wal_level=logical", "max_replication_slots=10", "max_wal_senders=10"}, settings...)...)
 	if err != nil {
 		if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
 			t.Skipf("the Logical mode reliability tests need a PostgreSQL installation: %v", err)
