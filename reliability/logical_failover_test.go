@@ -145,7 +145,7 @@ func streamedIn(t testing.TB, db *gorm.DB, round int) (n int64, err error) {
 // stream delivers; polled every 20 ms), which must be under
 // maxTakeover. Nothing may be lost or delivered for a transaction that did
 // not commit, and the redundant deliveries must stay within what one kill
-// can leave in flight (a streamed batch and a claimed one).
+// can leave in flight (maxUnconfirmed and a claimed batch).
 func TestLogicalStandbyTakeover(t *testing.T) {
 	t.Parallel()
 	_, dsn := logicalCluster(t)
@@ -215,7 +215,7 @@ func TestLogicalStandbyTakeover(t *testing.T) {
 	require.NoError(t, db.Raw(`SELECT count(*) FROM (SELECT 1 FROM lg_deliveries GROUP BY order_id, n, round HAVING count(*) > 1) x`).Scan(&withinLife).Error)
 	assert.Zero(t, withinLife, "an event was delivered twice by one relay")
 	dup := c.deliveries - c.distinct
-	assert.LessOrEqual(t, dup, int64(kills*(logicalStreamBatch+logicalBatch)), "more redundant deliveries than the kills could leave in flight")
+	assert.LessOrEqual(t, dup, int64(kills*(maxUnconfirmed+logicalBatch)), "more redundant deliveries than the kills could leave in flight")
 	active.kill(t)
 
 	t.Logf("LOGICAL-TAKEOVER-RESULT kills=%d takeover=%v bound=%v committed_txns=%d events=%d delivered=%d lost=%d phantom=%d duplicated=%d",

@@ -307,8 +307,10 @@ func leasedRows(t testing.TB, db *gorm.DB, table string, seen map[string]bool) m
 //     past its confirmed position (peeked, not consumed), which the next
 //     session replays, and the explicit-ID rows the child held under a
 //     lease. An event delivered in round r and again later must be in
-//     round r's set. The redundant deliveries per kill are bounded by
-//     logicalDupBound.
+//     round r's set. Per kill, the events with a generated ID delivered
+//     again (only the stream delivers those) are at most maxUnconfirmed,
+//     and all the events delivered again at most maxUnconfirmed plus a
+//     batch the table's relay had claimed.
 func TestLogicalCrashRecovery(t *testing.T) {
 	t.Parallel()
 	_, dsn := logicalCluster(t)
@@ -413,14 +415,14 @@ func TestLogicalCrashRecovery(t *testing.T) {
 	maxPerKill, maxGenerated := 0, 0
 	for r := range rounds {
 		maxPerKill, maxGenerated = max(maxPerKill, perKill[r]), max(maxGenerated, perKillGenerated[r])
-		assert.LessOrEqual(t, perKillGenerated[r], logicalStreamBatch, "round %d: more generated-ID events delivered again than one streamed batch", r)
-		assert.LessOrEqual(t, perKill[r], logicalStreamBatch+logicalBatch, "round %d: more events delivered again than a streamed batch and a claimed one", r)
+		assert.LessOrEqual(t, perKillGenerated[r], maxUnconfirmed, "round %d: more generated-ID events delivered again than two streamed batches", r)
+		assert.LessOrEqual(t, perKill[r], maxUnconfirmed+logicalBatch, "round %d: more events delivered again than two streamed batches and a claimed one", r)
 	}
 	t.Logf("redundant deliveries per kill: %v, of which generated-ID: %v", perKill, perKillGenerated)
 	assert.EqualValues(t, deliveries-distinct, len(redundant))
 
 	t.Logf("LOGICAL-CRASH-RESULT rounds=%d kills=%d startup_kills=%d committed_txns=%d events=%d delivered=%d lost=%d phantom=%d deliveries=%d duplicated=%d max_dup_per_kill=%d (bound %d) max_generated_dup_per_kill=%d (bound %d) max_slot_pending_at_kill=%d max_leased_at_kill=%d batch=%d workers=%d kill_phase=%v total=%v",
-		rounds, rounds, startupKills, committed, events, distinct, lost, phantom, deliveries, deliveries-distinct, maxPerKill, logicalStreamBatch+logicalBatch, maxGenerated, logicalStreamBatch,
+		rounds, rounds, startupKills, committed, events, distinct, lost, phantom, deliveries, deliveries-distinct, maxPerKill, maxUnconfirmed+logicalBatch, maxGenerated, maxUnconfirmed,
 		maxPending, maxLeased, logicalBatch, logicalWorkers, killed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
@@ -428,6 +430,17 @@ func TestLogicalCrashRecovery(t *testing.T) {
 // up to whole transactions (a batch is confirmed as a whole), which hold at
 // most two events here.
 const logicalStreamBatch = logicalBatch + 1
+
+// maxUnconfirmed bounds the streamed events a kill leaves unconfirmed in
+// the slot after their delivery: the batch in flight, and the batch before
+// it. The relay confirms a batch once its outcomes are durable, but the
+// confirmation is a message PostgreSQL reads when its walsender next looks
+// at the connection: a walsender busy streaming a backlog to a client that
+// has just died fails on its next write and exits without reading it. So
+// a kill now and then redelivers more than one batch (measured: 17
+// generated-ID events after one kill of 100, with BatchSize 10; see
+// RELIABILITY.md).
+const maxUnconfirmed = 2 * logicalStreamBatch
 
 // TestLogicalCrashChild is the child process of TestLogicalCrashRecovery:
 // writers and a relay in Logical mode. It runs until it is killed, or until
