@@ -230,7 +230,7 @@ func TestLogicalRelayChild(t *testing.T) {
 		t.Skip("helper process of TestLogicalStandbyTakeover; runs only when re-executed by it")
 	}
 	db, ob, index, fail := logicalChild()
-	ob.Handle("order.created", recordLogicalDelivery(db, index))
+	ob.Handle("order.created", recordLogicalDelivery(db, index, false))
 	go func() {
 		if err := ob.Relay(db, logicalRelayConfig()).Run(context.Background()); err != nil {
 			fail("relay: %v", err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -99,8 +100,19 @@ func explicitID(p lgPayload) string { return "x:" + p.key() }
 
 func keyOfExplicit(id string) (string, bool) { return strings.CutPrefix(id, "x:") }
 
-// recordLogicalDelivery records each delivery as a row of its own.
-func recordLogicalDelivery(db *gorm.DB, round int) outbox.Handler {
+// failsFirst reports whether the crash test's handler fails the first
+// attempt at the event: one event in eight, chosen by its key, so that the
+// relay writes it to the table and retries it there.
+func failsFirst(p lgPayload) bool {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(p.key()))
+	return h.Sum32()%8 == 0
+}
+
+// recordLogicalDelivery records each delivery as a row of its own. With
+// failing, it fails the first attempt at the events failsFirst chooses
+// (every streamed delivery is a first attempt).
+func recordLogicalDelivery(db *gorm.DB, round int, failing bool) outbox.Handler {
 	return func(ctx context.Context, e outbox.Event) error {
 		raw, ok := e.Payload.(json.RawMessage)
 		if !ok {
@@ -109,6 +121,9 @@ func recordLogicalDelivery(db *gorm.DB, round int) outbox.Handler {
 		var p lgPayload
 		if err := json.Unmarshal(raw, &p); err != nil || p.Order == "" {
 			return outbox.Permanent(fmt.Errorf("payload %s: %v", raw, err))
+		}
+		if failing && outbox.Attempt(ctx) == 1 && failsFirst(p) {
+			return errors.New("the first attempt fails")
 		}
 		return db.WithContext(ctx).Exec(`INSERT INTO lg_deliveries (order_id, n, event_id, round) VALUES (?, ?, ?, ?)`,
 			p.Order, p.N, e.ID, round).Error
@@ -264,15 +279,17 @@ func pendingInSlot(t testing.TB, db *gorm.DB) map[string]bool {
 }
 
 // leasedRows returns the keys of the outbox rows held under a lease that no
-// earlier call saw with the same lease: after a kill, the explicit-ID events
-// the dead child had leased and not resolved.
+// earlier call saw with the same lease: after a kill, the rows the dead
+// child held (explicit-ID events the stream leased while it delivered them,
+// and rows its table relay had claimed).
 func leasedRows(t testing.TB, db *gorm.DB, table string, seen map[string]bool) map[string]bool {
 	t.Helper()
 	var rows []struct {
 		ID          string
+		Payload     string
 		LockedUntil time.Time
 	}
-	require.NoError(t, db.Table(table).Select("id, locked_until").
+	require.NoError(t, db.Table(table).Select("id, payload, locked_until").
 		Where("status = ? AND locked_until IS NOT NULL", outbox.StatusPending).Scan(&rows).Error)
 	out := map[string]bool{}
 	for _, r := range rows {
@@ -281,9 +298,9 @@ func leasedRows(t testing.TB, db *gorm.DB, table string, seen map[string]bool) m
 			continue
 		}
 		seen[seenKey] = true
-		k, ok := keyOfExplicit(r.ID)
-		require.True(t, ok, "row %s: not an explicit ID of the test", r.ID)
-		out[k] = true
+		var p lgPayload
+		require.NoError(t, json.Unmarshal([]byte(r.Payload), &p), "row %s", r.ID)
+		out[p.key()] = true
 	}
 	return out
 }
@@ -358,7 +375,7 @@ func TestLogicalCrashRecovery(t *testing.T) {
 	killed := time.Since(start)
 
 	// Drain what the children left, as round number `rounds`.
-	ob.Handle("order.created", recordLogicalDelivery(db, rounds))
+	ob.Handle("order.created", recordLogicalDelivery(db, rounds, true))
 	drain(t, db, ob.Table(), ob.Relay(db, logicalRelayConfig()), 60*time.Second)
 	assert.Empty(t, pendingInSlot(t, db), "the slot still holds outbox events after the drain")
 
@@ -377,12 +394,7 @@ func TestLogicalCrashRecovery(t *testing.T) {
 	phantom := q(`SELECT count(*) FROM lg_deliveries d WHERE NOT EXISTS (SELECT 1 FROM lg_orders o WHERE o.id = d.order_id AND d.n < o.events)`)
 	assert.Zero(t, phantom, "events delivered whose transaction did not commit")
 	assert.Zero(t, q(`SELECT count(*) FROM lg_orders WHERE id LIKE 'rb-%'`), "a rolled-back transaction committed")
-	assert.Zero(t, q(`SELECT count(*) FROM `+ob.Table()+` WHERE id NOT LIKE 'x:%'`), "a row in the table for an event with a generated ID")
-	assert.Zero(t, q(`SELECT count(*) FROM `+ob.Table()+` e WHERE NOT EXISTS (SELECT 1 FROM lg_orders o WHERE e.id LIKE 'x:' || o.id || '/%')`),
-		"an outbox row exists for a transaction that did not commit")
-	explicitDelivered := q(`SELECT count(DISTINCT (order_id, n)) FROM lg_deliveries WHERE event_id LIKE 'x:%'`)
-	assert.Equal(t, map[string]int64{outbox.StatusSent: explicitDelivered}, statusCounts(t, db, ob.Table()),
-		"every explicit-ID event has one row, sent")
+	rows, failedFirst := checkLogicalRows(t, db, ob.Table())
 
 	deliveries := q(`SELECT count(*) FROM lg_deliveries`)
 	distinct := q(`SELECT count(DISTINCT (order_id, n)) FROM lg_deliveries`)
@@ -397,33 +409,82 @@ func TestLogicalCrashRecovery(t *testing.T) {
 	}
 	require.NoError(t, db.Raw(`SELECT d.order_id, d.n, d.event_id, d.round FROM lg_deliveries d
 		WHERE EXISTS (SELECT 1 FROM lg_deliveries d2 WHERE d2.order_id = d.order_id AND d2.n = d.n AND d2.round > d.round)`).Scan(&redundant).Error)
-	perKill, perKillGenerated := map[int]int{}, map[int]int{}
+	perKill, perKillStream := map[int]int{}, map[int]int{}
 	for _, d := range redundant {
 		require.Less(t, d.Round, rounds)
 		k := lgPayload{d.OrderID, d.N}.key()
 		perKill[d.Round]++
-		if _, explicit := keyOfExplicit(d.EventID); explicit {
-			// The stream never delivers an event whose row exists: a
-			// replayed explicit-ID event comes from the table, after the
-			// lease of the row the dead child held.
-			assert.True(t, leasedAt[d.Round][k], "event %s was delivered again after round %d's kill, which had no lease on its row", k, d.Round)
-			continue
+		if leasedAt[d.Round][k] {
+			continue // its row was under the dead child's lease: the table delivers it again
 		}
-		perKillGenerated[d.Round]++
+		// Otherwise only the stream can have delivered it again (it never
+		// delivers an event whose row exists), from past the slot's
+		// confirmed position.
+		perKillStream[d.Round]++
+		_, explicit := keyOfExplicit(d.EventID)
+		assert.False(t, explicit, "event %s (explicit ID) was delivered again after round %d's kill, which had no lease on its row", k, d.Round)
 		assert.True(t, inSlot[d.Round][k], "event %s was delivered again after round %d's kill, which had confirmed it in the slot", k, d.Round)
 	}
-	maxPerKill, maxGenerated := 0, 0
+	maxPerKill, maxStream := 0, 0
 	for r := range rounds {
-		maxPerKill, maxGenerated = max(maxPerKill, perKill[r]), max(maxGenerated, perKillGenerated[r])
-		assert.LessOrEqual(t, perKillGenerated[r], maxUnconfirmed, "round %d: more generated-ID events delivered again than two streamed batches", r)
+		maxPerKill, maxStream = max(maxPerKill, perKill[r]), max(maxStream, perKillStream[r])
+		assert.LessOrEqual(t, perKillStream[r], maxUnconfirmed, "round %d: more events delivered again from the slot than two streamed batches", r)
 		assert.LessOrEqual(t, perKill[r], maxUnconfirmed+logicalBatch, "round %d: more events delivered again than two streamed batches and a claimed one", r)
 	}
-	t.Logf("redundant deliveries per kill: %v, of which generated-ID: %v", perKill, perKillGenerated)
+	t.Logf("redundant deliveries per kill: %v, of which from the slot: %v", perKill, perKillStream)
 	assert.EqualValues(t, deliveries-distinct, len(redundant))
 
-	t.Logf("LOGICAL-CRASH-RESULT rounds=%d kills=%d startup_kills=%d committed_txns=%d events=%d delivered=%d lost=%d phantom=%d deliveries=%d duplicated=%d max_dup_per_kill=%d (bound %d) max_generated_dup_per_kill=%d (bound %d) max_slot_pending_at_kill=%d max_leased_at_kill=%d batch=%d workers=%d kill_phase=%v total=%v",
-		rounds, rounds, startupKills, committed, events, distinct, lost, phantom, deliveries, deliveries-distinct, maxPerKill, maxUnconfirmed+logicalBatch, maxGenerated, maxUnconfirmed,
-		maxPending, maxLeased, logicalBatch, logicalWorkers, killed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	t.Logf("LOGICAL-CRASH-RESULT rounds=%d kills=%d startup_kills=%d committed_txns=%d events=%d delivered=%d lost=%d phantom=%d deliveries=%d duplicated=%d max_dup_per_kill=%d (bound %d) max_slot_dup_per_kill=%d (bound %d) max_slot_pending_at_kill=%d max_leased_at_kill=%d rows=%d failed_first=%d batch=%d workers=%d kill_phase=%v total=%v",
+		rounds, rounds, startupKills, committed, events, distinct, lost, phantom, deliveries, deliveries-distinct, maxPerKill, maxUnconfirmed+logicalBatch, maxStream, maxUnconfirmed,
+		maxPending, maxLeased, rows, failedFirst, logicalBatch, logicalWorkers, killed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+// checkLogicalRows checks the outbox table after the drain: a row for every
+// committed event with an explicit ID (inserted leased before delivery) and
+// for every committed event with a generated ID whose first attempt failed
+// (written to the table for a retry), and for no other; all sent. It returns
+// the number of rows and of those for failed first attempts.
+func checkLogicalRows(t *testing.T, db *gorm.DB, table string) (rows, failedFirst int) {
+	t.Helper()
+	var orders []struct {
+		ID     string
+		Events int
+	}
+	require.NoError(t, db.Raw(`SELECT id, events FROM lg_orders`).Scan(&orders).Error)
+	want := map[string]bool{} // event keys that must have a row
+	for _, o := range orders {
+		for n := range o.Events {
+			p := lgPayload{o.ID, n}
+			// writeOrder: one event (generated ID, or explicit ID when the
+			// order's seq is 1 modulo 3), or two (generated, then explicit).
+			seq, err := strconv.Atoi(o.ID[strings.LastIndex(o.ID, "-")+1:])
+			require.NoError(t, err, "order %s", o.ID)
+			explicit := n == 1 || seq%3 == 1
+			if explicit || failsFirst(p) {
+				want[p.key()] = true
+			}
+			if !explicit && failsFirst(p) {
+				failedFirst++
+			}
+		}
+	}
+	var got []struct {
+		ID      string
+		Payload string
+		Status  string
+	}
+	require.NoError(t, db.Table(table).Select("id, payload, status").Scan(&got).Error)
+	have := map[string]bool{}
+	for _, r := range got {
+		var p lgPayload
+		require.NoError(t, json.Unmarshal([]byte(r.Payload), &p), "row %s", r.ID)
+		assert.True(t, want[p.key()], "row %s (event %s): not a committed event with an explicit ID or a failed first attempt", r.ID, p.key())
+		assert.False(t, have[p.key()], "two rows for event %s", p.key())
+		assert.Equal(t, outbox.StatusSent, r.Status, "row %s", r.ID)
+		have[p.key()] = true
+	}
+	assert.Len(t, have, len(want), "committed events without their row")
+	return len(got), failedFirst
 }
 
 // logicalStreamBatch bounds a batch of the stream: BatchSize events rounded
@@ -450,7 +511,7 @@ func TestLogicalCrashChild(t *testing.T) {
 		t.Skip("helper process of TestLogicalCrashRecovery; runs only when re-executed by it")
 	}
 	db, ob, round, fail := logicalChild()
-	ob.Handle("order.created", recordLogicalDelivery(db, round))
+	ob.Handle("order.created", recordLogicalDelivery(db, round, true))
 	go func() {
 		if err := ob.Relay(db, logicalRelayConfig()).Run(context.Background()); err != nil {
 			fail("relay: %v", err)
