@@ -68,7 +68,7 @@ func drain(t *testing.T, r *Relay) {
 // (persistent mode) or at once (memory mode).
 func (e *testEnv) delivered(t *testing.T, c *collector) []string {
 	t.Helper()
-	if e.ob.mode == Persistent {
+	if e.ob.mode != Memory {
 		drain(t, e.relay(RelayConfig{Workers: 1}))
 	}
 	return c.ids()

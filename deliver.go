@@ -43,9 +43,11 @@ type outcome struct {
 // remaining events are handed back without counting attempts and the error
 // returned satisfies [IsUnavailable].
 //
-// In Logical mode it first delivers the events committed before the call
-// from the replication slot (unless another relay is streaming it), then
-// claims one batch from the table; the count is the sum.
+// In Logical mode it first delivers one batch of the events committed
+// before the call from the replication slot (unless another relay is
+// streaming it), then claims one batch from the table; the count is the
+// sum. A streamed batch holds whole transactions, so it exceeds BatchSize
+// when one transaction published more events than that.
 func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 	if r.err != nil {
 		return 0, r.err

@@ -26,6 +26,9 @@ type backend struct {
 	name string
 	// open returns a fresh, empty database for one test.
 	open func(t *testing.T, gcfg *gorm.Config) *gorm.DB
+	// logical: Persistent-mode setups become Logical mode, each with a
+	// slot of its own.
+	logical bool
 }
 
 const postgresDSNEnv = "OUTBOX_TEST_POSTGRES_DSN"
@@ -240,6 +243,11 @@ func (b backend) setup(t *testing.T, opts ...func(*setupOpts)) *testEnv {
 	db := b.open(t, o.gorm)
 	if o.cfg.Logger == nil {
 		o.cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if b.logical && o.cfg.Mode == Persistent {
+		o.cfg.Mode = Logical
+		o.cfg.Slot = randomName("s_")
+		dropSlotAtCleanup(t, db, o.cfg.Slot)
 	}
 	ob := Plugin(o.cfg)
 	clock := &fakeClock{t: time.Now().UTC()}

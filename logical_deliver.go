@@ -29,7 +29,7 @@ type aggKey struct{ typ, id string }
 // handleStream handles one batch. down is a handler's Unavailable error,
 // if one said its destination is down; err means the outcomes are not
 // durable and the batch must not be confirmed.
-func (r *Relay) handleStream(ctx context.Context, items []walItem) (down error, err error) {
+func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int, down error, err error) {
 	pg := r.o.dialect.(*postgresDialect)
 	start := time.Now()
 	now := r.o.now()
@@ -41,23 +41,29 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (down error, 
 	var blocked map[aggKey]bool
 	if r.cfg.OrderByAggregate {
 		if err := r.ensureOrdering(ctx); err != nil {
-			return nil, err
+			return 0, nil, err
 		}
 		if blocked, err = r.blockedAggregates(wctx, pg, items); err != nil {
-			return nil, err
+			return 0, nil, err
 		}
 	}
 	var park []parkRow
 	var parkIdx []int
-	batchIDs := map[string]bool{}
+	var dups int                    // duplicates dropped: not counted as handled
+	batchIDs := map[string]string{} // ID to idempotency key
 	for i := range items {
 		it := &items[i]
 		e := &it.c.ev
 		switch {
-		case it.checked && batchIDs[e.ID]:
+		case it.checked && batchIDs[e.ID] != "":
 			// The same event ID twice in one batch: one INSERT cannot tell
 			// which copy it kept; the first in commit order wins.
+			if batchIDs[e.ID] != e.IdempotencyKey {
+				r.o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
+					eventAttrs(*e, nil)...)
+			}
 			states[i] = stDone
+			dups++
 			continue
 		case blocked[aggKey{e.AggregateType, e.AggregateID}] && e.AggregateID != "":
 			// An older event of its aggregate waits in the table: this one
@@ -65,7 +71,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (down error, 
 			park = append(park, r.parkDeferred(it, now))
 			states[i] = stDone
 		case it.checked:
-			batchIDs[e.ID] = true
+			batchIDs[e.ID] = e.IdempotencyKey
 			park = append(park, parkRow{e: &it.enc, status: StatusPending, attempts: 1, due: lease, lease: lease, created: it.c.createdAt})
 			parkIdx = append(parkIdx, i)
 			states[i] = stLeased
@@ -74,8 +80,9 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (down error, 
 	if len(park) > 0 {
 		inserted, err := r.park(wctx, pg, park, now)
 		if err != nil {
-			return nil, err
+			return 0, nil, err
 		}
+		var skipped []int
 		for _, i := range parkIdx {
 			if !inserted[items[i].c.ev.ID] {
 				// Its key (or ID) is in the table already: a duplicate,
@@ -83,12 +90,16 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (down error, 
 				// crashed relay had written there, which the table's relay
 				// delivers once that relay's lease has passed.
 				states[i] = stDone
+				dups++
+				skipped = append(skipped, i)
 			}
 		}
+		r.reportReusedIDs(wctx, items, skipped)
 	}
 
+	handled = len(items) - dups
 	down = r.deliverStreamed(ctx, start, items, states, outs)
-	return down, r.recordStreamed(wctx, pg, items, states, outs, now, lease)
+	return handled, down, r.recordStreamed(wctx, pg, items, states, outs, now, lease)
 }
 
 // parkDeferred is an event written to the table undelivered: due now, no
@@ -350,4 +361,45 @@ func (r *Relay) blockedAggregates(ctx context.Context, pg *postgresDialect, item
 		blocked[k] = true
 	}
 	return blocked, rs.Err()
+}
+
+// reportReusedIDs logs the skipped events whose ID is taken in the table by
+// an event with another idempotency key: a different event, which
+// Persistent mode would have refused at Publish. In Logical mode the
+// publisher's transaction has committed by now; the later event cannot be
+// stored under its ID, and an error log is what is left to say so.
+func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []int) {
+	if len(skipped) == 0 {
+		return
+	}
+	ids := make([]string, len(skipped))
+	for k, i := range skipped {
+		ids[k] = items[i].c.ev.ID
+	}
+	sqlDB, err := rawDB(r.db)
+	if err != nil {
+		return
+	}
+	q := r.o.dialect.keysOf(ids)
+	sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	defer cancel()
+	rows, err := sqlDB.QueryContext(sctx, q.sql, q.args...)
+	if err != nil {
+		return // a diagnostic only: the outcome does not depend on it
+	}
+	defer rows.Close()
+	keys := map[string]string{}
+	for rows.Next() {
+		var id, key string
+		if rows.Scan(&id, &key) == nil {
+			keys[id] = key
+		}
+	}
+	for _, i := range skipped {
+		e := &items[i].c.ev
+		if key, ok := keys[e.ID]; ok && key != e.IdempotencyKey {
+			r.o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
+				eventAttrs(*e, nil)...)
+		}
+	}
 }

@@ -148,8 +148,8 @@ func (s *streamer) read(ctx context.Context) error {
 		return nil
 	}
 	for {
-		if s.until != 0 && cur == nil && received >= s.until && pglogrepl.LSN(s.done.Load()) >= s.handed {
-			return nil
+		if s.until != 0 && cur == nil && received >= s.until {
+			return nil // everything committed before ProcessOnce is handed over
 		}
 		select {
 		case <-s.kick:
@@ -365,11 +365,9 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 		n       int
 		err     error
 		probeIn = destProbeMin
-		paused  bool
-		downAt  time.Time
 	)
 	for {
-		batch, ok := s.nextBatch(r.cfg.BatchSize)
+		batch, ok := s.nextBatch(r.cfg.BatchSize, until != 0)
 		if !ok {
 			break
 		}
@@ -379,14 +377,14 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 			items = append(items, t.items...)
 			end = t.end
 		}
-		down, werr := r.handleStream(ctx, items)
+		handled, down, werr := r.handleStream(ctx, items)
 		if werr != nil {
 			// Outcomes not durable: stop without confirming; the next
 			// session delivers the batch again.
 			err = werr
 			break
 		}
-		n += len(items)
+		n += handled
 		s.done.Store(uint64(end))
 		select {
 		case s.kick <- struct{}{}:
@@ -394,19 +392,26 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 		}
 		switch {
 		case down != nil:
-			if !paused {
-				r.o.logger.WarnContext(ctx, "outbox: destination unavailable; delivery paused, probing with one event at a time with backoff (attempts are not counted)", slog.Any("error", down))
-				paused, downAt = true, time.Now()
+			// The rest of the batch is in the table, due now: the table's
+			// loop probes the destination with it, and logs the outage
+			// once. The stream holds back meanwhile, leaving new events
+			// in the slot, with the same backoff.
+			if until != 0 {
+				err = fmt.Errorf("outbox: batch handed to the table undelivered: %w", down)
 			}
 			pause := probeIn
 			if d, ok := retryDelay(down); ok {
 				pause = min(d, maxProbePause)
 			}
-			sleepCtx(ctx, pause)
+			if until == 0 {
+				sleepCtx(ctx, pause)
+			}
 			probeIn = min(probeIn*2, destProbeMax)
-		case paused && r.delivered.Load():
-			r.o.logger.InfoContext(ctx, "outbox: destination available again; delivery resumed", slog.Duration("paused", time.Since(downAt)))
-			paused, probeIn = false, destProbeMin
+		case r.delivered.Load():
+			probeIn = destProbeMin
+		}
+		if until != 0 {
+			break // ProcessOnce: one batch, as from the table
 		}
 	}
 	stopReader()
@@ -422,23 +427,60 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 		_, _ = pglogrepl.SendStandbyCopyDone(fctx, conn)
 		cancel()
 	}
+	pid := conn.PID()
 	_ = conn.Close(context.Background())
+	r.awaitRelease(ctx, pid)
 	if err == nil && ctx.Err() == nil {
 		err = readErr
 	}
 	return n, err
 }
 
-// nextBatch waits for a transaction, then takes those already waiting,
-// up to about limit events (whole transactions only: a transaction is
-// confirmed as a whole). ok is false once the reader has stopped.
-func (s *streamer) nextBatch(limit int) (batch []walTxn, ok bool) {
+// awaitRelease waits, briefly, until the walsender that served a closed
+// session has released the slot: PostgreSQL frees it as that process
+// exits, a moment after the connection closes. Without the wait, the next
+// ProcessOnce (of this relay or another in this process) would find the
+// slot busy and take this session's own shadow for another relay.
+func (r *Relay) awaitRelease(ctx context.Context, pid uint32) {
+	sqlDB, err := rawDB(r.db)
+	if err != nil {
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	for {
+		var held bool
+		err := sqlDB.QueryRowContext(wctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)",
+			r.o.slot, int64(pid)).Scan(&held)
+		if err != nil || !held {
+			return
+		}
+		sleepCtx(wctx, 5*time.Millisecond)
+		if wctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// nextBatch waits for a transaction, then takes those already waiting (or,
+// with fill, those still to come until the reader stops), up to limit
+// events or just past it: whole transactions only, since a transaction is
+// confirmed as a whole. ok is false once the reader has stopped.
+func (s *streamer) nextBatch(limit int, fill bool) (batch []walTxn, ok bool) {
 	t, ok := <-s.txns
 	if !ok {
 		return nil, false
 	}
 	batch, n := []walTxn{t}, len(t.items)
 	for n < limit {
+		if fill {
+			t, ok := <-s.txns
+			if !ok {
+				break
+			}
+			batch, n = append(batch, t), n+len(t.items)
+			continue
+		}
 		select {
 		case t, ok := <-s.txns:
 			if !ok {

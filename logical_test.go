@@ -484,3 +484,77 @@ func TestLogicalStatsSlotLag(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, after.SlotLagBytes, lagging.SlotLagBytes)
 }
+
+// logicalBackend runs the shared suite in Logical mode, on the test's own
+// cluster.
+func logicalBackend(t *testing.T) backend {
+	dsn := logicalDSN(t)
+	admin, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if sqlDB, err := admin.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	return backend{
+		name:    "postgres",
+		logical: true,
+		open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
+			schema := randomName("t_")
+			require.NoError(t, admin.Exec("CREATE SCHEMA "+schema).Error)
+			t.Cleanup(func() { _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE").Error })
+			db, err := gorm.Open(postgres.Open(dsn+"&search_path="+schema), gcfg)
+			require.NoError(t, err)
+			dsns.Store(db, dsn+"&search_path="+schema)
+			t.Cleanup(func() {
+				if sqlDB, err := db.DB(); err == nil {
+					_ = sqlDB.Close()
+				}
+			})
+			return db
+		},
+	}
+}
+
+// dropSlotAtCleanup drops a test's slot and publication once no relay
+// streams it any more.
+func dropSlotAtCleanup(t *testing.T, db *gorm.DB, slot string) {
+	t.Cleanup(func() {
+		for range 50 {
+			if err := db.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ?", slot).Error; err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // the walsender exits asynchronously after its connection closes
+		}
+		_ = db.Exec(`DROP PUBLICATION IF EXISTS "` + slot + `"`).Error
+	})
+}
+
+// TestLogicalSuite runs the shared suite in Logical mode.
+func TestLogicalSuite(t *testing.T) {
+	t.Parallel()
+	runSuite(t, logicalBackend(t))
+}
+
+// TestLogicalIDReusedByAnotherEvent: Persistent mode refuses, at Publish,
+// a different event under an existing ID; Logical mode's Publish cannot
+// see the table, so the relay drops the later one and says so.
+func TestLogicalIDReusedByAnotherEvent(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	e := setupLogical(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	var got collector
+	e.ob.Handle(AnyEvent, got.handle)
+	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k1"}))
+	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k2"}))
+	e.drain(e.relay(RelayConfig{}))
+	assert.Equal(t, []string{"same"}, got.ids())
+	assert.Equal(t, "k1", got.events[0].IdempotencyKey, "the first committed wins")
+	assert.Equal(t, 1, strings.Count(logs.String(), "reuses the ID of another event"), "in one batch")
+
+	// In a later batch, against the row the first one left.
+	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k3"}))
+	e.drain(e.relay(RelayConfig{}))
+	assert.Len(t, got.ids(), 1)
+	assert.Equal(t, 2, strings.Count(logs.String(), "reuses the ID of another event"), "against the table")
+}
