@@ -119,6 +119,17 @@ func (s *streamer) sendStatus(ctx context.Context, pos pglogrepl.LSN, reply bool
 // inside PostgreSQL's wal_sender_timeout (60 s by default).
 const standbyStatusInterval = time.Second
 
+// A stream that has gone silent (a network partition, a NAT or load
+// balancer that dropped the flow, a host that vanished without resetting
+// its connections) looks like an idle one: writes still succeed into the
+// socket's buffer. The reader asks the server for a reply every
+// streamPingInterval, and gives the stream up, to reconnect, once nothing
+// at all has arrived for streamSilenceLimit.
+const (
+	streamPingInterval = 3 * time.Second
+	streamSilenceLimit = 15 * time.Second
+)
+
 // read owns the connection: it receives the stream, hands each committed
 // transaction that carries outbox events to the dispatcher (in commit
 // order) and reports the confirmable position. It closes txns when it
@@ -132,8 +143,13 @@ func (s *streamer) read(ctx context.Context) error {
 		commitTime time.Time
 		nextStatus = time.Now()
 		prefix     = logicalPrefix(s.r.o.slot)
+		lastHeard  = time.Now()
+		lastPing   = time.Now()
 	)
 	report := func(reply bool) error {
+		if time.Since(lastPing) >= streamPingInterval {
+			reply, lastPing = true, time.Now()
+		}
 		pos := s.confirmable(received, cur != nil)
 		if err := s.sendStatus(ctx, pos, reply); err != nil {
 			return fmt.Errorf("outbox: report the stream's position: %w", err)
@@ -173,10 +189,14 @@ func (s *streamer) read(ctx context.Context) error {
 				return nil
 			}
 			if pgconn.Timeout(err) {
+				if silent := time.Since(lastHeard); silent > streamSilenceLimit {
+					return fmt.Errorf("outbox: the replication stream has been silent for %v, though asked to reply; reconnecting", silent.Round(time.Second))
+				}
 				continue
 			}
 			return fmt.Errorf("outbox: receive from the replication stream: %w", err)
 		}
+		lastHeard = time.Now()
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("outbox: replication stream: %w", pgconn.ErrorResponseToPgError(m))
@@ -418,8 +438,11 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 	for range s.txns { // unblock the reader; these were not handled and are not confirmed
 	}
 	wg.Wait()
-	// The final report: what this session confirmed.
-	if done := pglogrepl.LSN(s.done.Load()); done > 0 {
+	// The final report: what this session confirmed. Not on a connection
+	// the reader saw break: pgconn is closing it from a goroutine of its
+	// own, and pglogrepl writes to it without pgconn's lock; the server
+	// keeps the last position reported before, and replays from there.
+	if done := pglogrepl.LSN(s.done.Load()); done > 0 && readErr == nil && !conn.IsClosed() {
 		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
 		if serr := s.sendStatus(fctx, done, false); serr != nil && err == nil && readErr == nil {
 			err = fmt.Errorf("outbox: report the stream's position: %w", serr)
