@@ -37,14 +37,14 @@ const (
 // backend opens a fresh, empty database for one test.
 type backend struct {
 	name string
-	open func(t *testing.T) *gorm.DB
+	open func(t testing.TB) *gorm.DB
 }
 
-func backends(t *testing.T) []backend {
-	bs := []backend{{name: "SQLite", open: func(t *testing.T) *gorm.DB {
+func backends(t testing.TB) []backend {
+	bs := []backend{{name: "SQLite", open: func(t testing.TB) *gorm.DB {
 		return openGorm(t, sqlite.Open("file:"+filepath.Join(t.TempDir(), "outbox.db")+outboxtest.DSNOptions))
 	}}}
-	bs = append(bs, backend{name: "PostgreSQL", open: func(t *testing.T) *gorm.DB {
+	bs = append(bs, backend{name: "PostgreSQL", open: func(t testing.TB) *gorm.DB {
 		dsn := os.Getenv(postgresDSNEnv)
 		if dsn == "" {
 			t.Skipf("%s is not set", postgresDSNEnv)
@@ -59,7 +59,7 @@ func backends(t *testing.T) []backend {
 		}
 		return openGorm(t, postgres.Open(dsn+sep+"search_path="+schema))
 	}})
-	bs = append(bs, backend{name: "MariaDB", open: func(t *testing.T) *gorm.DB {
+	bs = append(bs, backend{name: "MariaDB", open: func(t testing.TB) *gorm.DB {
 		dsn := os.Getenv(mysqlDSNEnv)
 		if dsn == "" {
 			t.Skipf("%s is not set", mysqlDSNEnv)
@@ -77,7 +77,7 @@ func backends(t *testing.T) []backend {
 	return bs
 }
 
-func openGorm(t *testing.T, d gorm.Dialector) *gorm.DB {
+func openGorm(t testing.TB, d gorm.Dialector) *gorm.DB {
 	t.Helper()
 	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err)
