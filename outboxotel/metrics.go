@@ -49,6 +49,7 @@ type metrics struct {
 
 	// system is the attribute every measurement carries.
 	system attribute.KeyValue
+	sets   sync.Map // attrKey -> *attrSets
 }
 
 func newMetrics(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Duration) (*metrics, error) {
@@ -83,19 +84,46 @@ func newMetrics(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Durat
 // delivered records one delivery attempt.
 func (ms *metrics) delivered(d outbox.Delivery) {
 	ctx := context.Background()
-	dest := semconv.MessagingDestinationName(d.Event.Type)
-	ms.deliveries.Add(ctx, 1, metric.WithAttributes(ms.system, dest, OutcomeKey.String(outcome(d))))
+	errType := ""
 	if d.Err != nil {
-		ms.duration.Record(ctx, d.Duration.Seconds(), metric.WithAttributes(ms.system, dest,
-			semconv.MessagingOperationName("process"), semconv.ErrorTypeKey.String(errorType(d.Err))))
-	} else {
-		ms.duration.Record(ctx, d.Duration.Seconds(), metric.WithAttributes(ms.system, dest,
-			semconv.MessagingOperationName("process")))
+		errType = errorType(d.Err)
 	}
+	a := ms.attrs(d.Event.Type, outcome(d), errType)
+	ms.deliveries.Add(ctx, 1, a.deliveries)
+	ms.duration.Record(ctx, d.Duration.Seconds(), a.duration)
 	if d.Status != outbox.StatusPending {
 		// Only the attempt that ends an event's wait measures it.
-		ms.wait.Record(ctx, max(d.Latency-d.Duration, 0).Seconds(), metric.WithAttributes(ms.system, dest))
+		ms.wait.Record(ctx, max(d.Latency-d.Duration, 0).Seconds(), a.wait)
 	}
+}
+
+// attrKey is one combination of attribute values; there are a few per
+// event type.
+type attrKey struct{ eventType, outcome, errType string }
+
+// attrSets are the attribute sets of one attrKey, built once: building a
+// set sorts and hashes its attributes, a large part of a measurement.
+type attrSets struct {
+	deliveries, duration, wait metric.MeasurementOption
+}
+
+func (ms *metrics) attrs(eventType, outcome, errType string) *attrSets {
+	k := attrKey{eventType, outcome, errType}
+	if v, ok := ms.sets.Load(k); ok {
+		return v.(*attrSets)
+	}
+	dest := semconv.MessagingDestinationName(eventType)
+	op := semconv.MessagingOperationName("process")
+	dur := []attribute.KeyValue{ms.system, dest, op}
+	if errType != "" {
+		dur = append(dur, semconv.ErrorTypeKey.String(errType))
+	}
+	v, _ := ms.sets.LoadOrStore(k, &attrSets{
+		deliveries: metric.WithAttributeSet(attribute.NewSet(ms.system, dest, OutcomeKey.String(outcome))),
+		duration:   metric.WithAttributeSet(attribute.NewSet(dur...)),
+		wait:       metric.WithAttributeSet(attribute.NewSet(ms.system, dest)),
+	})
+	return v.(*attrSets)
 }
 
 func outcome(d outbox.Delivery) string {
