@@ -63,6 +63,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
@@ -210,8 +211,13 @@ func (in *instrumentation) publish(ctx context.Context, e *outbox.Event) {
 // that span's context, in ctx and in the event's headers.
 func (in *instrumentation) deliver(next outbox.Handler) outbox.Handler {
 	return func(ctx context.Context, e outbox.Event) error {
-		stored := trace.SpanContextFromContext(in.cfg.prop.Extract(context.Background(), headerCarrier(e.Headers)))
+		extracted := in.cfg.prop.Extract(context.Background(), headerCarrier(e.Headers))
+		stored := trace.SpanContextFromContext(extracted)
 		current := trace.SpanContextFromContext(ctx) // memory mode: the committing request's
+		if bag := baggage.FromContext(extracted); bag.Len() > 0 {
+			// Only a propagator that reads baggage (WithPropagator) finds any.
+			ctx = baggage.ContextWithBaggage(ctx, bag)
+		}
 		opts := []trace.SpanStartOption{
 			trace.WithSpanKind(trace.SpanKindConsumer),
 			trace.WithAttributes(

@@ -313,17 +313,22 @@ func TestBaggageOnlyWhenAsked(t *testing.T) {
 		if withBaggage {
 			extra = append(extra, outboxotel.WithPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})))
 		}
-		tel.install(t, db, outbox.Config{}, extra...)
+		ob := tel.install(t, db, outbox.Config{}, extra...)
+		var seen baggage.Baggage
+		ob.Handle("x", func(ctx context.Context, _ outbox.Event) error { seen = baggage.FromContext(ctx); return nil })
 		ctx, req := tel.tp.Tracer("app").Start(baggage.ContextWithBaggage(t.Context(), bag), "request")
 		require.NoError(t, outbox.Publish(db.WithContext(ctx), outbox.Event{ID: "e", Type: "x"}))
 		req.End()
 		h := outboxtest.Row(t, db, "e").Headers
 		require.NotNil(t, h)
 		assert.Contains(t, *h, "traceparent")
+		outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{Workers: 1}))
 		if withBaggage {
 			assert.Contains(t, *h, "someone")
+			assert.Equal(t, "someone@example.com", seen.Member("user.email").Value(), "the handler's ctx carries the baggage")
 		} else {
 			assert.NotContains(t, *h, "someone", "baggage is not written unless asked")
+			assert.Zero(t, seen.Len())
 		}
 	}
 }
