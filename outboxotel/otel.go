@@ -185,6 +185,12 @@ type instrumentation struct {
 	metrics *metrics
 }
 
+// The span kinds' options, built once: each is an allocation per span.
+var (
+	producerKind = trace.WithSpanKind(trace.SpanKindProducer)
+	consumerKind = trace.WithSpanKind(trace.SpanKindConsumer)
+)
+
 // publish stores the request's trace context in e's headers, through a
 // short PRODUCER span.
 func (in *instrumentation) publish(ctx context.Context, e *outbox.Event) {
@@ -192,7 +198,7 @@ func (in *instrumentation) publish(ctx context.Context, e *outbox.Event) {
 		return
 	}
 	ctx, span := in.tracer.Start(ctx, "create "+e.Type,
-		trace.WithSpanKind(trace.SpanKindProducer),
+		producerKind,
 		trace.WithAttributes(
 			semconv.MessagingSystemKey.String(System),
 			semconv.MessagingOperationTypeCreate,
@@ -219,7 +225,7 @@ func (in *instrumentation) deliver(next outbox.Handler) outbox.Handler {
 			ctx = baggage.ContextWithBaggage(ctx, bag)
 		}
 		opts := []trace.SpanStartOption{
-			trace.WithSpanKind(trace.SpanKindConsumer),
+			consumerKind,
 			trace.WithAttributes(
 				semconv.MessagingSystemKey.String(System),
 				semconv.MessagingOperationTypeProcess,
