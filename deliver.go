@@ -181,11 +181,15 @@ func (r *Relay) deliverOne(bctx context.Context, c *claimed, w *outcomeWriter) (
 		status = out.status
 		w.failed(out)
 	}
-	if r.cfg.OnDelivery != nil {
-		r.cfg.OnDelivery(Delivery{
+	if r.cfg.OnDelivery != nil || r.o.observesDeliveries() {
+		d := Delivery{
 			Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
 			Duration: took, Latency: r.o.now().Sub(c.createdAt),
-		})
+		}
+		if r.cfg.OnDelivery != nil {
+			r.cfg.OnDelivery(d)
+		}
+		r.o.delivered(d)
 	}
 	return down
 }

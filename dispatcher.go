@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"time"
 )
 
 // Handler delivers one event: pushes it to a websocket, calls a webhook,
@@ -56,15 +57,44 @@ func (o *Outbox) Handle(eventType string, h Handler) {
 func (o *Outbox) deliver(ctx context.Context, e Event) error {
 	var errs []error
 	if !o.runHandlers(ctx, e, func(err error) { errs = append(errs, err) }) {
-		return fmt.Errorf("%w %q", ErrNoHandler, e.Type)
+		return noHandler(e)
 	}
 	return errors.Join(errs...)
 }
 
+func noHandler(e Event) error { return fmt.Errorf("%w %q", ErrNoHandler, e.Type) }
+
+func joinErrs(errs []error) error { return errors.Join(errs...) }
+
 // runHandlers calls every handler that matches e, in registration order,
 // passes each failure to failed, and reports whether any handler matched.
-// Both modes dispatch through it, so they match handlers alike.
+// Every mode dispatches through it, so they match handlers alike and all
+// run the Deliver hooks ([Hooks]); with hooks, failed gets the one error
+// the outermost hook returns.
 func (o *Outbox) runHandlers(ctx context.Context, e Event, failed func(error)) (matched bool) {
+	if hs := o.hooks.Load(); hs != nil && hs.deliver != nil {
+		err := callHandler(ctx, hs.deliver, e)
+		if errors.Is(err, ErrNoHandler) {
+			return false
+		}
+		if err != nil {
+			failed(err)
+		}
+		return true
+	}
+	return o.callMatching(ctx, e, failed)
+}
+
+// matching is the Handler the Deliver hooks wrap: every matching handler.
+func (o *Outbox) matching(ctx context.Context, e Event) error {
+	var errs []error
+	if !o.callMatching(ctx, e, func(err error) { errs = append(errs, err) }) {
+		return noHandler(e)
+	}
+	return errors.Join(errs...)
+}
+
+func (o *Outbox) callMatching(ctx context.Context, e Event, failed func(error)) (matched bool) {
 	for _, r := range *o.handlers.Load() {
 		if r.eventType != e.Type && r.eventType != AnyEvent {
 			continue
@@ -93,16 +123,28 @@ func callHandler(ctx context.Context, h Handler, e Event) (err error) {
 // handler's error or panic is logged and affects neither the committed
 // transaction nor the other handlers.
 func (o *Outbox) dispatchMemory(ctx context.Context, events []encoded) {
+	start := time.Now()
 	for i := range events {
 		if !o.keys.first(events[i].IdempotencyKey) {
 			continue // first write wins, as in persistent mode
 		}
 		e := events[i].event()
+		observe := o.observesDeliveries()
+		var (
+			began = time.Now()
+			errs  []error
+		)
 		matched := o.runHandlers(ctx, e, func(err error) {
 			o.logger.ErrorContext(ctx, "outbox: handler failed", eventAttrs(e, err)...)
+			if observe {
+				errs = append(errs, err)
+			}
 		})
 		if !matched {
 			o.logger.WarnContext(ctx, "outbox: no handler for event; dropped (memory mode)", eventAttrs(e, nil)...)
+		}
+		if observe {
+			o.delivered(memoryDelivery(e, errs, matched, began, start))
 		}
 	}
 }

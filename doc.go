@@ -63,6 +63,15 @@
 // commit order. Only failed or held-back events are written to the table,
 // and retried from there as in persistent mode.
 //
+// # Tracing and metrics
+//
+// The module github.com/gorm-outbox/outbox/outboxotel adds OpenTelemetry
+// traces and metrics in one line (outboxotel.Instrument(ob)): trace context
+// stored with each event at [Publish] and continued by every delivery and
+// the messages the adapters send. It is built on [Hooks], which other
+// instrumentation can use through [Outbox.AddHooks]; the core imports no
+// instrumentation library.
+//
 // # Testing
 //
 // Use memory mode, or persistent mode with [Relay.ProcessOnce] to deliver

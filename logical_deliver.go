@@ -207,11 +207,15 @@ func (r *Relay) deliverStreamedOne(bctx context.Context, it *walItem) (streamSta
 		out = r.failure(c, err)
 		state, status = stFailed, out.status
 	}
-	if r.cfg.OnDelivery != nil {
-		r.cfg.OnDelivery(Delivery{
+	if r.cfg.OnDelivery != nil || r.o.observesDeliveries() {
+		d := Delivery{
 			Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
 			Duration: took, Latency: r.o.now().Sub(c.createdAt),
-		})
+		}
+		if r.cfg.OnDelivery != nil {
+			r.cfg.OnDelivery(d)
+		}
+		r.o.delivered(d)
 	}
 	return state, out, downErr
 }

@@ -123,6 +123,7 @@ type Outbox struct {
 	dialect     dialect    // nil in Memory mode, which needs no SQL
 
 	handlers atomic.Pointer[[]route] // copy-on-write, read without locks
+	hooks    atomic.Pointer[hookSet] // copy-on-write; nil until AddHooks
 	keys     recentKeys              // memory mode's idempotency keys
 
 	deliverAfterCommit bool

@@ -104,6 +104,14 @@ func Publish(tx *gorm.DB, events ...Event) error {
 	if len(events) == 0 {
 		return nil
 	}
+	ctx := tx.Statement.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	events, err := o.publishHooks(ctx, events)
+	if err != nil {
+		return err
+	}
 	enc, err := o.encodeAll(events)
 	if err != nil {
 		return err

@@ -95,7 +95,8 @@ type RelayConfig struct {
 
 	// OnDelivery, if set, is called after every delivery attempt with its
 	// outcome and timings, from the delivering goroutine: build metrics or
-	// traces on it. It must be fast and safe for concurrent use.
+	// traces on it. It must be fast and safe for concurrent use. [Hooks]
+	// observe every relay of an Outbox at once (package outboxotel uses them).
 	OnDelivery func(Delivery)
 }
 

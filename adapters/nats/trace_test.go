@@ -1,0 +1,58 @@
+package nats_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+	outboxnats "github.com/gorm-outbox/outbox/adapters/nats"
+)
+
+// TestDeliverHookHeadersReachTheMessage: tracing (package outboxotel)
+// rewrites an event's traceparent and tracestate to the delivery's own span
+// in a Deliver hook, before the handlers run. The message the adapter sends
+// must carry the rewritten values, not the stored ones, so that consumers
+// continue from the delivery.
+func TestDeliverHookHeadersReachTheMessage(t *testing.T) {
+	t.Parallel()
+	_, js := connect(t)
+	stream, prefix := newStream(t, js)
+	db, ob := openDB(t)
+	const (
+		stored    = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		delivery  = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"
+		state     = "vendor=delivery"
+		eventID   = "traced-1"
+		eventType = "order.created"
+	)
+	ob.AddHooks(outbox.Hooks{Deliver: func(next outbox.Handler) outbox.Handler {
+		return func(ctx context.Context, e outbox.Event) error {
+			h := map[string]string{}
+			for k, v := range e.Headers {
+				h[k] = v
+			}
+			h["traceparent"], h["tracestate"] = delivery, state
+			e.Headers = h
+			return next(ctx, e)
+		}
+	}})
+	ob.Handle(eventType, newPublisher(t, js, outboxnats.Config{SubjectPrefix: prefix + "."}).Handler())
+
+	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
+		return outbox.Publish(tx, outbox.Event{ID: eventID, Type: eventType, Headers: map[string]string{"traceparent": stored}})
+	}))
+	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	raw, err := stream.GetLastMsgForSubject(t.Context(), prefix+"."+eventType)
+	require.NoError(t, err)
+	assert.Equal(t, eventID, raw.Header.Get(jetstream.MsgIDHeader))
+	assert.Equal(t, delivery, raw.Header.Get("traceparent"))
+	assert.Equal(t, state, raw.Header.Get("tracestate"))
+}

@@ -1,0 +1,135 @@
+package outbox
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"time"
+)
+
+// Hooks are the extension points instrumentation plugs into: tracing that
+// carries a request's trace context through the table to the consumers,
+// metrics of every delivery. The OpenTelemetry module
+// (github.com/gorm-outbox/outbox/outboxotel) is built on them; the core
+// itself imports no instrumentation library. Every field is optional.
+type Hooks struct {
+	// Publish is called by [Publish], and so by a [Recorder]'s harvest, for
+	// every event, with the publishing statement's context, before the
+	// event is validated and stored: it may add headers, such as trace
+	// context. e is the event's own copy, its ID already assigned; its
+	// Headers map is a copy of the caller's (nil when there are none), so
+	// the hook may change it. What the hook leaves is validated like any
+	// event.
+	Publish func(ctx context.Context, e *Event)
+
+	// Deliver wraps the delivery of one event, in every mode (a relay's
+	// attempt, memory mode's after-commit dispatch). next calls every
+	// handler the event matches, in registration order, and returns their
+	// errors joined, or an error wrapping [ErrNoHandler] when no handler
+	// matches; what the wrapped handler returns is the delivery's outcome.
+	// ctx carries the attempt ([Attempt]); e is the handlers' copy, so the
+	// wrapper may change its headers for them. A panic is recovered as a
+	// handler's is.
+	Deliver func(next Handler) Handler
+
+	// Delivered is called after every delivery attempt with its outcome,
+	// as [RelayConfig.OnDelivery] is, for every relay of this Outbox; in
+	// memory mode too, after each event's dispatch, with Attempt 0, Status
+	// StatusSent or StatusFailed (memory mode does not retry), and Latency
+	// counted from the start of the after-commit dispatch. It must be fast
+	// and safe for concurrent use.
+	Delivered func(Delivery)
+}
+
+// hookSet is the hooks added so far, composed; replaced as a whole.
+type hookSet struct {
+	publish   []func(context.Context, *Event)
+	deliver   Handler // the Deliver wrappers around matching; nil when none
+	wrappers  []func(Handler) Handler
+	delivered []func(Delivery)
+}
+
+// AddHooks installs h on o. Hooks added earlier run first: their Publish
+// before a later one's, their Deliver wrapped around a later one's. Add
+// hooks before events are published or dispatched; like [Outbox.Handle],
+// AddHooks is safe for concurrent use but applies to later events only.
+func (o *Outbox) AddHooks(h Hooks) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	next := &hookSet{}
+	if old := o.hooks.Load(); old != nil {
+		next.publish = slices.Clone(old.publish)
+		next.wrappers = slices.Clone(old.wrappers)
+		next.delivered = slices.Clone(old.delivered)
+	}
+	if h.Publish != nil {
+		next.publish = append(next.publish, h.Publish)
+	}
+	if h.Deliver != nil {
+		next.wrappers = append(next.wrappers, h.Deliver)
+	}
+	if h.Delivered != nil {
+		next.delivered = append(next.delivered, h.Delivered)
+	}
+	if len(next.wrappers) > 0 {
+		next.deliver = o.matching
+		for i := len(next.wrappers) - 1; i >= 0; i-- {
+			next.deliver = next.wrappers[i](next.deliver)
+		}
+	}
+	o.hooks.Store(next)
+}
+
+// publishHooks runs the Publish hooks on copies of events and returns the
+// copies, or events itself when there are no hooks.
+func (o *Outbox) publishHooks(ctx context.Context, events []Event) ([]Event, error) {
+	hs := o.hooks.Load()
+	if hs == nil || len(hs.publish) == 0 {
+		return events, nil
+	}
+	out := make([]Event, len(events))
+	for i, e := range events {
+		if e.ID == "" {
+			// Assigned here so that the hooks see the ID that is stored.
+			id, err := newEventID()
+			if err != nil {
+				return nil, err
+			}
+			e.ID = id
+		}
+		e.Headers = maps.Clone(e.Headers)
+		for _, f := range hs.publish {
+			f(ctx, &e)
+		}
+		out[i] = e
+	}
+	return out, nil
+}
+
+// delivered reports d to the Delivered hooks.
+func (o *Outbox) delivered(d Delivery) {
+	if hs := o.hooks.Load(); hs != nil {
+		for _, f := range hs.delivered {
+			f(d)
+		}
+	}
+}
+
+// observesDeliveries reports whether a Delivered hook is installed, so
+// that memory mode times its dispatch only then.
+func (o *Outbox) observesDeliveries() bool {
+	hs := o.hooks.Load()
+	return hs != nil && len(hs.delivered) > 0
+}
+
+// memoryDelivery is the Delivery memory mode reports for one event.
+func memoryDelivery(e Event, errs []error, matched bool, began, dispatchStart time.Time) Delivery {
+	d := Delivery{Event: e, Status: StatusSent, Duration: time.Since(began), Latency: time.Since(dispatchStart)}
+	switch {
+	case !matched:
+		d.Status, d.Err = StatusFailed, noHandler(e)
+	case len(errs) > 0:
+		d.Status, d.Err = StatusFailed, joinErrs(errs)
+	}
+	return d
+}

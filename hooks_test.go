@@ -1,0 +1,211 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// hooksTests run on every backend, in both modes.
+var hooksTests = map[string]func(*testing.T, backend){
+	"HooksPublishDeliverDelivered": testHooks,
+	"HooksNoHandlerAndPanic":       testHooksNoHandler,
+}
+
+type ctxKey struct{}
+
+// hookRecorder is a set of hooks that records what they saw.
+type hookRecorder struct {
+	mu        sync.Mutex
+	published []string          // event IDs the Publish hook saw
+	ctxValues []any             // the ctx value the Publish hook saw
+	attempts  []int             // Attempt(ctx) in the Deliver hook
+	outerErrs []error           // what next returned to the Deliver hook
+	delivered []Delivery        // what Delivered got
+	order     []string          // the order hooks ran in
+	handled   map[string]string // event ID -> header "hooked" the handler saw
+}
+
+func (h *hookRecorder) hooks(name string) Hooks {
+	return Hooks{
+		Publish: func(ctx context.Context, e *Event) {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			h.order = append(h.order, "publish:"+name)
+			if name != "outer" {
+				return
+			}
+			h.published = append(h.published, e.ID)
+			h.ctxValues = append(h.ctxValues, ctx.Value(ctxKey{}))
+			if e.Headers == nil {
+				e.Headers = map[string]string{}
+			}
+			e.Headers["hooked"] = "at-publish"
+		},
+		Deliver: func(next Handler) Handler {
+			return func(ctx context.Context, e Event) error {
+				h.mu.Lock()
+				h.order = append(h.order, "deliver:"+name)
+				h.mu.Unlock()
+				if name == "outer" {
+					e.Headers["hooked"] = "at-delivery"
+				}
+				err := next(ctx, e)
+				if name == "outer" {
+					h.mu.Lock()
+					h.attempts = append(h.attempts, Attempt(ctx))
+					h.outerErrs = append(h.outerErrs, err)
+					h.mu.Unlock()
+				}
+				return err
+			}
+		},
+		Delivered: func(d Delivery) {
+			if name != "outer" {
+				return
+			}
+			h.mu.Lock()
+			h.delivered = append(h.delivered, d)
+			h.mu.Unlock()
+		},
+	}
+}
+
+func testHooks(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			h := &hookRecorder{handled: map[string]string{}}
+			e.ob.AddHooks(h.hooks("outer"))
+			e.ob.AddHooks(h.hooks("inner"))
+			fail := errors.New("broker down")
+			e.ob.Handle("*", func(_ context.Context, ev Event) error {
+				h.mu.Lock()
+				h.handled[ev.ID] = ev.Headers["hooked"]
+				h.mu.Unlock()
+				if ev.Type == "bad" {
+					return fail
+				}
+				return nil
+			})
+			caller := map[string]string{"keep": "me"}
+			ctx := context.WithValue(t.Context(), ctxKey{}, "request")
+			require.NoError(t, e.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+				return Publish(tx, Event{Type: "good", Headers: caller}, Event{ID: "b1", Type: "bad"})
+			}))
+			// The Recorder's harvest goes through Publish too.
+			o := Order{Total: 1}
+			o.Record(Event{ID: "r1", Type: "good"})
+			require.NoError(t, e.db.WithContext(ctx).Create(&o).Error)
+			if mode == Persistent {
+				_, err := e.relay(RelayConfig{Workers: 1}).ProcessOnce(t.Context())
+				require.NoError(t, err)
+			}
+
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			assert.Equal(t, map[string]string{"keep": "me"}, caller, "the caller's headers map is not changed")
+			require.Len(t, h.published, 3)
+			assert.NotEmpty(t, h.published[0], "the hook sees the ID that is stored")
+			assert.Equal(t, []string{"b1", "r1"}, h.published[1:])
+			assert.Equal(t, []any{"request", "request", "request"}, h.ctxValues, "Publish hooks get the statement's context")
+			assert.Equal(t, "publish:outer", h.order[0])
+			assert.Equal(t, "publish:inner", h.order[1])
+			assert.Contains(t, h.order, "deliver:outer")
+			i := indexOf(h.order, "deliver:outer")
+			assert.Equal(t, "deliver:inner", h.order[i+1], "the first hook added wraps the later ones")
+
+			if mode == Persistent {
+				var got Row
+				require.NoError(t, e.db.Table(e.ob.Table()).Where("id = ?", h.published[0]).Take(&got).Error)
+				require.NotNil(t, got.Headers)
+				var stored map[string]string
+				require.NoError(t, json.Unmarshal([]byte(*got.Headers), &stored))
+				assert.Equal(t, map[string]string{"keep": "me", "hooked": "at-publish"}, stored, "a Publish hook's header is stored")
+			}
+			assert.Equal(t, map[string]string{h.published[0]: "at-delivery", "b1": "at-delivery", "r1": "at-delivery"}, h.handled,
+				"handlers see the headers the Deliver hook set")
+
+			wantAttempt := 0
+			if mode == Persistent {
+				wantAttempt = 1
+			}
+			assert.Equal(t, []int{wantAttempt, wantAttempt, wantAttempt}, h.attempts)
+			require.Len(t, h.delivered, 3)
+			byID := map[string]Delivery{}
+			for _, d := range h.delivered {
+				byID[d.Event.ID] = d
+			}
+			assert.Equal(t, StatusSent, byID[h.published[0]].Status)
+			assert.NoError(t, byID[h.published[0]].Err)
+			bad := byID["b1"]
+			assert.ErrorIs(t, bad.Err, fail)
+			assert.Equal(t, wantAttempt, bad.Attempt)
+			if mode == Persistent {
+				assert.Equal(t, StatusPending, bad.Status, "a retry is scheduled")
+			} else {
+				assert.Equal(t, StatusFailed, bad.Status, "memory mode does not retry")
+			}
+			if mode == Memory { // the relay's Latency is by the test's fake clock
+				assert.GreaterOrEqual(t, bad.Latency, bad.Duration)
+			}
+		})
+	}
+}
+
+func testHooksNoHandler(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			var (
+				mu   sync.Mutex
+				errs = map[string]error{}
+				ds   = map[string]Delivery{}
+			)
+			e.ob.AddHooks(Hooks{
+				Deliver: func(next Handler) Handler {
+					return func(ctx context.Context, ev Event) error {
+						err := next(ctx, ev)
+						mu.Lock()
+						errs[ev.Type] = err
+						mu.Unlock()
+						return err
+					}
+				},
+				Delivered: func(d Delivery) { mu.Lock(); ds[d.Event.Type] = d; mu.Unlock() },
+			})
+			e.ob.Handle("panics", func(context.Context, Event) error { panic("boom") })
+			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+				return Publish(tx, Event{Type: "orphan"}, Event{Type: "panics"})
+			}))
+			if mode == Persistent {
+				_, err := e.relay(RelayConfig{Workers: 1}).ProcessOnce(t.Context())
+				require.NoError(t, err)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			assert.ErrorIs(t, errs["orphan"], ErrNoHandler, "next reports that no handler matched")
+			assert.ErrorIs(t, ds["orphan"].Err, ErrNoHandler)
+			assert.ErrorIs(t, errs["panics"], errHandlerPanic, "a handler's panic reaches the hook as an error")
+			assert.ErrorIs(t, ds["panics"].Err, errHandlerPanic)
+			if mode == Persistent {
+				assert.Equal(t, int64(2), e.count("status = ? AND last_error IS NOT NULL", StatusPending))
+			}
+		})
+	}
+}
+
+func indexOf(s []string, v string) int {
+	for i := range s {
+		if s[i] == v {
+			return i
+		}
+	}
+	return -1
+}

@@ -1,0 +1,206 @@
+package outboxotel
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/semconv/v1.43.0/messagingconv"
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Attribute keys of the metrics that the semantic conventions do not name.
+const (
+	// OutcomeKey is the outcome of a delivery attempt: sent, retry,
+	// failed, no_handler or unavailable.
+	OutcomeKey = attribute.Key("outbox.outcome")
+	// StatusKey is a row's status in the outbox.events gauge.
+	StatusKey = attribute.Key("outbox.status")
+)
+
+// Outcomes, the values of [OutcomeKey].
+const (
+	OutcomeSent        = "sent"        // delivered
+	OutcomeRetry       = "retry"       // failed; a retry is scheduled
+	OutcomeFailed      = "failed"      // failed for good (or, in memory mode, dropped)
+	OutcomeNoHandler   = "no_handler"  // no handler is registered for the event's type
+	OutcomeUnavailable = "unavailable" // the destination was down; handed back, attempt not counted
+)
+
+// durationBuckets are the semantic conventions' advised boundaries for
+// messaging durations, in seconds.
+var durationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10}
+
+// waitBuckets reach further: an event that is retried waits minutes.
+var waitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
+
+type metrics struct {
+	deliveries metric.Int64Counter
+	duration   metric.Float64Histogram
+	wait       metric.Float64Histogram
+
+	// system is the attribute every measurement carries.
+	system attribute.KeyValue
+	sets   sync.Map // attrKey -> *attrSets
+}
+
+func newMetrics(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Duration) (*metrics, error) {
+	var (
+		ms   = &metrics{system: semconv.MessagingSystemKey.String(System)}
+		errs []error
+		err  error
+	)
+	ms.deliveries, err = m.Int64Counter("outbox.deliveries",
+		metric.WithDescription("Delivery attempts, by event type and outcome."),
+		metric.WithUnit("{delivery}"))
+	errs = append(errs, err)
+	ms.duration, err = m.Float64Histogram(messagingconv.ProcessDuration{}.Name(),
+		metric.WithDescription("Duration of one delivery attempt's handlers."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(durationBuckets...))
+	errs = append(errs, err)
+	ms.wait, err = m.Float64Histogram("outbox.delivery.wait",
+		metric.WithDescription("Time from an event's insert to the start of the delivery attempt that ended it (sent or failed)."),
+		metric.WithUnit("s"),
+		metric.WithExplicitBucketBoundaries(waitBuckets...))
+	errs = append(errs, err)
+	if db != nil {
+		errs = append(errs, registerGauges(m, ob, db, every, ms.system))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("outboxotel: create instruments: %w", err)
+	}
+	return ms, nil
+}
+
+// delivered records one delivery attempt.
+func (ms *metrics) delivered(d outbox.Delivery) {
+	ctx := context.Background()
+	errType := ""
+	if d.Err != nil {
+		errType = errorType(d.Err)
+	}
+	a := ms.attrs(d.Event.Type, outcome(d), errType)
+	ms.deliveries.Add(ctx, 1, a.deliveries)
+	ms.duration.Record(ctx, d.Duration.Seconds(), a.duration)
+	if d.Status != outbox.StatusPending {
+		// Only the attempt that ends an event's wait measures it.
+		ms.wait.Record(ctx, max(d.Latency-d.Duration, 0).Seconds(), a.wait)
+	}
+}
+
+// attrKey is one combination of attribute values; there are a few per
+// event type.
+type attrKey struct{ eventType, outcome, errType string }
+
+// attrSets are the attribute sets of one attrKey, built once: building a
+// set sorts and hashes its attributes, a large part of a measurement.
+type attrSets struct {
+	deliveries, duration, wait metric.MeasurementOption
+}
+
+func (ms *metrics) attrs(eventType, outcome, errType string) *attrSets {
+	k := attrKey{eventType, outcome, errType}
+	if v, ok := ms.sets.Load(k); ok {
+		return v.(*attrSets)
+	}
+	dest := semconv.MessagingDestinationName(eventType)
+	op := semconv.MessagingOperationName("process")
+	dur := []attribute.KeyValue{ms.system, dest, op}
+	if errType != "" {
+		dur = append(dur, semconv.ErrorTypeKey.String(errType))
+	}
+	v, _ := ms.sets.LoadOrStore(k, &attrSets{
+		deliveries: metric.WithAttributeSet(attribute.NewSet(ms.system, dest, OutcomeKey.String(outcome))),
+		duration:   metric.WithAttributeSet(attribute.NewSet(dur...)),
+		wait:       metric.WithAttributeSet(attribute.NewSet(ms.system, dest)),
+	})
+	return v.(*attrSets)
+}
+
+func outcome(d outbox.Delivery) string {
+	switch {
+	case d.Err == nil:
+		return OutcomeSent
+	case errors.Is(d.Err, outbox.ErrNoHandler):
+		return OutcomeNoHandler
+	case d.Status == outbox.StatusFailed:
+		return OutcomeFailed
+	case outbox.IsUnavailable(d.Err) && !outbox.IsPermanent(d.Err):
+		return OutcomeUnavailable
+	}
+	return OutcomeRetry
+}
+
+// registerGauges registers the observable gauges of the table, read
+// through a cache so that frequent collection does not scan the table.
+func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Duration, system attribute.KeyValue) error {
+	events, err := m.Int64ObservableGauge("outbox.events",
+		metric.WithDescription("Rows in the outbox table, by status."),
+		metric.WithUnit("{event}"))
+	if err != nil {
+		return err
+	}
+	oldest, err := m.Float64ObservableGauge("outbox.pending.oldest_age",
+		metric.WithDescription("Age of the oldest pending event; 0 when none is pending."),
+		metric.WithUnit("s"))
+	if err != nil {
+		return err
+	}
+	c := &statsCache{ob: ob, db: db, every: every}
+	pending := metric.WithAttributes(system, StatusKey.String(outbox.StatusPending))
+	sent := metric.WithAttributes(system, StatusKey.String(outbox.StatusSent))
+	failed := metric.WithAttributes(system, StatusKey.String(outbox.StatusFailed))
+	sys := metric.WithAttributes(system)
+	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		st, ok := c.get(ctx)
+		if !ok {
+			return nil // no reading yet: report nothing rather than zeros
+		}
+		o.ObserveInt64(events, st.Pending, pending)
+		o.ObserveInt64(events, st.Sent, sent)
+		o.ObserveInt64(events, st.Failed, failed)
+		o.ObserveFloat64(oldest, st.OldestPending.Seconds(), sys)
+		return nil
+	}, events, oldest)
+	return err
+}
+
+// statsCache reads Stats at most once per interval.
+type statsCache struct {
+	ob    *outbox.Outbox
+	db    *gorm.DB
+	every time.Duration
+
+	mu   sync.Mutex
+	at   time.Time
+	last outbox.Stats
+	ok   bool
+}
+
+// get returns the latest reading, refreshed when older than the interval.
+// A failed read keeps the previous one (reported to otel's error handler)
+// and is not retried before the interval passes, so that an unreachable
+// database is not queried on every collection.
+func (c *statsCache) get(ctx context.Context) (outbox.Stats, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.at.IsZero() || time.Since(c.at) >= c.every {
+		c.at = time.Now()
+		st, err := c.ob.Stats(ctx, c.db.WithContext(ctx))
+		if err != nil {
+			otel.Handle(fmt.Errorf("outboxotel: read the outbox table's stats: %w", err))
+		} else {
+			c.last, c.ok = st, true
+		}
+	}
+	return c.last, c.ok
+}
