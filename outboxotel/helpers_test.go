@@ -126,7 +126,7 @@ func (tel *telemetry) install(t *testing.T, db *gorm.DB, cfg outbox.Config, extr
 	ob := outbox.Plugin(cfg)
 	require.NoError(t, db.Use(ob))
 	opts := tel.options(extra...)
-	if cfg.Mode == outbox.Persistent {
+	if cfg.Mode != outbox.Memory {
 		opts = append(opts, outboxotel.WithStats(db))
 	}
 	require.NoError(t, outboxotel.Instrument(ob, opts...))

@@ -155,6 +155,22 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 	if err != nil {
 		return err
 	}
+	instruments := []metric.Observable{events, oldest}
+	var lag, active metric.Int64ObservableGauge
+	if ob.Mode() == outbox.Logical {
+		// The slot's risk is WAL kept on disk while no relay confirms it.
+		if lag, err = m.Int64ObservableGauge("outbox.slot.lag",
+			metric.WithDescription("WAL the Logical mode replication slot keeps because no relay has confirmed it yet."),
+			metric.WithUnit("By")); err != nil {
+			return err
+		}
+		if active, err = m.Int64ObservableGauge("outbox.slot.active",
+			metric.WithDescription("1 while a relay streams the Logical mode replication slot, 0 otherwise."),
+			metric.WithUnit("1")); err != nil {
+			return err
+		}
+		instruments = append(instruments, lag, active)
+	}
 	c := &statsCache{ob: ob, db: db, every: every}
 	pending := metric.WithAttributes(system, StatusKey.String(outbox.StatusPending))
 	sent := metric.WithAttributes(system, StatusKey.String(outbox.StatusSent))
@@ -169,8 +185,16 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 		o.ObserveInt64(events, st.Sent, sent)
 		o.ObserveInt64(events, st.Failed, failed)
 		o.ObserveFloat64(oldest, st.OldestPending.Seconds(), sys)
+		if lag != nil {
+			o.ObserveInt64(lag, st.SlotLagBytes, sys)
+			var on int64
+			if st.SlotActive {
+				on = 1
+			}
+			o.ObserveInt64(active, on, sys)
+		}
 		return nil
-	}, events, oldest)
+	}, instruments...)
 	return err
 }
 
