@@ -118,8 +118,11 @@ type env struct {
 	base   string // the dashboard's URL, ending in a slash
 	client *http.Client
 	// failWith, when not empty, makes the events whose type starts with
-	// "fails" (or holds markup) fail permanently with this text.
+	// "fails" (or holds markup, or is in failTypes) fail permanently with
+	// this text.
 	failWith string
+	// failTypes are more types that fail with failWith.
+	failTypes map[string]bool
 }
 
 // setup installs the outbox on a fresh database and mounts the dashboard
@@ -129,7 +132,7 @@ func setup(t *testing.T, b backend, opts outboxui.Options) *env {
 	e.ob = outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, e.db.Use(e.ob))
 	e.ob.Handle("*", func(_ context.Context, ev outbox.Event) error {
-		if e.failWith != "" && (strings.HasPrefix(ev.Type, "fails") || strings.Contains(ev.Type, "<")) {
+		if e.failWith != "" && (strings.HasPrefix(ev.Type, "fails") || strings.Contains(ev.Type, "<") || e.failTypes[ev.Type]) {
 			return outbox.Permanent(errors.New(e.failWith))
 		}
 		return nil

@@ -1,6 +1,7 @@
 package outboxui_test
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -247,12 +248,14 @@ func testEscaping(t *testing.T, b backend) {
 	e.publish(outbox.Event{
 		ID: `"><script>alert(0)</script>`, Type: "<script>alert(2)</script>", AggregateType: evil, AggregateID: `<img src=x onerror=alert(3)>`,
 		IdempotencyKey: evil, Headers: map[string]string{"h": evil},
-		Payload: map[string]string{"html": "</pre><script>alert(4)</script>"},
+		// Raw, so the stored text holds the tags, not JSON's \u003c escapes.
+		Payload: json.RawMessage(`{"html": "</pre><script>alert(4)</script>"}`),
 	})
 	e.failWith = "<script>alert(5)</script>"
 	e.drain()
 	id := `"><script>alert(0)</script>`
 	require.Equal(t, outbox.StatusFailed, e.row(id).Status)
+	require.Contains(t, e.row(id).Payload, "</pre><script>alert(4)", "the stored payload holds the tags")
 	for _, page := range []string{"", "events", "events?status=failed&type=" + url.QueryEscape("<script>alert(2)</script>"), "event?id=" + url.QueryEscape(id)} {
 		code, body := e.get(page)
 		require.Equal(t, http.StatusOK, code, page)
