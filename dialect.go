@@ -68,6 +68,10 @@ type dialect interface {
 	// notifies reports whether relays in other processes can be woken
 	// through the database (PostgreSQL's LISTEN/NOTIFY).
 	notifies() bool
+
+	// syntax is how the database spells statements, for the operating
+	// functions of admin.go, which differ only in that.
+	syntax() *sqlSyntax
 }
 
 // querier runs queries: a *sql.DB or a *sql.Tx.

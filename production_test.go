@@ -486,7 +486,7 @@ func testStatsAndOnDelivery(t *testing.T, b backend) {
 
 	st, err := e.ob.Stats(t.Context(), e.db)
 	require.NoError(t, err)
-	assert.Equal(t, Stats{Pending: 1, Sent: 2, Failed: 1, OldestPending: st.OldestPending}, st)
+	assert.Equal(t, Stats{Pending: 1, Sent: 2, Failed: 1, FailedLastHour: 1, OldestPending: st.OldestPending}, st)
 	assert.Greater(t, st.OldestPending, time.Duration(0))
 	assert.Less(t, st.OldestPending, time.Minute)
 

@@ -16,6 +16,10 @@ type Stats struct {
 	// OldestPending is the age of the oldest pending event, 0 when none is
 	// pending. A value that keeps growing means delivery is stuck.
 	OldestPending time.Duration
+	// FailedLastHour counts the failed events that failed (or were last
+	// changed) within the last hour: new failures, where Failed also
+	// counts old ones nobody has replayed or purged yet.
+	FailedLastHour int64
 }
 
 // Stats counts the outbox rows by status. It scans the table's rows (a
@@ -58,6 +62,12 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return st, fmt.Errorf("outbox: stats: %w", err)
+	}
+	if st.Failed > 0 {
+		q := o.dialect.syntax().failedSince(o.now().Add(-time.Hour))
+		if err := db.Statement.ConnPool.QueryRowContext(ctx, q.sql, q.args...).Scan(&st.FailedLastHour); err != nil {
+			return st, fmt.Errorf("outbox: stats: %w", err)
+		}
 	}
 	return st, nil
 }

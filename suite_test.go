@@ -56,6 +56,9 @@ func runSuite(t *testing.T, b backend) {
 	for name, fn := range correctnessTests {
 		tests[name] = fn
 	}
+	for name, fn := range adminTests {
+		tests[name] = fn
+	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

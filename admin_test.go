@@ -1,0 +1,378 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// adminTests cover the operating functions (admin.go) the outbox command
+// and the dashboard are built on.
+var adminTests = map[string]func(*testing.T, backend){
+	"AdminListFilters":         testAdminListFilters,
+	"AdminListPaging":          testAdminListPaging,
+	"AdminGet":                 testAdminGet,
+	"AdminReplayFilter":        testAdminReplayFilter,
+	"AdminReplayFilterBatches": testAdminReplayFilterBatches,
+	"AdminPurge":               testAdminPurge,
+	"AdminPurgeBatches":        testAdminPurgeBatches,
+	"AdminInvalidFilter":       testAdminInvalidFilter,
+	"AdminStatsFailedLastHour": testAdminStatsFailedLastHour,
+}
+
+// adminFixture publishes, at distinct times one minute apart:
+//
+//	pay-0  payment.failed  order/1  -> failed "Card DECLINED: 100% over limit"
+//	pay-1  payment.failed  order/2  -> failed "timeout"
+//	ship-0 order.shipped   order/1  -> sent
+//	ship-1 order.shipped   order/2  -> pending
+//
+// and returns the time before the first publish. Once heal is set, every
+// event is delivered.
+func adminFixture(t *testing.T, e *testEnv, heal *atomic.Bool) time.Time {
+	t.Helper()
+	start := e.clock.Now()
+	pub := func(id, typ, agg string) {
+		e.clock.Advance(time.Minute)
+		require.NoError(t, Publish(e.db, Event{ID: id, Type: typ, AggregateType: "order", AggregateID: agg,
+			Payload: map[string]string{"id": id}}))
+	}
+	pub("pay-0", "payment.failed", "1")
+	pub("pay-1", "payment.failed", "2")
+	pub("ship-0", "order.shipped", "1")
+	pub("ship-1", "order.shipped", "2")
+	e.ob.Handle("payment.failed", func(_ context.Context, ev Event) error {
+		if heal != nil && heal.Load() {
+			return nil
+		}
+		if ev.ID == "pay-0" {
+			return Permanent(errors.New("Card DECLINED: 100% over limit"))
+		}
+		return Permanent(errors.New("timeout"))
+	})
+	e.ob.Handle("order.shipped", func(_ context.Context, ev Event) error {
+		if ev.ID == "ship-1" {
+			return RetryAfter(errors.New("later"), time.Hour)
+		}
+		return nil
+	})
+	_, err := e.relay(RelayConfig{}).ProcessOnce(t.Context())
+	require.NoError(t, err)
+	return start
+}
+
+func rowIDs(rows []Row) []string {
+	out := make([]string, len(rows))
+	for i, r := range rows {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func testAdminListFilters(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	start := adminFixture(t, e, nil)
+	list := func(f Filter) []string {
+		t.Helper()
+		rows, err := e.ob.List(ctx, e.db, ListParams{Filter: f})
+		require.NoError(t, err)
+		n, err := e.ob.Count(ctx, e.db, f)
+		require.NoError(t, err)
+		assert.EqualValues(t, len(rows), n, "Count agrees with List for %+v", f)
+		return rowIDs(rows)
+	}
+	all := []string{"pay-0", "pay-1", "ship-0", "ship-1"}
+	assert.Equal(t, all, list(Filter{}))
+	assert.Equal(t, []string{"pay-0", "pay-1"}, list(Filter{Statuses: []string{StatusFailed}}))
+	assert.Equal(t, []string{"ship-0", "ship-1"}, list(Filter{Statuses: []string{StatusSent, StatusPending}}))
+	assert.Equal(t, []string{"ship-0", "ship-1"}, list(Filter{Types: []string{"order.shipped"}}))
+	assert.Equal(t, []string{"pay-1", "ship-0"}, list(Filter{IDs: []string{"ship-0", "pay-1", "nope"}}))
+	assert.Equal(t, []string{"pay-0", "ship-0"}, list(Filter{AggregateType: "order", AggregateID: "1"}))
+	assert.Empty(t, list(Filter{AggregateType: "customer"}))
+	// Created 1, 2, 3 and 4 minutes after start: since is inclusive,
+	// until exclusive.
+	created := func(m int) time.Time {
+		return e.record([]string{"pay-0", "pay-1", "ship-0", "ship-1"}[m-1]).CreatedAt
+	}
+	assert.Equal(t, []string{"pay-1", "ship-0"}, list(Filter{CreatedSince: created(2), CreatedUntil: created(4)}))
+	assert.Equal(t, all, list(Filter{CreatedSince: start}))
+	assert.Empty(t, list(Filter{CreatedUntil: start}))
+	// In another zone, the same instants select the same rows.
+	far := time.FixedZone("far", -11*3600)
+	assert.Equal(t, []string{"pay-1", "ship-0"}, list(Filter{CreatedSince: created(2).In(far), CreatedUntil: created(4).In(far)}))
+
+	// Case-insensitive, and LIKE's wildcards are plain text.
+	assert.Equal(t, []string{"pay-0"}, list(Filter{ErrorContains: "card declined"}))
+	assert.Equal(t, []string{"pay-0"}, list(Filter{ErrorContains: "100% OVER"}))
+	assert.Empty(t, list(Filter{ErrorContains: "100%_over"}))
+	assert.Empty(t, list(Filter{ErrorContains: "_"}))
+	assert.Equal(t, []string{"pay-1"}, list(Filter{ErrorContains: "TIME", Types: []string{"payment.failed"}}))
+}
+
+func testAdminListPaging(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	want := publishN(t, e.db, "page", 120)
+
+	rows, err := e.ob.List(ctx, e.db, ListParams{})
+	require.NoError(t, err)
+	assert.Len(t, rows, defaultListLimit, "the default page")
+
+	var got []string
+	var after int64
+	for {
+		rows, err := e.ob.List(ctx, e.db, ListParams{Limit: 25, AfterSeq: after})
+		require.NoError(t, err)
+		if len(rows) == 0 {
+			break
+		}
+		require.LessOrEqual(t, len(rows), 25)
+		got = append(got, rowIDs(rows)...)
+		after = rows[len(rows)-1].Seq
+		// A row added while paging shows up at the end, once.
+		if len(got) == 50 {
+			publishN(t, e.db, "late", 1)
+		}
+	}
+	assert.Equal(t, append(want, "late-00000"), got, "oldest first, every row once")
+
+	var newest []string
+	var before int64
+	for {
+		rows, err := e.ob.List(ctx, e.db, ListParams{Limit: 40, Newest: true, BeforeSeq: before, Filter: Filter{Types: []string{"page"}}})
+		require.NoError(t, err)
+		if len(rows) == 0 {
+			break
+		}
+		newest = append(newest, rowIDs(rows)...)
+		before = rows[len(rows)-1].Seq
+	}
+	require.Len(t, newest, len(want))
+	for i := range want {
+		assert.Equal(t, want[len(want)-1-i], newest[i])
+	}
+
+	// A window between two seqs, and a limit above the maximum is lowered.
+	all, err := e.ob.List(ctx, e.db, ListParams{Limit: 5000})
+	require.NoError(t, err)
+	require.Len(t, all, 121)
+	mid, err := e.ob.List(ctx, e.db, ListParams{AfterSeq: all[9].Seq, BeforeSeq: all[20].Seq})
+	require.NoError(t, err)
+	assert.Equal(t, rowIDs(all[10:20]), rowIDs(mid))
+}
+
+func testAdminGet(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	occurred := time.Date(2026, 3, 29, 1, 30, 0, 123456000, time.FixedZone("x", 5*3600+1800))
+	require.NoError(t, Publish(e.db, Event{ID: "g1", Type: "t", AggregateType: "order", AggregateID: "9",
+		IdempotencyKey: "key-g1", Headers: map[string]string{"traceparent": "00-1-2-01"},
+		Payload: map[string]any{"name": "<script>alert(1)</script>", "n": 1}, OccurredAt: occurred}))
+	published := e.clock.Now()
+	e.ob.Handle("t", func(context.Context, Event) error { return Permanent(errors.New("bad <b>")) })
+	_, err := e.relay(RelayConfig{}).ProcessOnce(ctx)
+	require.NoError(t, err)
+
+	r, err := e.ob.Get(ctx, e.db, "g1")
+	require.NoError(t, err)
+	assert.Positive(t, r.Seq)
+	assert.Equal(t, "t", r.EventType)
+	assert.Equal(t, "order", r.AggregateType)
+	assert.Equal(t, "9", r.AggregateID)
+	assert.Equal(t, "key-g1", r.IdempotencyKey)
+	var payload map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.Payload), &payload))
+	assert.Equal(t, "<script>alert(1)</script>", payload["name"])
+	require.NotNil(t, r.Headers)
+	assert.JSONEq(t, `{"traceparent":"00-1-2-01"}`, *r.Headers)
+	assert.Equal(t, StatusFailed, r.Status)
+	assert.Equal(t, 1, r.Attempts)
+	require.NotNil(t, r.LastError)
+	assert.Contains(t, *r.LastError, "bad <b>")
+	assert.Nil(t, r.LockedUntil)
+	assert.Nil(t, r.SentAt)
+	// Every time is UTC and right, MySQL (stored as zone-less text) included.
+	for name, tm := range map[string]time.Time{"OccurredAt": r.OccurredAt, "CreatedAt": r.CreatedAt,
+		"UpdatedAt": r.UpdatedAt, "AvailableAt": r.AvailableAt} {
+		assert.Equal(t, time.UTC, tm.Location(), name)
+	}
+	assert.True(t, occurred.Equal(r.OccurredAt), "OccurredAt %v came back as %v", occurred, r.OccurredAt)
+	assert.WithinDuration(t, published, r.CreatedAt, time.Millisecond)
+	assert.True(t, e.record("g1").CreatedAt.Equal(r.CreatedAt), "Get and a GORM read agree")
+
+	_, err = e.ob.Get(ctx, e.db, "missing")
+	require.ErrorIs(t, err, ErrNotFound)
+
+	// Sent rows carry SentAt; in a transaction too.
+	require.NoError(t, Publish(e.db, Event{ID: "g2", Type: "ok"}))
+	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
+	_, err = e.relay(RelayConfig{}).ProcessOnce(ctx)
+	require.NoError(t, err)
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+		r, err := e.ob.Get(ctx, tx, "g2")
+		require.NoError(t, err)
+		require.NotNil(t, r.SentAt)
+		assert.Equal(t, time.UTC, r.SentAt.Location())
+		assert.WithinDuration(t, e.clock.Now(), *r.SentAt, time.Millisecond)
+		return nil
+	}))
+}
+
+func testAdminReplayFilter(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	var heal atomic.Bool
+	adminFixture(t, e, &heal)
+
+	n, err := e.ob.ReplayFilter(ctx, e.db, Filter{ErrorContains: "declined"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	r := e.record("pay-0")
+	assert.Equal(t, StatusPending, r.Status)
+	assert.Equal(t, 0, r.Attempts)
+	assert.Nil(t, r.LockedUntil)
+	assert.Equal(t, StatusFailed, e.record("pay-1").Status)
+
+	// Sent and pending rows matching the filter are left alone.
+	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{AggregateID: "2"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, StatusPending, e.record("pay-1").Status)
+	assert.Equal(t, StatusSent, e.record("ship-0").Status)
+	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{})
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "nothing is failed any more")
+
+	// The replayed events are due now and get delivered.
+	heal.Store(true)
+	_, err = e.relay(RelayConfig{}).ProcessOnce(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, StatusSent, e.record("pay-0").Status)
+	assert.Equal(t, StatusSent, e.record("pay-1").Status)
+
+	_, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []string{StatusSent}})
+	require.ErrorIs(t, err, ErrInvalidFilter, "a replay that cannot touch failed rows is a mistake")
+}
+
+// failRows marks every row of typ failed with msg, as the relay would.
+func failRows(t *testing.T, e *testEnv, typ, msg string) {
+	t.Helper()
+	require.NoError(t, e.db.Table(e.ob.Table()).Where("event_type = ?", typ).
+		Updates(map[string]any{"status": StatusFailed, "last_error": msg, "attempts": 3}).Error)
+}
+
+func testAdminReplayFilterBatches(t *testing.T, b backend) {
+	e := b.setup(t)
+	publishN(t, e.db, "bulk", 2*adminBatch+5)
+	publishN(t, e.db, "other", 3)
+	failRows(t, e, "bulk", "boom")
+	failRows(t, e, "other", "boom")
+	n, err := e.ob.ReplayFilter(t.Context(), e.db, Filter{Types: []string{"bulk"}, Statuses: []string{StatusFailed}})
+	require.NoError(t, err)
+	assert.Equal(t, 2*adminBatch+5, n)
+	assert.EqualValues(t, 2*adminBatch+5, e.count("status = ? AND attempts = 0", StatusPending))
+	assert.EqualValues(t, 3, e.count("status = ?", StatusFailed))
+}
+
+func testAdminPurge(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	adminFixture(t, e, nil)
+
+	_, err := e.ob.Purge(ctx, e.db, Filter{Statuses: []string{StatusPending}})
+	require.ErrorIs(t, err, ErrInvalidFilter)
+	_, err = e.ob.Purge(ctx, e.db, Filter{Statuses: []string{StatusSent, StatusPending}})
+	require.ErrorIs(t, err, ErrInvalidFilter)
+
+	// A poison event: purging it by ID.
+	n, err := e.ob.Purge(ctx, e.db, Filter{IDs: []string{"pay-0", "ship-1"}})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "the pending ship-1 is never deleted")
+	assert.EqualValues(t, 0, e.count("id = ?", "pay-0"))
+	assert.EqualValues(t, 1, e.count("id = ?", "ship-1"))
+
+	// Sent rows created before a time.
+	n, err = e.ob.Purge(ctx, e.db, Filter{Statuses: []string{StatusSent}, CreatedUntil: e.clock.Now()})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.Equal(t, []string{"pay-1", "ship-1"}, func() []string {
+		rows, err := e.ob.List(ctx, e.db, ListParams{})
+		require.NoError(t, err)
+		return rowIDs(rows)
+	}())
+
+	// No statuses: sent and failed, never pending.
+	n, err = e.ob.Purge(ctx, e.db, Filter{})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+	assert.EqualValues(t, 1, e.count(""))
+	assert.EqualValues(t, 1, e.count("status = ?", StatusPending))
+}
+
+func testAdminPurgeBatches(t *testing.T, b backend) {
+	e := b.setup(t)
+	publishN(t, e.db, "bulk", 2*adminBatch+7)
+	publishN(t, e.db, "keep", 2)
+	require.NoError(t, e.db.Table(e.ob.Table()).Where("event_type = ?", "bulk").
+		Updates(map[string]any{"status": StatusSent}).Error)
+	n, err := e.ob.Purge(t.Context(), e.db, Filter{Types: []string{"bulk", "keep"}})
+	require.NoError(t, err)
+	assert.Equal(t, 2*adminBatch+7, n)
+	assert.EqualValues(t, 2, e.count(""))
+}
+
+func testAdminInvalidFilter(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	bad := Filter{Statuses: []string{"stuck"}}
+	_, err := e.ob.List(ctx, e.db, ListParams{Filter: bad})
+	require.ErrorIs(t, err, ErrInvalidFilter)
+	assert.Contains(t, err.Error(), `"stuck"`)
+	_, err = e.ob.Count(ctx, e.db, bad)
+	require.ErrorIs(t, err, ErrInvalidFilter)
+	_, err = e.ob.ReplayFilter(ctx, e.db, bad)
+	require.ErrorIs(t, err, ErrInvalidFilter)
+	_, err = e.ob.Purge(ctx, e.db, bad)
+	require.ErrorIs(t, err, ErrInvalidFilter)
+	_, err = e.ob.List(ctx, e.db, ListParams{Limit: -1})
+	require.ErrorIs(t, err, ErrInvalidFilter)
+
+	// The db must be the one the outbox is installed on.
+	other := b.open(t, &gorm.Config{Logger: logger.Discard})
+	_, err = Plugin(Config{}).List(ctx, other, ListParams{})
+	require.ErrorIs(t, err, ErrNotInstalled)
+	mem := Plugin(Config{Mode: Memory})
+	_, err = mem.Count(ctx, e.db, Filter{})
+	require.ErrorIs(t, err, ErrMemoryMode)
+}
+
+func testAdminStatsFailedLastHour(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	e.ob.Handle("x", func(context.Context, Event) error { return Permanent(errors.New("no")) })
+	publishN(t, e.db, "x", 2)
+	r := e.relay(RelayConfig{})
+	_, err := r.ProcessOnce(ctx)
+	require.NoError(t, err)
+	e.clock.Advance(2 * time.Hour)
+	require.NoError(t, Publish(e.db, Event{ID: "y", Type: "x"}))
+	_, err = r.ProcessOnce(ctx)
+	require.NoError(t, err)
+	require.NoError(t, Publish(e.db, Event{ID: "z", Type: "pending-only"}))
+
+	st, err := e.ob.Stats(ctx, e.db)
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, st.Failed)
+	assert.EqualValues(t, 1, st.FailedLastHour, "the two failed two hours ago are not new")
+	assert.EqualValues(t, 1, st.Pending)
+	assert.Less(t, st.OldestPending, time.Second)
+}
