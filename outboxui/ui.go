@@ -246,7 +246,8 @@ type listPage struct {
 	Form    form
 	Rows    []outbox.Row
 	Total   int64
-	After   int64
+	Newest  bool
+	From    int64  // the seq this page starts after (before, newest first)
 	Next    string // the next page's URL, "" on the last page
 	First   string // the first page's URL, "" on the first page
 	Hidden  []field
@@ -275,17 +276,30 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var after int64
-	if s := q.Get("after"); s != "" {
-		if after, err = strconv.ParseInt(s, 10, 64); err != nil || after < 0 {
-			p.Error = fmt.Sprintf("after %q: want a row's seq", s)
+	// Paging is by seq: after= for oldest first, before= for newest first
+	// (order=newest), each the last row's seq of the previous page.
+	p.Newest = q.Get("order") == "newest"
+	cursor := "after"
+	if p.Newest {
+		cursor = "before"
+	}
+	var from int64
+	if s := q.Get(cursor); s != "" {
+		if from, err = strconv.ParseInt(s, 10, 64); err != nil || from < 1 {
+			p.Error = fmt.Sprintf("%s %q: want a row's seq", cursor, s)
 			h.render(w, r, http.StatusBadRequest, "list.html", p)
 			return
 		}
 	}
 	db := h.db.WithContext(ctx)
 	// One more row than shown tells whether there is a next page.
-	rows, err := h.ob.List(ctx, db, outbox.ListParams{Filter: f, Limit: limit + 1, AfterSeq: after})
+	lp := outbox.ListParams{Filter: f, Limit: limit + 1, Newest: p.Newest}
+	if p.Newest {
+		lp.BeforeSeq = from
+	} else {
+		lp.AfterSeq = from
+	}
+	rows, err := h.ob.List(ctx, db, lp)
 	if errors.Is(err, outbox.ErrInvalidFilter) {
 		p.Error = err.Error()
 		h.render(w, r, http.StatusBadRequest, "list.html", p)
@@ -303,17 +317,20 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	if limit != 50 {
 		vals.Set("limit", strconv.Itoa(limit))
 	}
+	if p.Newest {
+		vals.Set("order", "newest")
+	}
 	if len(rows) > limit {
 		rows = rows[:limit]
 		next := cloneValues(vals)
-		next.Set("after", strconv.FormatInt(rows[len(rows)-1].Seq, 10))
+		next.Set(cursor, strconv.FormatInt(rows[len(rows)-1].Seq, 10))
 		p.Next = "events?" + next.Encode()
 	}
-	if after > 0 {
+	if from > 0 {
 		p.First = "events?" + vals.Encode()
 	}
 	p.Rows = rows
-	p.After = after
+	p.From = from
 	p.Form.Limit = limit
 	for _, name := range formFields {
 		for _, v := range vals[name] {

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -93,6 +94,7 @@ func testOverview(t *testing.T, b backend) {
 	// The oldest pending age reads the table (created_at of new-1), not a
 	// hard-coded text: 1h30m, give or take the test's own duration.
 	assert.Regexp(t, `id="oldest-pending">1h3\dm old<`, body)
+	assert.Contains(t, body, `id="failed-last-hour">2<`)
 	assert.Equal(t, []string{"bad-1", "bad-2"}, ids(body), "the overview lists the failed events")
 	assert.Contains(t, body, "card declined: insufficient funds")
 }
@@ -171,6 +173,25 @@ func testListPaging(t *testing.T, b backend) {
 		want = append(want, "e"+pad(i))
 	}
 	assert.Equal(t, want, seen, "every row once, oldest first, in three pages")
+
+	// Newest first pages backwards with before=.
+	seen = nil
+	next = "events?type=paged&limit=10&order=newest"
+	for pages := 0; next != ""; pages++ {
+		require.Less(t, pages, 5, "paging does not end")
+		code, body := e.get(next)
+		require.Equal(t, http.StatusOK, code, body)
+		seen = append(seen, ids(body)...)
+		next = ""
+		if i := strings.Index(body, `id="next" href="`); i >= 0 {
+			rest := body[i+len(`id="next" href="`):]
+			next = strings.ReplaceAll(rest[:strings.IndexByte(rest, '"')], "&amp;", "&")
+			assert.Contains(t, next, "order=newest")
+			assert.Contains(t, next, "before=")
+		}
+	}
+	slices.Reverse(want)
+	assert.Equal(t, want, seen, "every row once, newest first")
 }
 
 func pad(i int) string {
@@ -190,6 +211,7 @@ func testBadFilter(t *testing.T, b backend) {
 		{"limit=0", `limit &#34;0&#34;: want a number from 1 to 1000`},
 		{"limit=5000", `limit &#34;5000&#34;`},
 		{"after=x", `after &#34;x&#34;`},
+		{"order=newest&before=0", `before &#34;0&#34;`},
 	} {
 		code, body := e.get("events?" + c.query)
 		assert.Equal(t, http.StatusBadRequest, code, c.query)
