@@ -2,12 +2,14 @@ package outboxui_test
 
 import (
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -373,9 +375,10 @@ func testReplayOne(t *testing.T, b backend) {
 }
 
 func testBulkReplay(t *testing.T, b backend) {
-	e := setup(t, b, outboxui.Options{AllowActions: true})
+	logs := &syncBuffer{}
+	e := setup(t, b, outboxui.Options{AllowActions: true, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	seed(e)
-	e.publish(outbox.Event{ID: "bad-3", Type: "fails.card"})
+	e.publish(outbox.Event{ID: "bad-3", Type: "fails.card", Payload: "card 4242-4242"})
 	e.failWith = "card declined again"
 	e.drain()
 	tok := e.token()
@@ -401,6 +404,8 @@ func testBulkReplay(t *testing.T, b backend) {
 	assert.Equal(t, outbox.StatusPending, e.row("bad-3").Status)
 	assert.Equal(t, outbox.StatusFailed, e.row("bad-2").Status, "not matched")
 	assert.Equal(t, outbox.StatusSent, e.row("ok-1").Status)
+	assert.Contains(t, logs.String(), `msg="outboxui: replay" events=2 filter="error contains=declined"`, "one record per action")
+	assert.NotContains(t, logs.String(), "4242", "never payloads")
 
 	// A filter for sent events only has nothing to replay.
 	resp = e.post("replay", url.Values{"csrf": {tok}, "status": {"sent"}})
@@ -531,4 +536,22 @@ func testNilOutbox(t *testing.T, b backend) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
 	assert.Contains(t, body, "plugin not installed")
+}
+
+// syncBuffer collects log output written by the server's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
