@@ -423,8 +423,17 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 			h.dbError(w, r, "list events", err)
 			return
 		}
+		// The confirmed action runs with the times counted here: "1h ago"
+		// read again at the confirmation would move.
+		frozen := fm
+		if !f.CreatedSince.IsZero() {
+			frozen.Since = f.CreatedSince.Format(time.RFC3339Nano)
+		}
+		if !f.CreatedUntil.IsZero() {
+			frozen.Until = f.CreatedUntil.Format(time.RFC3339Nano)
+		}
 		var hidden []field
-		vals := fm.values()
+		vals := frozen.values()
 		for _, name := range formFields {
 			for _, v := range vals[name] {
 				hidden = append(hidden, field{name, v})
@@ -439,7 +448,7 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 			Criteria []field
 			Hidden   []field
 			Cancel   string
-		}{h.base(w, r, "events"), verb, n, sample, strings.Join(f.Statuses, " or "), fm.describe(), hidden, "events?" + vals.Encode()})
+		}{h.base(w, r, "events"), verb, n, sample, strings.Join(f.Statuses, " or "), frozen.describe(), hidden, "events?" + fm.values().Encode()})
 		return
 	}
 	var n int

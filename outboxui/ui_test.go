@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -437,6 +438,16 @@ func testPurge(t *testing.T, b backend) {
 	// Sent events older than an hour; the pending and newer ones stay.
 	e.backdate("ok-1", time.Now().Add(-2*time.Hour))
 	e.backdate("new-1", time.Now().Add(-2*time.Hour))
+	// The confirmation fixes "an hour ago" to the time it counted with.
+	resp = e.post("purge", url.Values{"csrf": {tok}, "status": {"sent"}, "until": {"1h"}})
+	body = readBody(t, resp)
+	require.Equal(t, http.StatusOK, resp.StatusCode, body)
+	assert.Contains(t, body, `<span id="confirm-count">1</span>`)
+	m := regexp.MustCompile(`name="until" value="([^"]+)"`).FindStringSubmatch(body)
+	require.NotNil(t, m, body)
+	until, err := time.Parse(time.RFC3339Nano, m[1])
+	require.NoError(t, err)
+	assert.WithinDuration(t, time.Now().Add(-time.Hour), until, time.Minute)
 	resp = e.post("purge", url.Values{"csrf": {tok}, "status": {"sent"}, "until": {"1h"}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	assert.Contains(t, resp.Header.Get("Location"), "n=1")
