@@ -33,7 +33,7 @@ import (
 // backend opens a fresh, empty database for one test.
 type backend struct {
 	name string
-	open func(t *testing.T) *gorm.DB
+	open func(t testing.TB) *gorm.DB
 	// timeArg is how this database's driver stores a time the way the
 	// outbox writes it (UTC), for back-dating rows in tests.
 	timeArg func(time.Time) any
@@ -41,10 +41,10 @@ type backend struct {
 
 // backends are SQLite always, PostgreSQL and MariaDB when their DSN is set
 // (skipped, and saying so, otherwise; failing when set and unreachable).
-func backends(t *testing.T) []backend {
+func backends(t testing.TB) []backend {
 	bs := []backend{{
 		name: "sqlite",
-		open: func(t *testing.T) *gorm.DB {
+		open: func(t testing.TB) *gorm.DB {
 			dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
 			return openDB(t, sqlite.Open(dsn))
 		},
@@ -54,7 +54,7 @@ func backends(t *testing.T) []backend {
 		admin := openDB(t, postgres.Open(dsn))
 		bs = append(bs, backend{
 			name: "postgres",
-			open: func(t *testing.T) *gorm.DB {
+			open: func(t testing.TB) *gorm.DB {
 				schema := "ui_" + randomName()
 				require.NoError(t, admin.Exec("CREATE SCHEMA "+schema).Error)
 				t.Cleanup(func() { _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE").Error })
@@ -75,7 +75,7 @@ func backends(t *testing.T) []backend {
 		admin := openDB(t, mysql.Open(dsn))
 		bs = append(bs, backend{
 			name: "mysql",
-			open: func(t *testing.T) *gorm.DB {
+			open: func(t testing.TB) *gorm.DB {
 				name := "ui_" + randomName()
 				require.NoError(t, admin.Exec("CREATE DATABASE "+name).Error)
 				t.Cleanup(func() { _ = admin.Exec("DROP DATABASE " + name).Error })
@@ -97,7 +97,7 @@ func randomName() string {
 	return hex.EncodeToString(b)
 }
 
-func openDB(t *testing.T, d gorm.Dialector) *gorm.DB {
+func openDB(t testing.TB, d gorm.Dialector) *gorm.DB {
 	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err)
 	sqlDB, err := db.DB()
@@ -109,7 +109,7 @@ func openDB(t *testing.T, d gorm.Dialector) *gorm.DB {
 
 // env is one test's database, outbox, relay and dashboard.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	b      backend
 	db     *gorm.DB
 	ob     *outbox.Outbox
@@ -127,7 +127,7 @@ type env struct {
 
 // setup installs the outbox on a fresh database and mounts the dashboard
 // at /ops/outbox/ behind http.StripPrefix, as a service would.
-func setup(t *testing.T, b backend, opts outboxui.Options) *env {
+func setup(t testing.TB, b backend, opts outboxui.Options) *env {
 	e := &env{t: t, b: b, db: b.open(t)}
 	e.ob = outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
 	require.NoError(t, e.db.Use(e.ob))
@@ -224,7 +224,7 @@ func (e *env) token() string {
 	return m[1]
 }
 
-func readBody(t *testing.T, resp *http.Response) string {
+func readBody(t testing.TB, resp *http.Response) string {
 	t.Helper()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
