@@ -31,6 +31,29 @@ func BenchmarkPages(b *testing.B) {
 		b.Run(be.name, func(b *testing.B) {
 			e := setup(b, be, outboxui.Options{})
 			seedMany(b, e, n)
+			// The library calls the pages make, to see which dominates.
+			ctx := b.Context()
+			for name, call := range map[string]func() error{
+				"Stats": func() error { _, err := e.ob.Stats(ctx, e.db); return err },
+				"Count": func() error { _, err := e.ob.Count(ctx, e.db, outbox.Filter{}); return err },
+				"CountFailed": func() error {
+					_, err := e.ob.Count(ctx, e.db, outbox.Filter{Statuses: []string{outbox.StatusFailed}})
+					return err
+				},
+				"List": func() error { _, err := e.ob.List(ctx, e.db, outbox.ListParams{Limit: 51}); return err },
+				"ListFailed": func() error {
+					_, err := e.ob.List(ctx, e.db, outbox.ListParams{Limit: 51, Filter: outbox.Filter{Statuses: []string{outbox.StatusFailed}}})
+					return err
+				},
+			} {
+				b.Run(name, func(b *testing.B) {
+					for b.Loop() {
+						if err := call(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
 			for _, page := range []string{"", "events", "events?status=failed", "events?status=failed&order=newest", "events?type=t7", "event?id=e" + strconv.Itoa(n/2)} {
 				b.Run(fmt.Sprintf("%q", page), func(b *testing.B) {
 					for b.Loop() {
