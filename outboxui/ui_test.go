@@ -253,6 +253,7 @@ func testEventDetail(t *testing.T, b backend) {
 	} {
 		assert.Contains(t, body, want)
 	}
+	assert.Contains(t, body, `id="aggregate" href="events?aggregate_type=invoice&amp;aggregate_id=42"`)
 	assert.NotContains(t, body, "someone@example.com", "payloads are hidden unless ShowPayloads")
 	assert.NotContains(t, body, `id="replay"`, "no action buttons on a read-only dashboard")
 
@@ -537,6 +538,19 @@ func testNilOutbox(t *testing.T, b backend) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	assert.Equal(t, []string{"bad-1", "bad-2"}, ids(body))
+
+	// Memory mode keeps no table: the page says so.
+	mem := b.open(t)
+	memOb := outbox.Plugin(outbox.Config{Mode: outbox.Memory})
+	require.NoError(t, mem.Use(memOb))
+	srvMem := httptest.NewServer(outboxui.Handler(mem, memOb, outboxui.Options{}))
+	defer srvMem.Close()
+	resp, err = http.Get(srvMem.URL + "/events")
+	require.NoError(t, err)
+	body = readBody(t, resp)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusInternalServerError, resp.StatusCode)
+	assert.Contains(t, body, "operation needs Persistent mode")
 
 	bare := b.open(t) // no plugin installed
 	srv2 := httptest.NewServer(outboxui.Handler(bare, nil, outboxui.Options{}))
