@@ -376,3 +376,16 @@ func testAdminStatsFailedLastHour(t *testing.T, b backend) {
 	assert.EqualValues(t, 1, st.Pending)
 	assert.Less(t, st.OldestPending, time.Second)
 }
+
+// TestMigrateChecksConfig: Migrate called without db.Use (as the outbox
+// command does) refuses a table name that is not a plain identifier
+// instead of running DDL with it.
+func TestMigrateChecksConfig(t *testing.T) {
+	t.Parallel()
+	db := sqliteBackend.open(t, &gorm.Config{Logger: logger.Discard})
+	err := Plugin(Config{Table: `x"; DROP TABLE y; --`}).Migrate(t.Context(), db)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	var n int
+	require.NoError(t, db.Raw("SELECT COUNT(*) FROM sqlite_master").Scan(&n).Error)
+	assert.Zero(t, n, "no DDL ran")
+}
