@@ -28,7 +28,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	} else if len(pos) > 0 {
 		return usagef("stats takes no arguments, got %q", pos)
 	}
-	t, err := c.open(ctx, o.dsn, o.table, true, false)
+	t, err := c.open(ctx, o.resolved(), true, false)
 	if err != nil {
 		return err
 	}
@@ -97,7 +97,7 @@ func (c *cli) list(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	t, err := c.open(ctx, o.dsn, o.table, true, false)
+	t, err := c.open(ctx, o.resolved(), true, false)
 	if err != nil {
 		return err
 	}
@@ -115,6 +115,9 @@ func (c *cli) list(ctx context.Context, args []string) error {
 		}
 	} else if err := writeTable(c.stdout, rows); err != nil {
 		return err
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(c.stderr, "(no events match)")
 	}
 	if len(rows) == *limit {
 		next := fmt.Sprintf("--after %d", rows[len(rows)-1].Seq)
@@ -138,7 +141,7 @@ func (c *cli) show(ctx context.Context, args []string) error {
 	if len(pos) != 1 {
 		return usagef("show takes one event ID")
 	}
-	t, err := c.open(ctx, o.dsn, o.table, true, false)
+	t, err := c.open(ctx, o.resolved(), true, false)
 	if err != nil {
 		return err
 	}
@@ -180,7 +183,7 @@ func (c *cli) replay(ctx context.Context, args []string) error {
 		return usagef("replay changes only failed events; --status %s leaves them out", strings.Join(f.Statuses, ","))
 	}
 	f.Statuses = []string{outbox.StatusFailed}
-	t, err := c.open(ctx, o.dsn, o.table, true, false)
+	t, err := c.open(ctx, o.resolved(), true, false)
 	if err != nil {
 		return err
 	}
@@ -227,7 +230,7 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 	if len(f.Statuses) == 0 {
 		f.Statuses = []string{outbox.StatusSent, outbox.StatusFailed}
 	}
-	t, err := c.open(ctx, o.dsn, o.table, true, false)
+	t, err := c.open(ctx, o.resolved(), true, false)
 	if err != nil {
 		return err
 	}

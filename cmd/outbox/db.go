@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/url"
@@ -128,8 +129,10 @@ func sqliteDialector(dsn string, create bool) (gorm.Dialector, string, error) {
 		return nil, "", usagef("the SQLite DSN names no file")
 	}
 	if path != ":memory:" && !create {
-		if _, err := os.Stat(path); err != nil {
-			return nil, "", fmt.Errorf("SQLite database %s: %w", path, err)
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, "", fmt.Errorf("SQLite database file %s does not exist (\"outbox migrate\" creates it with the table)", path)
+		} else if err != nil {
+			return nil, "", fmt.Errorf("SQLite database file: %w", err)
 		}
 	}
 	// Wait for a relay's write lock rather than fail at once.
@@ -145,7 +148,8 @@ func sqliteDialector(dsn string, create bool) (gorm.Dialector, string, error) {
 
 // open connects to the database named by --dsn. With needTable, the outbox
 // table must exist, and the outbox plugin is installed on the connection.
-func (c *cli) open(ctx context.Context, dsn, table string, needTable, create bool) (*target, error) {
+func (c *cli) open(ctx context.Context, o *common, needTable, create bool) (*target, error) {
+	dsn, table := o.dsn, o.table
 	if dsn == "" {
 		return nil, usagef("no database: pass --dsn or set OUTBOX_DSN")
 	}

@@ -14,6 +14,7 @@ import (
 // common are the flags every command that touches the database takes.
 type common struct {
 	dsn, table string
+	env        func(string) string
 }
 
 // flags returns a command's flag set, with --dsn and --table unless
@@ -29,17 +30,28 @@ func (c *cli) flags(name, synopsis string) *flag.FlagSet {
 }
 
 func (c *cli) common(fs *flag.FlagSet) *common {
-	var o common
-	fs.StringVar(&o.dsn, "dsn", c.env("OUTBOX_DSN"), "the database (default $OUTBOX_DSN)")
-	fs.StringVar(&o.table, "table", cmpOr(c.env("OUTBOX_TABLE"), outbox.DefaultTable), "the outbox table (default $OUTBOX_TABLE, or outbox_events)")
-	return &o
+	o := &common{env: c.env}
+	// The environment is read after parsing, not made the flags' default:
+	// -h prints defaults, and a DSN may hold a password.
+	fs.StringVar(&o.dsn, "dsn", "", "the database (default $OUTBOX_DSN)")
+	fs.StringVar(&o.table, "table", "", "the outbox table (default $OUTBOX_TABLE, else outbox_events)")
+	return o
 }
 
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
+// resolved fills what the flags left empty from the environment.
+func (o *common) resolved() *common {
+	o.dsn = cmpOr(o.dsn, o.env("OUTBOX_DSN"))
+	o.table = cmpOr(o.table, o.env("OUTBOX_TABLE"), outbox.DefaultTable)
+	return o
+}
+
+func cmpOr(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
 	}
-	return b
+	return ""
 }
 
 // parse parses args, allowing flags after positional arguments (outbox

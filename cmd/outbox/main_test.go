@@ -516,7 +516,7 @@ func TestErrors(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "typo.db")
 	code, _, errOut = runEnv(t, nil, "", "list", "--dsn", missing)
 	assert.Equal(t, exitError, code)
-	assert.Contains(t, errOut, "SQLite database "+missing)
+	assert.Contains(t, errOut, "SQLite database file "+missing+" does not exist")
 	_, err := os.Stat(missing)
 	assert.True(t, os.IsNotExist(err), "a mistyped path is not created")
 
@@ -532,9 +532,10 @@ func TestErrors(t *testing.T) {
 	code, out, _ := runEnv(t, nil, "", "help")
 	assert.Equal(t, exitOK, code)
 	assert.Contains(t, out, "outbox replay")
-	code, _, errOut = runEnv(t, nil, "", "list", "-h")
+	code, _, errOut = runEnv(t, map[string]string{"OUTBOX_DSN": "postgres://u:s3cret@h/db"}, "", "list", "-h")
 	assert.Equal(t, exitOK, code)
 	assert.Contains(t, errOut, "-aggregate-id")
+	assert.NotContains(t, errOut, "s3cret", "help does not print the DSN from the environment")
 	code, _, _ = runEnv(t, nil, "", "stats", "--bogus")
 	assert.Equal(t, exitUsage, code)
 }

@@ -19,6 +19,7 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 	} else if len(pos) > 0 {
 		return usagef("migrate takes no arguments, got %q", pos)
 	}
+	o.resolved()
 	if *printSQL && o.dsn == "" {
 		if *dialect == "" {
 			return usagef("migrate --print-sql needs --dsn (to read the table's version) or --dialect postgres|mysql|sqlite")
@@ -28,7 +29,7 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 	if *dialect != "" {
 		return usagef("--dialect goes with --print-sql and no DSN (the DSN says which database it is)")
 	}
-	t, err := c.open(ctx, o.dsn, o.table, false, !*printSQL)
+	t, err := c.open(ctx, o.resolved(), false, !*printSQL)
 	if err != nil {
 		return err
 	}
