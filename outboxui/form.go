@@ -3,6 +3,7 @@ package outboxui
 import (
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -125,12 +126,12 @@ var whenLayouts = []string{
 	"2006-01-02",
 }
 
-// parseWhen reads a time in UTC, or a duration ago ("90m", "24h").
+// parseWhen reads a time in UTC, or an age ("90m", "24h", "7d").
 func parseWhen(name, s string, now time.Time) (time.Time, error) {
 	if s == "" {
 		return time.Time{}, nil
 	}
-	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+	if d, ok := parseAge(s); ok {
 		return now.Add(-d).UTC(), nil
 	}
 	for _, l := range whenLayouts {
@@ -138,7 +139,21 @@ func parseWhen(name, s string, now time.Time) (time.Time, error) {
 			return t.UTC(), nil
 		}
 	}
-	return time.Time{}, fmt.Errorf("%s %q: want a UTC time such as 2026-01-02T15:04 or a duration ago such as 90m or 24h", name, s)
+	return time.Time{}, fmt.Errorf("%s %q: want a UTC time such as 2026-01-02T15:04 or an age such as 90m, 24h or 7d", name, s)
+}
+
+// parseAge reads a Go duration or a number of days ("7d"), as the outbox
+// command does.
+func parseAge(s string) (time.Duration, bool) {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.ParseFloat(n, 64)
+		if err != nil || days <= 0 || days > 100000 {
+			return 0, false
+		}
+		return time.Duration(days * float64(24*time.Hour)), true
+	}
+	d, err := time.ParseDuration(s)
+	return d, err == nil && d > 0
 }
 
 // describe lists the criteria in words for the confirmation page.

@@ -127,6 +127,8 @@ func testListFilters(t *testing.T, b backend) {
 		{"since=2026-01-02", []string{"ok-1", "ok-2", "bad-1", "bad-2", "new-1", "new-2"}},
 		{"since=1h", []string{"ok-2", "bad-2", "new-1", "new-2"}},
 		{"until=1h", []string{"ok-1", "bad-1"}},
+		{"until=0.5d", []string{"ok-1", "bad-1"}},
+		{"since=7d", []string{"ok-2", "bad-2", "new-1", "new-2"}},
 		{"id=bad-2&id=new-1", []string{"bad-2", "new-1"}},
 		{"type=nothing", nil},
 	} {
@@ -211,6 +213,7 @@ func testBadFilter(t *testing.T, b backend) {
 		{"status=stuck", `unknown status &#34;stuck&#34;`},
 		{"since=yesterday", `created since &#34;yesterday&#34;: want a UTC time`},
 		{"until=-5m", `created until &#34;-5m&#34;`},
+		{"since=xd", `created since &#34;xd&#34;`},
 		{"limit=0", `limit &#34;0&#34;: want a number from 1 to 1000`},
 		{"limit=5000", `limit &#34;5000&#34;`},
 		{"after=x", `after &#34;x&#34;`},
