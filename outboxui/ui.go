@@ -579,7 +579,7 @@ func ago(d time.Duration) string {
 	case d < 0:
 		return "in " + ago(-d)
 	case d < time.Second:
-		return "now"
+		return "0s"
 	case d < time.Minute:
 		return fmt.Sprintf("%ds", int(d.Seconds()))
 	case d < time.Hour:
