@@ -72,6 +72,11 @@ const (
 	// adminBatch bounds the rows one statement of ReplayFilter or Purge
 	// touches, so that neither holds many row locks at once.
 	adminBatch = 1000
+	// adminScan is how many IDs one SELECT of ReplayFilter or Purge reads
+	// for its batches: the SELECT may scan the table (PostgreSQL has no
+	// index on seq, nor on most filter columns), so it runs once per ten
+	// batches rather than once per batch.
+	adminScan = 10 * adminBatch
 )
 
 // validate checks the values a filter holds.
@@ -279,9 +284,9 @@ func (o *Outbox) Count(ctx context.Context, db *gorm.DB, f Filter) (int64, error
 // with their attempts reset, as [Outbox.Replay] does, and returns how many
 // it changed. Rows that are not failed are skipped; a filter whose
 // Statuses leave out failed is [ErrInvalidFilter]. It works in batches of
-// at most 1000 rows, each a SELECT of the next rows in Seq order and an
-// UPDATE of those that still match, so it never holds many row locks at
-// once and a row that fails again while it runs is not replayed twice.
+// at most 1000 rows, each an UPDATE of rows read beforehand in Seq order
+// that still match, so it never holds many row locks at once and a row
+// that fails again while it runs is not replayed twice.
 // db may be a transaction (the batches then share it); on error, the
 // batches before it stay replayed and are counted in the result.
 func (o *Outbox) ReplayFilter(ctx context.Context, db *gorm.DB, f Filter) (int, error) {
@@ -303,25 +308,24 @@ func (o *Outbox) ReplayFilter(ctx context.Context, db *gorm.DB, f Filter) (int, 
 		b := s.build()
 		b.w("SELECT seq, id FROM ", s.table)
 		s.where(b, f, "seq > "+b.arg(after))
-		b.w(" ORDER BY seq LIMIT ", b.arg(adminBatch))
+		b.w(" ORDER BY seq LIMIT ", b.arg(adminScan))
 		ids, last, err := selectIDs(ctx, pool, b.query())
 		if err != nil {
 			return total, fmt.Errorf("outbox: replay events: %w", err)
 		}
-		if len(ids) == 0 {
-			return total, nil
+		for batch := range slices.Chunk(ids, adminBatch) {
+			now := o.now()
+			u := s.build()
+			u.w("UPDATE ", s.table, " SET status = 'pending', attempts = 0, available_at = ", u.time(now),
+				", updated_at = ", u.time(now), ", locked_until = NULL")
+			s.where(u, f, u.ids("id", batch))
+			n, err := execCount(ctx, pool, u.query())
+			if err != nil {
+				return total, fmt.Errorf("outbox: replay %d events: %w", len(batch), err)
+			}
+			total += n
 		}
-		now := o.now()
-		u := s.build()
-		u.w("UPDATE ", s.table, " SET status = 'pending', attempts = 0, available_at = ", u.time(now),
-			", updated_at = ", u.time(now), ", locked_until = NULL")
-		s.where(u, f, u.ids("id", ids))
-		n, err := execCount(ctx, pool, u.query())
-		if err != nil {
-			return total, fmt.Errorf("outbox: replay %d events: %w", len(ids), err)
-		}
-		total += n
-		if len(ids) < adminBatch {
+		if len(ids) < adminScan {
 			return total, nil
 		}
 		after = last
@@ -333,8 +337,8 @@ func (o *Outbox) ReplayFilter(ctx context.Context, db *gorm.DB, f Filter) (int, 
 // pending is [ErrInvalidFilter], and with no Statuses it matches sent and
 // failed rows. Deleting a failed row is how to skip a poison event that
 // holds back the later events of its aggregate (RelayConfig.OrderByAggregate).
-// It works in batches of at most 1000 rows, each a SELECT and a DELETE of
-// the rows that still match, so it never holds many row locks at once; a
+// It works in batches of at most 1000 rows, each a DELETE of rows read
+// beforehand that still match, so it never holds many row locks at once; a
 // row replayed while it runs is not deleted. db may be a transaction; on
 // error, the batches before it stay deleted and are counted in the result.
 func (o *Outbox) Purge(ctx context.Context, db *gorm.DB, f Filter) (int, error) {
@@ -354,31 +358,32 @@ func (o *Outbox) Purge(ctx context.Context, db *gorm.DB, f Filter) (int, error) 
 	pool := db.Statement.ConnPool
 	total := 0
 	for {
-		// No ORDER BY: deleted rows leave the selection, so each batch
+		// No ORDER BY: deleted rows leave the selection, so each round
 		// takes whichever matching rows the database finds first (through
 		// the sent index, on PostgreSQL and SQLite, for sent rows).
 		b := s.build()
 		b.w("SELECT seq, id FROM ", s.table)
 		s.where(b, f)
-		b.w(" LIMIT ", b.arg(adminBatch))
+		b.w(" LIMIT ", b.arg(adminScan))
 		ids, _, err := selectIDs(ctx, pool, b.query())
 		if err != nil {
 			return total, fmt.Errorf("outbox: purge events: %w", err)
 		}
-		if len(ids) == 0 {
-			return total, nil
+		deleted := 0
+		for batch := range slices.Chunk(ids, adminBatch) {
+			d := s.build()
+			d.w("DELETE FROM ", s.table)
+			s.where(d, f, d.ids("id", batch))
+			n, err := execCount(ctx, pool, d.query())
+			if err != nil {
+				return total, fmt.Errorf("outbox: purge %d events: %w", len(batch), err)
+			}
+			deleted += n
 		}
-		d := s.build()
-		d.w("DELETE FROM ", s.table)
-		s.where(d, f, d.ids("id", ids))
-		n, err := execCount(ctx, pool, d.query())
-		if err != nil {
-			return total, fmt.Errorf("outbox: purge %d events: %w", len(ids), err)
-		}
-		total += n
-		// n == 0: every row selected changed under us; stop rather than
-		// select them again.
-		if len(ids) < adminBatch || n == 0 {
+		total += deleted
+		// deleted == 0: every row selected changed under us; stop rather
+		// than select them again.
+		if len(ids) < adminScan || deleted == 0 {
 			return total, nil
 		}
 	}

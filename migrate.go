@@ -71,6 +71,11 @@ func schemaFor(ddl, table string) string { return strings.ReplaceAll(ddl, Defaul
 // transaction that locks it (UpgradeSQL shows the statements); the rows it
 // holds, pending, failed and sent, keep their state and order.
 func (o *Outbox) Migrate(ctx context.Context, db *gorm.DB) error {
+	// Called without db.Use, the configuration is not checked yet: an
+	// unchecked Table would reach the DDL.
+	if o.cfgErr != nil {
+		return o.cfgErr
+	}
 	d, err := newDialect(db.Dialector.Name(), o.table)
 	if err != nil {
 		return err

@@ -16,7 +16,9 @@
 //     version, builds a small program using all of them, and runs it
 //     against the PostgreSQL named by OUTBOX_TEST_POSTGRES_DSN: an event
 //     published in a transaction is delivered through the webhook adapter
-//     to a local HTTP server, its signature verified.
+//     to a local HTTP server, its signature verified;
+//  3. installs the outbox command with `go install .../cmd/outbox@version`
+//     and checks that `outbox version` reports that version.
 //
 // It exits non-zero, saying why, on any failure.
 package main
@@ -427,5 +429,28 @@ func consumer(env []string, tmp string, mods []published, version string) error 
 		return fmt.Errorf("the installed program failed: %w\n%s", err, out)
 	}
 	log.Printf("the installed program ran: %s", strings.TrimSpace(string(out)))
+	return installCommand(env, tmp, dir, mods, version)
+}
+
+// installCommand installs the outbox command as its README says, go
+// install .../cmd/outbox@version, and runs its version subcommand, which
+// must report the version installed.
+func installCommand(env []string, tmp, dir string, mods []published, version string) error {
+	const cmdPath = corePath + "/cmd/outbox"
+	if !slices.ContainsFunc(mods, func(m published) bool { return m.path == cmdPath }) {
+		return nil
+	}
+	bin := filepath.Join(tmp, "bin")
+	if err := gocmd(append(env, "GOBIN="+bin), dir, "install", cmdPath+"@"+version); err != nil {
+		return err
+	}
+	out, err := exec.Command(filepath.Join(bin, "outbox"), "version").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("the installed outbox command failed: %w\n%s", err, out)
+	}
+	if want := "outbox " + version + " (core " + version + ","; !strings.HasPrefix(string(out), want) {
+		return fmt.Errorf("outbox version printed %q, want it to start with %q", out, want)
+	}
+	log.Printf("go install %s@%s: %s", cmdPath, version, strings.TrimSpace(string(out)))
 	return nil
 }

@@ -1,0 +1,315 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+func isInvalidFilter(err error) bool { return errors.Is(err, outbox.ErrInvalidFilter) }
+
+func (c *cli) stats(ctx context.Context, args []string) error {
+	fs := c.flags("stats", "[--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--json]")
+	o := c.common(fs)
+	var maxAge ageFlag
+	fs.Var(&maxAge, "max-pending-age", "check: fail (exit 3) when the oldest pending event is older than `D` (e.g. 5m)")
+	maxFailed := fs.Int("max-failed", -1, "check: fail (exit 3) when more than `N` events are failed (default: no check)")
+	maxFailedHour := fs.Int("max-failed-last-hour", -1, "check: fail (exit 3) when more than `N` events failed in the last hour (default: no check)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	if pos, err := parse(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usagef("stats takes no arguments, got %q", pos)
+	}
+	t, err := c.open(ctx, o.resolved(), true, false)
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	st, err := t.ob.Stats(ctx, t.db)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		err = json.NewEncoder(c.stdout).Encode(map[string]any{
+			"table": t.table, "pending": st.Pending, "sent": st.Sent, "failed": st.Failed,
+			"failed_last_hour": st.FailedLastHour, "oldest_pending_seconds": st.OldestPending.Seconds(),
+		})
+	} else {
+		_, err = fmt.Fprintf(c.stdout, "table             %s\npending           %d\nsent              %d\nfailed            %d\nfailed last hour  %d\noldest pending    %s\n",
+			t.table, st.Pending, st.Sent, st.Failed, st.FailedLastHour, age(st.OldestPending))
+	}
+	if err != nil {
+		return err
+	}
+	var failed []string
+	if maxAge.d > 0 && st.OldestPending > maxAge.d {
+		failed = append(failed, fmt.Sprintf("the oldest pending event is %s old (limit %s)", age(st.OldestPending), maxAge.d))
+	}
+	if *maxFailed >= 0 && st.Failed > int64(*maxFailed) {
+		failed = append(failed, fmt.Sprintf("%d events are failed (limit %d)", st.Failed, *maxFailed))
+	}
+	if *maxFailedHour >= 0 && st.FailedLastHour > int64(*maxFailedHour) {
+		failed = append(failed, fmt.Sprintf("%d events failed in the last hour (limit %d)", st.FailedLastHour, *maxFailedHour))
+	}
+	if len(failed) > 0 {
+		return checkFailed{errors.New(strings.Join(failed, "; "))}
+	}
+	return nil
+}
+
+func age(d time.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.Round(time.Second).String()
+}
+
+func (c *cli) list(ctx context.Context, args []string) error {
+	fs := c.flags("list", "[filters] [--limit N] [--after SEQ | --newest [--before SEQ]] [--json [--payload]]")
+	o := c.common(fs)
+	var ff filterFlags
+	ff.add(fs)
+	limit := fs.Int("limit", 50, "at most `N` events (up to 1000)")
+	after := fs.Int64("after", 0, "events after `SEQ` (oldest first): the last SEQ of the previous page")
+	newest := fs.Bool("newest", false, "newest first")
+	before := fs.Int64("before", 0, "events before `SEQ` (with --newest): the last SEQ of the previous page")
+	asJSON := fs.Bool("json", false, "print one JSON object per line")
+	payload := fs.Bool("payload", false, "include payloads in --json output (they may hold personal data)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("list takes no arguments, got %q (use --id to list events by ID)", pos)
+	}
+	if *limit < 1 || *limit > 1000 {
+		return usagef("--limit %d: use 1 to 1000", *limit)
+	}
+	f, err := ff.filter(time.Now(), nil)
+	if err != nil {
+		return err
+	}
+	t, err := c.open(ctx, o.resolved(), true, false)
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	rows, err := t.ob.List(ctx, t.db, outbox.ListParams{Filter: f, Limit: *limit, AfterSeq: *after, Newest: *newest, BeforeSeq: *before})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(c.stdout)
+		for _, r := range rows {
+			if err := enc.Encode(toJSON(r, *payload)); err != nil {
+				return err
+			}
+		}
+	} else if err := writeTable(c.stdout, rows); err != nil {
+		return err
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(c.stderr, "(no events match)")
+	}
+	if len(rows) == *limit {
+		next := fmt.Sprintf("--after %d", rows[len(rows)-1].Seq)
+		if *newest {
+			next = fmt.Sprintf("--newest --before %d", rows[len(rows)-1].Seq)
+		}
+		fmt.Fprintf(c.stderr, "(more may follow: add %s)\n", next)
+	}
+	return nil
+}
+
+func (c *cli) show(ctx context.Context, args []string) error {
+	fs := c.flags("show", "ID [--no-payload] [--json]")
+	o := c.common(fs)
+	noPayload := fs.Bool("no-payload", false, "do not print the payload (it may hold personal data)")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("show takes one event ID")
+	}
+	t, err := c.open(ctx, o.resolved(), true, false)
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	r, err := t.ob.Get(ctx, t.db, pos[0])
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(c.stdout).Encode(toJSON(r, !*noPayload))
+	}
+	return writeRow(c.stdout, r, !*noPayload)
+}
+
+// selection is what replay and purge act on.
+type selection struct {
+	fs     *filterFlags
+	all    *bool
+	dryRun *bool
+	yes    *bool
+}
+
+func (c *cli) replay(ctx context.Context, args []string) error {
+	fs := c.flags("replay", "[ID...] [filters] [--all] [--dry-run] [--yes]")
+	o := c.common(fs)
+	s := selectionFlags(fs, "replay every failed event")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	f, err := s.fs.filter(time.Now(), pos)
+	if err != nil {
+		return err
+	}
+	if empty(f) && !*s.all {
+		return usagef("replay needs event IDs, a filter (--type, --error, --since, ...) or --all")
+	}
+	if len(f.Statuses) > 0 && !contains(f.Statuses, outbox.StatusFailed) {
+		return usagef("replay changes only failed events; --status %s leaves them out", strings.Join(f.Statuses, ","))
+	}
+	f.Statuses = []string{outbox.StatusFailed}
+	t, err := c.open(ctx, o.resolved(), true, false)
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	ok, err := c.confirm(ctx, t, s, f, "replay", "failed events")
+	if err != nil || !ok {
+		return err
+	}
+	n, err := t.ob.ReplayFilter(ctx, t.db, f)
+	fmt.Fprintf(c.stdout, "replayed %d events (pending again, due now)\n", n)
+	return err
+}
+
+func (c *cli) purge(ctx context.Context, args []string) error {
+	fs := c.flags("purge", "[ID...] [filters] [--older-than D] [--all] [--dry-run] [--yes]")
+	o := c.common(fs)
+	var older ageFlag
+	fs.Var(&older, "older-than", "sent events created more than `D` ago (e.g. 720h or 30d); with --status failed, failed ones")
+	s := selectionFlags(fs, "purge every sent and failed event")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	f, err := s.fs.filter(now, pos)
+	if err != nil {
+		return err
+	}
+	if contains(f.Statuses, outbox.StatusPending) {
+		return usagef("purge never deletes pending events (replay them or let the relay deliver them)")
+	}
+	if older.d > 0 {
+		until := now.Add(-older.d)
+		if f.CreatedUntil.IsZero() || until.Before(f.CreatedUntil) {
+			f.CreatedUntil = until
+		}
+		if len(f.Statuses) == 0 {
+			f.Statuses = []string{outbox.StatusSent}
+		}
+	}
+	if empty(f) && !*s.all {
+		return usagef("purge needs event IDs, --older-than, a filter (--status failed, --type, ...) or --all")
+	}
+	if len(f.Statuses) == 0 {
+		f.Statuses = []string{outbox.StatusSent, outbox.StatusFailed}
+	}
+	t, err := c.open(ctx, o.resolved(), true, false)
+	if err != nil {
+		return err
+	}
+	defer t.close()
+	ok, err := c.confirm(ctx, t, s, f, "delete", strings.Join(f.Statuses, " and ")+" events")
+	if err != nil || !ok {
+		return err
+	}
+	n, err := t.ob.Purge(ctx, t.db, f)
+	fmt.Fprintf(c.stdout, "deleted %d events\n", n)
+	return err
+}
+
+func selectionFlags(fs *flag.FlagSet, allUsage string) *selection {
+	s := &selection{fs: &filterFlags{}}
+	s.fs.add(fs)
+	s.all = fs.Bool("all", false, "with no IDs or filter: "+allUsage)
+	s.dryRun = fs.Bool("dry-run", false, "print what would change, and change nothing")
+	s.yes = fs.Bool("yes", false, "do not ask for confirmation")
+	return s
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// confirm counts what f selects and, on a dry run, lists it; otherwise it
+// asks for confirmation on stdin unless --yes. It reports whether to go on.
+func (c *cli) confirm(ctx context.Context, t *target, s *selection, f outbox.Filter, verb, what string) (bool, error) {
+	n, err := t.ob.Count(ctx, t.db, f)
+	if err != nil {
+		return false, err
+	}
+	if n == 0 {
+		fmt.Fprintf(c.stdout, "no %s match\n", what)
+		return false, nil
+	}
+	if *s.dryRun {
+		var after int64
+		for {
+			rows, err := t.ob.List(ctx, t.db, outbox.ListParams{Filter: f, Limit: 1000, AfterSeq: after})
+			if err != nil {
+				return false, err
+			}
+			if len(rows) == 0 {
+				break
+			}
+			if err := writeTable(c.stdout, rows); err != nil {
+				return false, err
+			}
+			after = rows[len(rows)-1].Seq
+		}
+		fmt.Fprintf(c.stdout, "dry run: would %s %d %s in table %s; nothing changed\n", verb, n, what, t.table)
+		return false, nil
+	}
+	if *s.yes {
+		return true, nil
+	}
+	fmt.Fprintf(c.stderr, "%s %d %s in table %s? [y/N] ", upper(verb), n, what, t.table)
+	line, err := bufio.NewReader(c.stdin).ReadString('\n')
+	if err != nil && line == "" {
+		fmt.Fprintln(c.stderr)
+		return false, errors.New("not confirmed (no answer on stdin; pass --yes to skip the question)")
+	}
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return true, nil
+	}
+	return false, errors.New("not confirmed; nothing changed")
+}
+
+func upper(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}

@@ -1,0 +1,188 @@
+// Command outbox operates the outbox table of github.com/gorm-outbox/outbox
+// from a shell: it shows what is pending, failed or stuck, puts failed
+// events back, deletes old or poison ones, and creates or upgrades the
+// table.
+//
+//	go install github.com/gorm-outbox/outbox/cmd/outbox@latest
+//
+//	outbox stats   [--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--json]
+//	outbox list    [filters] [--limit N] [--after SEQ | --newest [--before SEQ]] [--json [--payload]]
+//	outbox show    ID [--no-payload] [--json]
+//	outbox replay  [ID...] [filters] [--all] [--dry-run] [--yes]
+//	outbox purge   [ID...] [filters] [--older-than D] [--all] [--dry-run] [--yes]
+//	outbox migrate [--print-sql [--dialect NAME]]
+//	outbox version
+//
+// Every command takes --dsn (or the OUTBOX_DSN environment variable) and
+// --table (or OUTBOX_TABLE; defaults to outbox_events). The database is
+// told from the DSN's form: postgres:// or host=... key/value pairs for
+// PostgreSQL; user:pass@tcp(host:3306)/db or mysql://user:pass@host/db for
+// MySQL and MariaDB; file:path, sqlite://path or a path ending in .db,
+// .sqlite or .sqlite3 for SQLite.
+//
+// The filters, shared by list, replay and purge: --id, --status, --type
+// (each a comma-separated list, or repeated), --aggregate-type,
+// --aggregate-id, --since and --until (a time such as 2026-12-01T03:00:00Z
+// or 2026-12-01, or an age such as 2h or 7d), --error (text in the last
+// error, ignoring case).
+//
+// Exit status: 0 on success, 1 on an error (the database, a declined
+// confirmation), 2 on a usage error (a bad flag, an unknown status), 3
+// when a check of stats fails.
+//
+// Everything goes through the library's exported functions ([outbox.Outbox.List],
+// [outbox.Outbox.ReplayFilter], [outbox.Outbox.Purge], ...), the same the
+// dashboard uses.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"strings"
+	"syscall"
+)
+
+// Exit statuses.
+const (
+	exitOK    = 0
+	exitError = 1
+	exitUsage = 2
+	exitCheck = 3
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// cli is one invocation's input and output.
+type cli struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	env            func(string) string
+}
+
+// run runs the command line args (without the program name) and returns
+// the exit status.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, env func(string) string) int {
+	c := &cli{stdin: stdin, stdout: stdout, stderr: stderr, env: env}
+	if len(args) == 0 {
+		c.usage(stderr)
+		return exitUsage
+	}
+	cmds := map[string]func(context.Context, []string) error{
+		"stats":   c.stats,
+		"list":    c.list,
+		"show":    c.show,
+		"replay":  c.replay,
+		"purge":   c.purge,
+		"migrate": c.migrate,
+		"version": c.version,
+	}
+	name, rest := args[0], args[1:]
+	switch name {
+	case "help", "-h", "-help", "--help":
+		c.usage(stdout)
+		return exitOK
+	}
+	cmd, ok := cmds[name]
+	if !ok {
+		fmt.Fprintf(stderr, "outbox: unknown command %q\n\n", name)
+		c.usage(stderr)
+		return exitUsage
+	}
+	return c.exit(cmd(ctx, rest))
+}
+
+// exit reports err and returns the exit status it calls for.
+func (c *cli) exit(err error) int {
+	var (
+		check checkFailed
+		usage usageError
+	)
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, errHelp):
+		return exitOK
+	case errors.As(err, &check):
+		fmt.Fprintln(c.stderr, "CHECK FAILED:", err)
+		return exitCheck
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "outbox: ") {
+		msg = "outbox: " + msg
+	}
+	fmt.Fprintln(c.stderr, msg)
+	if errors.As(err, &usage) || isInvalidFilter(err) {
+		return exitUsage
+	}
+	return exitError
+}
+
+// usageError is a mistake in the command line.
+type usageError struct{ error }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Errorf(format, args...)} }
+
+// checkFailed is a stats check that did not pass.
+type checkFailed struct{ error }
+
+var errHelp = errors.New("help shown")
+
+func (c *cli) usage(w io.Writer) {
+	fmt.Fprint(w, `outbox operates the outbox table of github.com/gorm-outbox/outbox.
+
+Usage:
+  outbox stats   [--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--json]
+  outbox list    [filters] [--limit N] [--after SEQ | --newest [--before SEQ]] [--json [--payload]]
+  outbox show    ID [--no-payload] [--json]
+  outbox replay  [ID...] [filters] [--all] [--dry-run] [--yes]
+  outbox purge   [ID...] [filters] [--older-than D] [--all] [--dry-run] [--yes]
+  outbox migrate [--print-sql [--dialect postgres|mysql|sqlite]]
+  outbox version
+
+Every command takes --dsn (or OUTBOX_DSN) and --table (or OUTBOX_TABLE,
+default outbox_events). "outbox COMMAND -h" lists a command's flags.
+
+Filters (list, replay, purge): --id, --status, --type (comma-separated or
+repeated), --aggregate-type, --aggregate-id, --since, --until (a time such
+as 2026-12-01T03:00:00Z or an age such as 2h or 7d), --error TEXT.
+
+Exit status: 0 ok, 1 error, 2 usage error, 3 a stats check failed.
+`)
+}
+
+func (c *cli) version(_ context.Context, args []string) error {
+	fs := c.flags("version", "")
+	if _, err := parse(fs, args); err != nil {
+		return err
+	}
+	v, core := "(devel)", "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		for _, d := range bi.Deps {
+			if d.Path == "github.com/gorm-outbox/outbox" {
+				core = d.Version
+				if d.Replace != nil {
+					core = d.Replace.Version
+				}
+			}
+		}
+		if core == "" {
+			core = "(devel)"
+		}
+	}
+	fmt.Fprintf(c.stdout, "outbox %s (core %s, %s)\n", v, core, runtime.Version())
+	return nil
+}

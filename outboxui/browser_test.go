@@ -1,0 +1,176 @@
+package outboxui_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxui"
+)
+
+// chromium finds a Chromium to drive: $OUTBOXUI_CHROMIUM, or Debian's
+// chromium package, or another name Chrome goes by.
+func chromium(t *testing.T) string {
+	if p := os.Getenv("OUTBOXUI_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	msg := "no Chromium found (apt-get install -y chromium, or set OUTBOXUI_CHROMIUM to a Chrome binary)"
+	if os.Getenv("CI") == "true" {
+		t.Fatal(msg) // CI must run the browser test, never skip it
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// TestBrowser drives the dashboard in a real headless Chromium, as the
+// on-call engineer would: open the list, filter to failed, open the
+// event, replay it, see it delivered; a payload holding a script renders
+// as text. Set OUTBOXUI_SCREENSHOT=1 to rewrite screenshot.png (the
+// README's) from the list page.
+func TestBrowser(t *testing.T) {
+	exe := chromium(t)
+	e := setup(t, backends(t)[0], outboxui.Options{AllowActions: true, ShowPayloads: true, Title: "Outbox · orders-service"})
+	seedRealistic(e)
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe),
+		chromedp.NoSandbox, // CI runs as root, where Chromium's sandbox refuses to start
+		chromedp.DisableGPU,
+		chromedp.WindowSize(1400, 900),
+	)
+	actx, cancel := chromedp.NewExecAllocator(t.Context(), opts...)
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	// Starts the browser, so that the listener below has a tab to watch.
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank")))
+
+	// A script that ran would most likely alert: count dialogs, close them.
+	var dialogs atomic.Int32
+	go func() {
+		for _, err := range chromedp.Events(ctx, page.JavascriptDialogOpening) {
+			if err != nil {
+				return
+			}
+			dialogs.Add(1)
+			_, _ = chromedp.Call(ctx, page.HandleJavaScriptDialog, page.HandleJavaScriptDialogParams{})
+		}
+	}()
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		return strings.TrimSpace(s)
+	}
+	eval := func(js string) any {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[any](js))
+		require.NoError(t, err, js)
+		return v
+	}
+	// click follows a link or submits a form and waits for the next page.
+	click := func(sel string) {
+		t.Helper()
+		resp, err := chromedp.RunResponse(ctx, chromedp.Click(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		require.EqualValues(t, 200, resp.Status, sel)
+	}
+
+	// The list, unfiltered: the README's screenshot.
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(e.base+"events"),
+		chromedp.WaitVisible(chromedp.CSS("table.rows")),
+	))
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.True(t, bytes.HasPrefix(shot, []byte("\x89PNG")), "a PNG")
+	out := filepath.Join(t.TempDir(), "screenshot.png")
+	if os.Getenv("OUTBOXUI_SCREENSHOT") == "1" {
+		out = "screenshot.png"
+	}
+	require.NoError(t, os.WriteFile(out, shot, 0o644))
+	t.Logf("list page screenshot: %s (%d bytes)", out, len(shot))
+
+	// Filter to failed with the form.
+	require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS("#f-status"), "failed")))
+	click("#f-apply")
+	loc, err := chromedp.Run(ctx, chromedp.Location())
+	require.NoError(t, err)
+	assert.Contains(t, loc, "/ops/outbox/events?status=failed")
+	assert.Equal(t, "failed,failed,failed",
+		eval(`Array.from(document.querySelectorAll("table.rows tbody .status")).map(s => s.textContent).join(",")`),
+		"only the failed events are listed")
+
+	// Open the event whose payload holds a script.
+	click(`a[href="event?id=pay-1003"]`)
+	assert.Equal(t, "failed", text("#status"))
+	assert.Contains(t, text("#last-error"), "card_declined")
+	assert.Contains(t, text("#payload"), `<script>window.__xss = true; alert('xss')</script>`, "the payload renders as text")
+	assert.EqualValues(t, 0, eval(`document.querySelectorAll("script").length`), "no script element in the page")
+	assert.Equal(t, false, eval(`window.__xss === true`), "no script ran")
+
+	// Replay it: the page says so and shows it pending.
+	e.failWith = "" // the card processor is back
+	click("#replay")
+	assert.Equal(t, "Replayed 1 event: pending again, due now.", text(".flash"))
+	assert.Equal(t, "pending", text("#status"))
+
+	// The relay delivers it; the page shows it sent.
+	e.drain()
+	require.NoError(t, chromedp.Do(ctx, chromedp.Reload()))
+	assert.Equal(t, "sent", text("#status"))
+	assert.Equal(t, outbox.StatusSent, e.row("pay-1003").Status)
+	assert.Zero(t, dialogs.Load(), "no dialog opened: no script ran")
+}
+
+// seedRealistic fills the table the way a service's looks after a bad
+// night: deliveries, a card processor refusing, a mail server down.
+func seedRealistic(e *env) {
+	e.failTypes = map[string]bool{"payment.captured": true, "email.receipt": true}
+	var evs []outbox.Event
+	for i := range 6 {
+		id := itoa(1001 + i)
+		evs = append(evs, outbox.Event{ID: "ord-" + id, Type: "order.created", AggregateType: "order", AggregateID: id,
+			Payload: map[string]any{"order": id, "total": 1999 + i}})
+	}
+	e.publish(evs...)
+	e.drain()
+	e.publish(
+		outbox.Event{ID: "pay-1003", Type: "payment.captured", AggregateType: "order", AggregateID: "1003",
+			// Raw, so the stored text holds the tag itself, not JSON's \u003c.
+			Payload: json.RawMessage(`{"order": "1003", "note": "<script>window.__xss = true; alert('xss')</script>"}`)},
+		outbox.Event{ID: "pay-1005", Type: "payment.captured", AggregateType: "order", AggregateID: "1005",
+			Payload: map[string]any{"order": "1005"}},
+	)
+	e.failWith = "stripe: card_declined (402): insufficient funds"
+	e.drain()
+	e.publish(outbox.Event{ID: "mail-1004", Type: "email.receipt", AggregateType: "order", AggregateID: "1004",
+		Payload: map[string]any{"to": "someone@example.com"}})
+	e.failWith = "smtp: 550 5.1.1 mailbox unavailable"
+	e.drain()
+	e.failWith = "stripe: card_declined (402): insufficient funds"
+	e.publish(
+		outbox.Event{ID: "ord-1007", Type: "order.created", AggregateType: "order", AggregateID: "1007"},
+		outbox.Event{ID: "ship-1001", Type: "shipment.booked", AggregateType: "shipment", AggregateID: strings.Repeat("7", 6)},
+	)
+}

@@ -1,0 +1,30 @@
+// Package outboxui is a dashboard for the outbox table: an [http.Handler]
+// a service mounts behind its own authentication to see what is stuck,
+// why, and put it back.
+//
+//	mux.Handle("/outbox/", outboxui.Handler(db, ob, outboxui.Options{AllowActions: true}))
+//
+// It renders plain HTML on the server (html/template, no JavaScript, no
+// front-end build): the counts by status with the age of the oldest
+// pending event, a list with the same filters as the outbox command
+// (status, type, aggregate, created since/until, error text) paged by
+// seq, an event's detail with its last error and attempts, and replay and
+// purge actions on one event or on everything a filter matches.
+//
+// # Safety
+//
+// The handler has no authentication of its own: mount it behind the
+// service's. It is read-only unless [Options.AllowActions] is set, and
+// hides payloads (personal data) unless [Options.ShowPayloads] is set.
+// Actions are POSTs, refused cross-origin by [http.CrossOriginProtection]
+// and by a double-submit token, and a bulk action shows how many events it
+// would touch before it runs. Every value is HTML-escaped by html/template
+// (event types, aggregates, errors and payloads are user data), and the
+// pages forbid scripts and framing with a Content-Security-Policy.
+//
+// # Mounting
+//
+// Every page lives at one level of the path the handler is mounted at,
+// and links are relative, so it works under any prefix, with or without
+// [http.StripPrefix], as long as the mount path ends in a slash.
+package outboxui

@@ -1,0 +1,76 @@
+package outboxui_test
+
+import (
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxui"
+)
+
+// A service mounts the dashboard behind its own authentication. Here the
+// "authentication" is a header check; use the service's real one.
+func ExampleHandler() {
+	dir, err := os.MkdirTemp("", "outboxui-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"),
+		&gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	if err := db.Use(ob); err != nil {
+		log.Fatal(err)
+	}
+	if err := outbox.Publish(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
+		log.Fatal(err)
+	}
+
+	dashboard := outboxui.Handler(db, ob, outboxui.Options{
+		AllowActions: true,  // replay and purge buttons
+		ShowPayloads: false, // payloads may hold personal data
+		Title:        "Outbox · orders",
+	})
+	mux := http.NewServeMux()
+	mux.Handle("/ops/outbox/", requireOperator(http.StripPrefix("/ops/outbox", dashboard)))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/ops/outbox/events?status=pending", nil)
+	req.Header.Set("X-Operator", "alice")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	fmt.Println(resp.Status)
+	fmt.Println(strings.Contains(string(body), `<a href="event?id=e1">e1</a>`))
+	// Output:
+	// 200 OK
+	// true
+}
+
+func requireOperator(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Operator") == "" {
+			http.Error(w, "forbidden", http.StatusForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,192 @@
+package outboxui
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// form is a filter as the operator typed it: the list's query string and
+// the actions' hidden fields carry the same names, so a bulk action
+// touches exactly what the list showed.
+type form struct {
+	IDs           []string
+	Statuses      []string
+	Types         string // comma-separated
+	AggregateType string
+	AggregateID   string
+	Since, Until  string // a time (UTC) or a duration ago
+	Error         string
+	Limit         int // the list's page size; not part of the filter
+}
+
+// formFields are the filter's parameter names, in the order they are
+// written back into links.
+var formFields = []string{"id", "status", "type", "aggregate_type", "aggregate_id", "since", "until", "error"}
+
+func readForm(v url.Values) form {
+	f := form{
+		Types:         strings.TrimSpace(v.Get("type")),
+		AggregateType: strings.TrimSpace(v.Get("aggregate_type")),
+		AggregateID:   strings.TrimSpace(v.Get("aggregate_id")),
+		Since:         strings.TrimSpace(v.Get("since")),
+		Until:         strings.TrimSpace(v.Get("until")),
+		Error:         strings.TrimSpace(v.Get("error")),
+	}
+	for _, id := range v["id"] {
+		if id != "" {
+			f.IDs = append(f.IDs, id)
+		}
+	}
+	// The list's select sends one status ("" for any); links and scripts
+	// may send several, or a comma-separated list as the command takes.
+	for _, s := range v["status"] {
+		for part := range strings.SplitSeq(s, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				f.Statuses = append(f.Statuses, part)
+			}
+		}
+	}
+	return f
+}
+
+// values is the form as query parameters, empty ones left out.
+func (f form) values() url.Values {
+	v := url.Values{}
+	for _, id := range f.IDs {
+		v.Add("id", id)
+	}
+	if len(f.Statuses) > 0 {
+		v.Set("status", strings.Join(f.Statuses, ","))
+	}
+	set := func(k, s string) {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	set("type", f.Types)
+	set("aggregate_type", f.AggregateType)
+	set("aggregate_id", f.AggregateID)
+	set("since", f.Since)
+	set("until", f.Until)
+	set("error", f.Error)
+	return v
+}
+
+// Status is the list select's current value.
+func (f form) Status() string { return strings.Join(f.Statuses, ",") }
+
+func (f form) isOnlyIDs() bool {
+	return len(f.IDs) > 0 && len(f.Statuses) == 0 && f.Types == "" && f.AggregateType == "" &&
+		f.AggregateID == "" && f.Since == "" && f.Until == "" && f.Error == ""
+}
+
+// filter turns the form into the library's Filter; times are UTC and a
+// duration means that long before now.
+func (f form) filter(now time.Time) (outbox.Filter, error) {
+	out := outbox.Filter{
+		IDs:           f.IDs,
+		AggregateType: f.AggregateType,
+		AggregateID:   f.AggregateID,
+		ErrorContains: f.Error,
+	}
+	for _, s := range f.Statuses {
+		switch s {
+		case outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed:
+			out.Statuses = append(out.Statuses, s)
+		default:
+			return out, fmt.Errorf("unknown status %q: want %s, %s or %s", s, outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed)
+		}
+	}
+	for t := range strings.SplitSeq(f.Types, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			out.Types = append(out.Types, t)
+		}
+	}
+	var err error
+	if out.CreatedSince, err = parseWhen("created since", f.Since, now); err != nil {
+		return out, err
+	}
+	if out.CreatedUntil, err = parseWhen("created until", f.Until, now); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+var whenLayouts = []string{
+	time.RFC3339Nano,
+	"2006-01-02T15:04:05",
+	"2006-01-02T15:04",
+	"2006-01-02 15:04:05",
+	"2006-01-02 15:04",
+	"2006-01-02",
+}
+
+// parseWhen reads a time in UTC, or an age ("90m", "24h", "7d").
+func parseWhen(name, s string, now time.Time) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, ok := parseAge(s); ok {
+		return now.Add(-d).UTC(), nil
+	}
+	for _, l := range whenLayouts {
+		if t, err := time.ParseInLocation(l, s, time.UTC); err == nil {
+			return t.UTC(), nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%s %q: want a UTC time such as 2026-01-02T15:04 or an age such as 90m, 24h or 7d", name, s)
+}
+
+// parseAge reads a Go duration or a number of days ("7d"), as the outbox
+// command does.
+func parseAge(s string) (time.Duration, bool) {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.ParseFloat(n, 64)
+		if err != nil || days <= 0 || days > 100000 {
+			return 0, false
+		}
+		return time.Duration(days * float64(24*time.Hour)), true
+	}
+	d, err := time.ParseDuration(s)
+	return d, err == nil && d > 0
+}
+
+// describe lists the criteria in words for the confirmation page.
+func (f form) describe() []field {
+	var out []field
+	add := func(name, v string) {
+		if v != "" {
+			out = append(out, field{name, v})
+		}
+	}
+	add("IDs", strings.Join(f.IDs, ", "))
+	add("status", strings.Join(f.Statuses, ", "))
+	add("type", f.Types)
+	add("aggregate type", f.AggregateType)
+	add("aggregate ID", f.AggregateID)
+	add("created since", f.Since)
+	add("created until", f.Until)
+	add("error contains", f.Error)
+	return out
+}
+
+// String is the filter for the log: criteria, never event data beyond
+// what the core logs itself (IDs, types, aggregates).
+func (f form) String() string {
+	var b strings.Builder
+	for _, c := range f.describe() {
+		if b.Len() > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "%s=%s", c.Name, c.Value)
+	}
+	if b.Len() == 0 {
+		return "(all)"
+	}
+	return b.String()
+}

@@ -1,0 +1,232 @@
+package outboxui_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/require"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxui"
+)
+
+// backend opens a fresh, empty database for one test.
+type backend struct {
+	name string
+	open func(t testing.TB) *gorm.DB
+	// timeArg is how this database's driver stores a time the way the
+	// outbox writes it (UTC), for back-dating rows in tests.
+	timeArg func(time.Time) any
+}
+
+// backends are SQLite always, PostgreSQL and MariaDB when their DSN is set
+// (skipped, and saying so, otherwise; failing when set and unreachable).
+func backends(t testing.TB) []backend {
+	bs := []backend{{
+		name: "sqlite",
+		open: func(t testing.TB) *gorm.DB {
+			dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+			return openDB(t, sqlite.Open(dsn))
+		},
+		timeArg: func(tm time.Time) any { return tm.UTC().Format("2006-01-02 15:04:05.999999999-07:00") },
+	}}
+	if dsn := os.Getenv("OUTBOX_TEST_POSTGRES_DSN"); dsn != "" {
+		admin := openDB(t, postgres.Open(dsn))
+		bs = append(bs, backend{
+			name: "postgres",
+			open: func(t testing.TB) *gorm.DB {
+				schema := "ui_" + randomName()
+				require.NoError(t, admin.Exec("CREATE SCHEMA "+schema).Error)
+				t.Cleanup(func() { _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE").Error })
+				sep := "?"
+				if strings.Contains(dsn, "?") {
+					sep = "&"
+				}
+				return openDB(t, postgres.Open(dsn+sep+"search_path="+schema))
+			},
+			timeArg: func(tm time.Time) any { return tm.UTC() },
+		})
+	} else {
+		t.Log("OUTBOX_TEST_POSTGRES_DSN is not set: PostgreSQL skipped")
+	}
+	if dsn := os.Getenv("OUTBOX_TEST_MYSQL_DSN"); dsn != "" {
+		cfg, err := mysqldriver.ParseDSN(dsn)
+		require.NoError(t, err, "OUTBOX_TEST_MYSQL_DSN")
+		admin := openDB(t, mysql.Open(dsn))
+		bs = append(bs, backend{
+			name: "mysql",
+			open: func(t testing.TB) *gorm.DB {
+				name := "ui_" + randomName()
+				require.NoError(t, admin.Exec("CREATE DATABASE "+name).Error)
+				t.Cleanup(func() { _ = admin.Exec("DROP DATABASE " + name).Error })
+				c := cfg.Clone()
+				c.DBName = name
+				return openDB(t, mysql.Open(c.FormatDSN()))
+			},
+			timeArg: func(tm time.Time) any { return tm.UTC().Format("2006-01-02 15:04:05.000000") },
+		})
+	} else {
+		t.Log("OUTBOX_TEST_MYSQL_DSN is not set: MySQL/MariaDB skipped")
+	}
+	return bs
+}
+
+func randomName() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func openDB(t testing.TB, d gorm.Dialector) *gorm.DB {
+	db, err := gorm.Open(d, &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	require.NoError(t, sqlDB.Ping(), "database unreachable")
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	return db
+}
+
+// env is one test's database, outbox, relay and dashboard.
+type env struct {
+	t      testing.TB
+	b      backend
+	db     *gorm.DB
+	ob     *outbox.Outbox
+	relay  *outbox.Relay
+	srv    *httptest.Server
+	base   string // the dashboard's URL, ending in a slash
+	client *http.Client
+	// failWith, when not empty, makes the events whose type starts with
+	// "fails" (or holds markup, or is in failTypes) fail permanently with
+	// this text.
+	failWith string
+	// failTypes are more types that fail with failWith.
+	failTypes map[string]bool
+}
+
+// setup installs the outbox on a fresh database and mounts the dashboard
+// at /ops/outbox/ behind http.StripPrefix, as a service would.
+func setup(t testing.TB, b backend, opts outboxui.Options) *env {
+	e := &env{t: t, b: b, db: b.open(t)}
+	e.ob = outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, e.db.Use(e.ob))
+	e.ob.Handle("*", func(_ context.Context, ev outbox.Event) error {
+		if e.failWith != "" && (strings.HasPrefix(ev.Type, "fails") || strings.Contains(ev.Type, "<") || e.failTypes[ev.Type]) {
+			return outbox.Permanent(errors.New(e.failWith))
+		}
+		return nil
+	})
+	e.failWith = "broker said no"
+	e.relay = e.ob.Relay(e.db, outbox.RelayConfig{})
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/ops/outbox/", http.StripPrefix("/ops/outbox", outboxui.Handler(e.db, e.ob, opts)))
+	e.srv = httptest.NewServer(mux)
+	t.Cleanup(e.srv.Close)
+	e.base = e.srv.URL + "/ops/outbox/"
+	jar, err := cookiejar.New(nil)
+	require.NoError(t, err)
+	e.client = &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return e
+}
+
+// publish writes events in one transaction.
+func (e *env) publish(events ...outbox.Event) {
+	e.t.Helper()
+	require.NoError(e.t, e.db.Transaction(func(tx *gorm.DB) error { return outbox.Publish(tx, events...) }))
+}
+
+// drain runs the relay until it claims nothing.
+func (e *env) drain() {
+	e.t.Helper()
+	for {
+		n, err := e.relay.ProcessOnce(e.t.Context())
+		require.NoError(e.t, err)
+		if n == 0 {
+			return
+		}
+	}
+}
+
+func (e *env) row(id string) outbox.Row {
+	e.t.Helper()
+	r, err := e.ob.Get(e.t.Context(), e.db, id)
+	require.NoError(e.t, err)
+	return r
+}
+
+// backdate sets an event's created_at.
+func (e *env) backdate(id string, at time.Time) {
+	e.t.Helper()
+	res := e.db.Exec("UPDATE "+e.ob.Table()+" SET created_at = ? WHERE id = ?", e.b.timeArg(at), id)
+	require.NoError(e.t, res.Error)
+	require.EqualValues(e.t, 1, res.RowsAffected)
+}
+
+// get fetches a page relative to the dashboard and returns its status and body.
+func (e *env) get(path string) (int, string) {
+	e.t.Helper()
+	resp, err := e.client.Get(e.base + path)
+	require.NoError(e.t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(e.t, err)
+	return resp.StatusCode, string(body)
+}
+
+// post sends a form the way the dashboard's own pages do (same origin).
+func (e *env) post(path string, form url.Values, header ...string) *http.Response {
+	e.t.Helper()
+	req, err := http.NewRequestWithContext(e.t.Context(), http.MethodPost, e.base+path, strings.NewReader(form.Encode()))
+	require.NoError(e.t, err)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := e.client.Do(req)
+	require.NoError(e.t, err)
+	e.t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+var csrfRE = regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`)
+
+// token loads a page and returns the form token it carries.
+func (e *env) token() string {
+	e.t.Helper()
+	code, body := e.get("events")
+	require.Equal(e.t, http.StatusOK, code, body)
+	m := csrfRE.FindStringSubmatch(body)
+	require.NotNil(e.t, m, "no form token on the list page")
+	return m[1]
+}
+
+func readBody(t testing.TB, resp *http.Response) string {
+	t.Helper()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(b)
+}

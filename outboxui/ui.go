@@ -1,0 +1,623 @@
+package outboxui
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Options configures the dashboard. The zero value is a read-only
+// dashboard that hides payloads and logs to slog.Default().
+type Options struct {
+	// AllowActions enables the replay and purge buttons and the POST
+	// requests behind them. Defaults to false: read-only, every POST is
+	// refused with 403.
+	AllowActions bool
+
+	// ShowPayloads shows each event's payload, pretty-printed, on its
+	// detail page. Payloads often hold personal data. Defaults to false:
+	// only the payload's size is shown.
+	ShowPayloads bool
+
+	// Logger receives one Info record per action (what it touched, never
+	// payloads) and one Error record per failed database call. Defaults to
+	// slog.Default().
+	Logger *slog.Logger
+
+	// Title is the heading of every page, to tell one service's dashboard
+	// from another's. Defaults to "Outbox".
+	Title string
+}
+
+// Handler returns the dashboard of the outbox ob installed on db. ob may be
+// nil: then the outbox installed on db (db.Use(outbox.Plugin(...))) is
+// used, and every request fails with [outbox.ErrNotInstalled] when there
+// is none. The handler reads the table with ob's exported functions only
+// ([outbox.Outbox.List], [outbox.Outbox.Count], [outbox.Outbox.Get],
+// [outbox.Outbox.Stats]) and acts with [outbox.Outbox.ReplayFilter] and
+// [outbox.Outbox.Purge], as the outbox command does. Each request's
+// context governs its database calls.
+//
+// Mount it at a path ending in a slash, behind the service's
+// authentication:
+//
+//	mux.Handle("/outbox/", outboxui.Handler(db, ob, outboxui.Options{}))
+func Handler(db *gorm.DB, ob *outbox.Outbox, opts Options) http.Handler {
+	if ob == nil {
+		ob, _ = db.Config.Plugins["outbox"].(*outbox.Outbox)
+	}
+	h := &handler{
+		db:     db,
+		ob:     ob,
+		opts:   opts,
+		title:  cmp.Or(opts.Title, "Outbox"),
+		logger: cmp.Or(opts.Logger, slog.Default()),
+		pages:  parsePages(),
+		now:    time.Now,
+	}
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.logger.Warn("outboxui: cross-origin request refused",
+			slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.String("origin", r.Header.Get("Origin")), slog.String("remote_addr", r.RemoteAddr))
+		h.fail(w, r, http.StatusForbidden, errors.New("cross-origin request refused"))
+	}))
+	return securityHeaders(cop.Handler(h))
+}
+
+//go:embed templates/*.html static/style.css
+var files embed.FS
+
+// securityHeaders forbids scripts, plugins and framing (the pages need
+// none, so an escaping bug cannot run code), and caching of event data.
+func securityHeaders(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hd := w.Header()
+		hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		hd.Set("X-Content-Type-Options", "nosniff")
+		hd.Set("X-Frame-Options", "DENY")
+		hd.Set("Referrer-Policy", "same-origin")
+		hd.Set("Cache-Control", "no-store")
+		next.ServeHTTP(w, r)
+	})
+}
+
+type handler struct {
+	db     *gorm.DB
+	ob     *outbox.Outbox
+	opts   Options
+	title  string
+	logger *slog.Logger
+	pages  map[string]*template.Template
+	now    func() time.Time
+}
+
+// csrfCookie holds the double-submit token. It has no Path, so the browser
+// scopes it to the directory the dashboard is mounted at.
+const csrfCookie = "outboxui_csrf"
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Routing by the last path element makes the handler work under any
+	// prefix, stripped or not: all pages are siblings.
+	page := r.URL.Path[strings.LastIndexByte(r.URL.Path, '/')+1:]
+	switch page {
+	case "", "events", "event":
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			h.fail(w, r, http.StatusMethodNotAllowed, errors.New("method not allowed"))
+			return
+		}
+	case "replay", "purge":
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", "POST")
+			h.fail(w, r, http.StatusMethodNotAllowed, errors.New("method not allowed"))
+			return
+		}
+	case "style.css":
+		css, _ := files.ReadFile("static/style.css")
+		w.Header().Set("Content-Type", "text/css; charset=utf-8")
+		w.Header().Set("Cache-Control", "max-age=3600")
+		_, _ = w.Write(css)
+		return
+	default:
+		h.fail(w, r, http.StatusNotFound, errors.New("no such page"))
+		return
+	}
+	if h.ob == nil {
+		h.fail(w, r, http.StatusInternalServerError, outbox.ErrNotInstalled)
+		return
+	}
+	switch page {
+	case "":
+		h.overview(w, r)
+	case "events":
+		h.list(w, r)
+	case "event":
+		h.event(w, r)
+	default:
+		h.action(w, r, page)
+	}
+}
+
+// base is what every page's layout reads.
+type base struct {
+	Title        string
+	Page         string
+	AllowActions bool
+	ShowPayloads bool
+	CSRF         string
+	Flash        string
+	Error        string
+}
+
+func (h *handler) base(w http.ResponseWriter, r *http.Request, page string) base {
+	b := base{Title: h.title, Page: page, AllowActions: h.opts.AllowActions, ShowPayloads: h.opts.ShowPayloads}
+	if h.opts.AllowActions {
+		b.CSRF = h.csrfToken(w, r)
+	}
+	q := r.URL.Query()
+	if n, err := strconv.Atoi(q.Get("n")); err == nil && n >= 0 {
+		switch q.Get("done") {
+		case "replay":
+			b.Flash = fmt.Sprintf("Replayed %d %s: pending again, due now.", n, plural(n, "event", "events"))
+		case "purge":
+			b.Flash = fmt.Sprintf("Purged %d %s.", n, plural(n, "event", "events"))
+		}
+	}
+	return b
+}
+
+// csrfToken returns the browser's token, setting a new one when it has
+// none. A cross-site form cannot read the cookie, so cannot echo it.
+func (h *handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
+	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
+		if _, err := hex.DecodeString(c.Value); err == nil {
+			return c.Value
+		}
+	}
+	tok := hex.EncodeToString(randomBytes(32))
+	http.SetCookie(w, &http.Cookie{
+		Name: csrfCookie, Value: tok, HttpOnly: true, Secure: r.TLS != nil,
+		SameSite: http.SameSiteStrictMode,
+	})
+	return tok
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand panics instead)
+	return b
+}
+
+func (h *handler) checkCSRF(r *http.Request) error {
+	c, err := r.Cookie(csrfCookie)
+	form := r.PostFormValue("csrf")
+	if err != nil || c.Value == "" || form == "" ||
+		subtle.ConstantTimeCompare([]byte(c.Value), []byte(form)) != 1 {
+		return errors.New("missing or wrong form token: reload the page and try again")
+	}
+	return nil
+}
+
+func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	st, err := h.ob.Stats(ctx, h.db.WithContext(ctx))
+	if err != nil {
+		h.dbError(w, r, "stats", err)
+		return
+	}
+	failed, err := h.ob.List(ctx, h.db.WithContext(ctx), outbox.ListParams{
+		Filter: outbox.Filter{Statuses: []string{outbox.StatusFailed}}, Limit: 10,
+	})
+	if err != nil {
+		h.dbError(w, r, "list failed events", err)
+		return
+	}
+	h.render(w, r, http.StatusOK, "overview.html", struct {
+		base
+		Stats  outbox.Stats
+		Failed []outbox.Row
+	}{h.base(w, r, "overview"), st, failed})
+}
+
+// listPage is the list's template data.
+type listPage struct {
+	base
+	Form    form
+	Rows    []outbox.Row
+	Total   int64
+	Newest  bool
+	From    int64  // the seq this page starts after (before, newest first)
+	Next    string // the next page's URL, "" on the last page
+	First   string // the first page's URL, "" on the first page
+	Hidden  []field
+	Limits  []int
+	Choices []string
+}
+
+type field struct{ Name, Value string }
+
+func (h *handler) list(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	q := r.URL.Query()
+	p := listPage{base: h.base(w, r, "events"), Form: readForm(q), Limits: []int{20, 50, 100, 500},
+		Choices: []string{outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed}}
+	f, err := p.Form.filter(h.now())
+	if err != nil {
+		p.Error = err.Error()
+		h.render(w, r, http.StatusBadRequest, "list.html", p)
+		return
+	}
+	limit := 50
+	if s := q.Get("limit"); s != "" {
+		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > 1000 {
+			p.Error = fmt.Sprintf("limit %q: want a number from 1 to 1000", s)
+			h.render(w, r, http.StatusBadRequest, "list.html", p)
+			return
+		}
+	}
+	// Paging is by seq: after= for oldest first, before= for newest first
+	// (order=newest), each the last row's seq of the previous page.
+	p.Newest = q.Get("order") == "newest"
+	cursor := "after"
+	if p.Newest {
+		cursor = "before"
+	}
+	var from int64
+	if s := q.Get(cursor); s != "" {
+		if from, err = strconv.ParseInt(s, 10, 64); err != nil || from < 1 {
+			p.Error = fmt.Sprintf("%s %q: want a row's seq", cursor, s)
+			h.render(w, r, http.StatusBadRequest, "list.html", p)
+			return
+		}
+	}
+	db := h.db.WithContext(ctx)
+	// One more row than shown tells whether there is a next page.
+	lp := outbox.ListParams{Filter: f, Limit: limit + 1, Newest: p.Newest}
+	if p.Newest {
+		lp.BeforeSeq = from
+	} else {
+		lp.AfterSeq = from
+	}
+	rows, err := h.ob.List(ctx, db, lp)
+	if errors.Is(err, outbox.ErrInvalidFilter) {
+		p.Error = err.Error()
+		h.render(w, r, http.StatusBadRequest, "list.html", p)
+		return
+	}
+	if err != nil {
+		h.dbError(w, r, "list events", err)
+		return
+	}
+	if p.Total, err = h.ob.Count(ctx, db, f); err != nil {
+		h.dbError(w, r, "count events", err)
+		return
+	}
+	vals := p.Form.values()
+	if limit != 50 {
+		vals.Set("limit", strconv.Itoa(limit))
+	}
+	if p.Newest {
+		vals.Set("order", "newest")
+	}
+	if len(rows) > limit {
+		rows = rows[:limit]
+		next := cloneValues(vals)
+		next.Set(cursor, strconv.FormatInt(rows[len(rows)-1].Seq, 10))
+		p.Next = "events?" + next.Encode()
+	}
+	if from > 0 {
+		p.First = "events?" + vals.Encode()
+	}
+	p.Rows = rows
+	p.From = from
+	p.Form.Limit = limit
+	for _, name := range formFields {
+		for _, v := range vals[name] {
+			p.Hidden = append(p.Hidden, field{name, v})
+		}
+	}
+	h.render(w, r, http.StatusOK, "list.html", p)
+}
+
+func cloneValues(v url.Values) url.Values {
+	c := url.Values{}
+	for k, vs := range v {
+		c[k] = slices.Clone(vs)
+	}
+	return c
+}
+
+func (h *handler) event(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	id := r.URL.Query().Get("id")
+	row, err := h.ob.Get(ctx, h.db.WithContext(ctx), id)
+	if errors.Is(err, outbox.ErrNotFound) {
+		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no event with ID %q (purged, or never written)", id))
+		return
+	}
+	if err != nil {
+		h.dbError(w, r, "read event", err)
+		return
+	}
+	d := struct {
+		base
+		Row         outbox.Row
+		Payload     string
+		PayloadSize int
+		Headers     string
+	}{base: h.base(w, r, "event"), Row: row, PayloadSize: len(row.Payload)}
+	if h.opts.ShowPayloads {
+		d.Payload = pretty(row.Payload)
+	}
+	if row.Headers != nil {
+		d.Headers = pretty(*row.Headers)
+	}
+	h.render(w, r, http.StatusOK, "event.html", d)
+}
+
+// action runs a replay or purge POST: on one event (id) or on what a list
+// filter matches. Without confirm=yes it only shows what it would touch.
+func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
+	if !h.opts.AllowActions {
+		h.fail(w, r, http.StatusForbidden, errors.New("this dashboard is read-only (outboxui.Options.AllowActions is false)"))
+		return
+	}
+	if err := r.ParseForm(); err != nil {
+		h.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	if err := h.checkCSRF(r); err != nil {
+		h.logger.Warn("outboxui: action refused", slog.String("action", verb), slog.String("reason", "form token"), slog.String("remote_addr", r.RemoteAddr))
+		h.fail(w, r, http.StatusForbidden, err)
+		return
+	}
+	fm := readForm(r.PostForm)
+	f, err := fm.filter(h.now())
+	if err != nil {
+		h.fail(w, r, http.StatusBadRequest, err)
+		return
+	}
+	// Narrow the statuses to those the action can touch, so the count shown
+	// is what it will do.
+	allowed := []string{outbox.StatusFailed}
+	if verb == "purge" {
+		allowed = []string{outbox.StatusSent, outbox.StatusFailed}
+	}
+	f, ok := restrict(f, allowed)
+	if !ok {
+		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("%s touches only %s events; this filter asks for %s",
+			verb, strings.Join(allowed, " or "), strings.Join(fm.Statuses, ", ")))
+		return
+	}
+	ctx := r.Context()
+	db := h.db.WithContext(ctx)
+	if r.PostForm.Get("confirm") != "yes" {
+		n, err := h.ob.Count(ctx, db, f)
+		if err != nil {
+			h.dbError(w, r, "count events", err)
+			return
+		}
+		sample, err := h.ob.List(ctx, db, outbox.ListParams{Filter: f, Limit: 20})
+		if err != nil {
+			h.dbError(w, r, "list events", err)
+			return
+		}
+		// The confirmed action runs with the times counted here: "1h ago"
+		// read again at the confirmation would move.
+		frozen := fm
+		if !f.CreatedSince.IsZero() {
+			frozen.Since = f.CreatedSince.Format(time.RFC3339Nano)
+		}
+		if !f.CreatedUntil.IsZero() {
+			frozen.Until = f.CreatedUntil.Format(time.RFC3339Nano)
+		}
+		var hidden []field
+		vals := frozen.values()
+		for _, name := range formFields {
+			for _, v := range vals[name] {
+				hidden = append(hidden, field{name, v})
+			}
+		}
+		h.render(w, r, http.StatusOK, "confirm.html", struct {
+			base
+			Verb     string
+			Count    int64
+			Sample   []outbox.Row
+			Statuses string
+			Criteria []field
+			Hidden   []field
+			Cancel   string
+		}{h.base(w, r, "events"), verb, n, sample, strings.Join(f.Statuses, " or "), frozen.describe(), hidden, "events?" + fm.values().Encode()})
+		return
+	}
+	var n int
+	if verb == "replay" {
+		n, err = h.ob.ReplayFilter(ctx, db, f)
+	} else {
+		n, err = h.ob.Purge(ctx, db, f)
+	}
+	if err != nil {
+		if errors.Is(err, outbox.ErrInvalidFilter) {
+			h.fail(w, r, http.StatusBadRequest, err)
+			return
+		}
+		h.dbError(w, r, verb, fmt.Errorf("%w (%d events done before the error)", err, n))
+		return
+	}
+	h.logger.Info("outboxui: "+verb, slog.Int("events", n), slog.String("filter", fm.String()), slog.String("remote_addr", r.RemoteAddr))
+	done := url.Values{"done": {verb}, "n": {strconv.Itoa(n)}}
+	// A relative Location resolves against the URL the browser sent, which
+	// keeps the mount prefix that http.Redirect would lose after StripPrefix.
+	loc := "events?"
+	if verb == "replay" && len(fm.IDs) == 1 && fm.isOnlyIDs() {
+		done.Set("id", fm.IDs[0])
+		loc = "event?"
+	} else if !fm.isOnlyIDs() {
+		for k, vs := range fm.values() {
+			done[k] = vs
+		}
+	}
+	w.Header().Set("Location", loc+done.Encode())
+	w.WriteHeader(http.StatusSeeOther)
+}
+
+// restrict narrows f's statuses to allowed (all of allowed when f has
+// none); false when nothing is left.
+func restrict(f outbox.Filter, allowed []string) (outbox.Filter, bool) {
+	if len(f.Statuses) == 0 {
+		f.Statuses = allowed
+		return f, true
+	}
+	var keep []string
+	for _, s := range f.Statuses {
+		if slices.Contains(allowed, s) && !slices.Contains(keep, s) {
+			keep = append(keep, s)
+		}
+	}
+	f.Statuses = keep
+	return f, len(keep) > 0
+}
+
+func (h *handler) dbError(w http.ResponseWriter, r *http.Request, what string, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return // the client went away
+	}
+	h.logger.Error("outboxui: "+what, slog.String("error", err.Error()), slog.String("path", r.URL.Path))
+	h.fail(w, r, http.StatusInternalServerError, fmt.Errorf("%s: %w", what, err))
+}
+
+// fail renders an error page. The message is shown to the operator (who
+// is behind the service's authentication) because a database error at
+// 3 a.m. is more useful on the page than in a log they must find.
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, code int, err error) {
+	b := base{Title: h.title, Page: "error", AllowActions: h.opts.AllowActions, Error: err.Error()}
+	h.render(w, r, code, "error.html", struct {
+		base
+		Code int
+	}{b, code})
+}
+
+func (h *handler) render(w http.ResponseWriter, r *http.Request, code int, page string, data any) {
+	var buf bytes.Buffer
+	if err := h.pages[page].ExecuteTemplate(&buf, "layout", data); err != nil {
+		h.logger.Error("outboxui: render", slog.String("page", page), slog.String("error", err.Error()))
+		http.Error(w, "outboxui: cannot render the page (see the server log)", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(code)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(buf.Bytes())
+	}
+}
+
+func parsePages() map[string]*template.Template {
+	funcs := template.FuncMap{
+		"when":  when,
+		"whenp": func(t *time.Time) string { return whenPtr(t) },
+		"ago":   func(t time.Time) string { return ago(time.Since(t)) },
+		"age":   ago,
+		"str":   func(s *string) string { return deref(s) },
+		"short": short,
+		"plural": func(n int64, one, many string) string {
+			return plural(int(n), one, many)
+		},
+	}
+	pages := map[string]*template.Template{}
+	names, err := fs.Glob(files, "templates/*.html")
+	if err != nil {
+		panic(err)
+	}
+	for _, name := range names {
+		base := name[len("templates/"):]
+		if base == "layout.html" {
+			continue
+		}
+		pages[base] = template.Must(template.New(base).Funcs(funcs).ParseFS(files, "templates/layout.html", name))
+	}
+	return pages
+}
+
+func when(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05.000")
+}
+
+func whenPtr(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return when(*t)
+}
+
+// ago renders an age to two units, the way an operator reads it.
+func ago(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "in " + ago(-d)
+	case d < time.Second:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// short cuts s to n runes for a table cell; the detail page has it whole.
+func short(n int, s string) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > n {
+		return string(r[:n]) + "…"
+	}
+	return s
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// pretty indents JSON; anything else is returned as it is.
+func pretty(s string) string {
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(s), "", "  "); err != nil {
+		return s
+	}
+	return b.String()
+}
