@@ -253,6 +253,13 @@ func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items [
 			park = append(park, r.parkDeferred(it, now))
 		}
 	}
+	// Each statement is bounded: a connection gone silent must fail the
+	// write (and the session, which reconnects), not hang it.
+	bounded := func(f func(context.Context) error) error {
+		sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+		defer cancel()
+		return f(sctx)
+	}
 	write := func() error {
 		if len(park) > 0 {
 			if _, err := r.park(ctx, pg, park, now); err != nil {
@@ -261,19 +268,19 @@ func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items [
 			park = nil
 		}
 		if len(sent) > 0 {
-			if err := r.markSent(ctx, sent, lease); err != nil {
+			if err := bounded(func(ctx context.Context) error { return r.markSent(ctx, sent, lease) }); err != nil {
 				return fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err)
 			}
 			sent = nil
 		}
 		if len(fails) > 0 {
-			if err := r.markFailed(ctx, fails, lease); err != nil {
+			if err := bounded(func(ctx context.Context) error { return r.markFailed(ctx, fails, lease) }); err != nil {
 				return fmt.Errorf("outbox: record %d failed attempts: %w", len(fails), err)
 			}
 			fails = nil
 		}
 		if len(back) > 0 {
-			if err := r.release(ctx, back, lease); err != nil {
+			if err := bounded(func(ctx context.Context) error { return r.release(ctx, back, lease) }); err != nil {
 				return fmt.Errorf("outbox: hand back %d events: %w", len(back), err)
 			}
 			back = nil

@@ -23,7 +23,10 @@ import (
 // batches and confirms the slot's position only once every outcome of a
 // batch is durable: delivered, or written to the table for a retry or as
 // failed. A crash replays from the last confirmed position, so delivery is
-// at least once and the duplicates are at most the batch in flight.
+// at least once. The duplicates are what was received but not confirmed:
+// the batch in flight and, when the last position report is lost with the
+// connection, the one before (RELIABILITY.md measures it); after a
+// PostgreSQL crash, what was confirmed since its last checkpoint too.
 
 // walTxn is one committed transaction's outbox events.
 type walTxn struct {
@@ -95,6 +98,7 @@ type streamer struct {
 	done   atomic.Uint64 // end of the last transaction whose outcomes are durable
 	kick   chan struct{} // the dispatcher confirmed something: report it soon
 	until  pglogrepl.LSN // ProcessOnce: stop once the stream has passed it
+	failed atomic.Bool   // the reader stopped on an error: the connection is gone
 }
 
 // status reports the position up to which the slot may be freed: the
@@ -136,7 +140,15 @@ const (
 // returns: on ctx's end, an error, or, in ProcessOnce, once the stream
 // has passed s.until.
 func (s *streamer) read(ctx context.Context) error {
-	defer close(s.txns)
+	err := s.receive(ctx)
+	if err != nil {
+		s.failed.Store(true) // before the close: the dispatcher checks it after every receive
+	}
+	close(s.txns)
+	return err
+}
+
+func (s *streamer) receive(ctx context.Context) error {
 	var (
 		received   pglogrepl.LSN // everything before it has been received
 		cur        *walTxn       // the transaction being received
@@ -388,7 +400,10 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 	)
 	for {
 		batch, ok := s.nextBatch(r.cfg.BatchSize, until != 0)
-		if !ok {
+		if !ok || s.failed.Load() {
+			// A broken connection cannot confirm anything any more: what
+			// the reader had buffered is left to the next session, which
+			// receives it again, rather than delivered twice.
 			break
 		}
 		var end pglogrepl.LSN
