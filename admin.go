@@ -106,7 +106,7 @@ func (o *Outbox) usable(db *gorm.DB) error {
 // where writes the WHERE clause of f (and of the extra conditions, which
 // come first); it writes nothing when nothing is selected.
 func (s *sqlSyntax) where(b *builder, f Filter, extra ...string) {
-	conds := extra
+	conds := append([]string(nil), extra...)
 	add := func(c string) { conds = append(conds, c) }
 	if len(f.IDs) > 0 {
 		add(b.ids("id", f.IDs))

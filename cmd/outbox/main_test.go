@@ -624,3 +624,51 @@ func dsnOf(t *testing.T, d gorm.Dialector) string {
 	require.True(t, ok)
 	return md.DSN
 }
+
+// TestMigrateUpgradesVersion1: a table of the first release's schema is
+// refused by the other commands with the way out, shown by --print-sql
+// (the upgrade, then the schema) and upgraded by migrate. MySQL never had
+// a version 1 table.
+func TestMigrateUpgradesVersion1(t *testing.T) {
+	forEach(t, func(t *testing.T, f *fixture) {
+		if f.name == "mysql" {
+			t.Skip("no release created a version 1 table on MySQL")
+		}
+		v1, err := os.ReadFile(filepath.Join("..", "..", "testdata", "schema-v1", f.name+".sql"))
+		require.NoError(t, err)
+		table := f.table + "_v1"
+		t.Cleanup(func() { _ = f.db.Migrator().DropTable(table) })
+		var ddl strings.Builder
+		for _, line := range strings.Split(string(v1), "\n") {
+			line, _, _ = strings.Cut(line, "--")
+			ddl.WriteString(line + "\n")
+		}
+		for _, st := range strings.Split(strings.ReplaceAll(ddl.String(), "outbox_events", table), ";") {
+			if st = strings.TrimSpace(st); st != "" {
+				require.NoError(t, f.db.Exec(st).Error, st)
+			}
+		}
+		env := map[string]string{"OUTBOX_DSN": f.dsn, "OUTBOX_TABLE": table}
+
+		code, _, errOut := runEnv(t, env, "", "stats")
+		assert.Equal(t, exitError, code)
+		assert.Contains(t, errOut, "schema version 1")
+		assert.Contains(t, errOut, `or run "outbox migrate"`)
+
+		code, out, errOut := runEnv(t, env, "", "migrate", "--print-sql")
+		require.Equal(t, exitOK, code, errOut)
+		up, err := outbox.UpgradeSQL(f.name, table)
+		require.NoError(t, err)
+		schema, err := outbox.SchemaSQL(f.name, table)
+		require.NoError(t, err)
+		assert.Equal(t, "-- Table "+table+" is at schema version 1: upgrade it first.\n"+strings.TrimSpace(up)+"\n\n"+strings.TrimSpace(schema)+"\n", out)
+		assert.False(t, f.db.Migrator().HasColumn(table, "seq"), "--print-sql changes nothing")
+
+		code, out, errOut = runEnv(t, env, "", "migrate")
+		require.Equal(t, exitOK, code, errOut)
+		assert.Equal(t, "upgraded table "+table+" from schema version 1\n", out)
+		assert.True(t, f.db.Migrator().HasColumn(table, "seq"))
+		code, _, errOut = runEnv(t, env, "", "stats", "--max-failed", "0")
+		assert.Equal(t, exitOK, code, errOut)
+	})
+}
