@@ -12,6 +12,7 @@
 //	outbox purge   [ID...] [filters] [--older-than D] [--all] [--dry-run] [--yes]
 //	outbox migrate [--print-sql [--dialect NAME]]
 //	outbox version
+//	outbox ui      [--listen 127.0.0.1:8080] [--allow-actions] [--show-payloads]
 //
 // Every command takes --dsn (or the OUTBOX_DSN environment variable) and
 // --table (or OUTBOX_TABLE; defaults to outbox_events). The database is
@@ -86,6 +87,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		"purge":   c.purge,
 		"migrate": c.migrate,
 		"version": c.version,
+		"ui":      c.ui,
 	}
 	name, rest := args[0], args[1:]
 	switch name {
@@ -149,6 +151,7 @@ Usage:
   outbox purge   [ID...] [filters] [--older-than D] [--all] [--dry-run] [--yes]
   outbox migrate [--print-sql [--dialect postgres|mysql|sqlite]]
   outbox version
+  outbox ui      [--listen 127.0.0.1:8080] [--allow-actions] [--show-payloads]
 
 Every command takes --dsn (or OUTBOX_DSN) and --table (or OUTBOX_TABLE,
 default outbox_events). "outbox COMMAND -h" lists a command's flags.
