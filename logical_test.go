@@ -131,7 +131,7 @@ func TestLogicalCommitRollbackSavepoint(t *testing.T) {
 	e := setupLogical(t, Config{})
 	var got collector
 	e.ob.Handle(AnyEvent, got.handle)
-	r := e.relay(RelayConfig{})
+	r := e.relay(RelayConfig{Workers: 1}) // one worker: delivery order is commit order
 
 	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
 		require.NoError(t, tx.Create(&Order{Total: 1}).Error)
@@ -257,7 +257,7 @@ func TestLogicalIdempotencyKeyFirstCommittedWins(t *testing.T) {
 	e := setupLogical(t, Config{})
 	var got collector
 	e.ob.Handle(AnyEvent, got.handle)
-	r := e.relay(RelayConfig{})
+	r := e.relay(RelayConfig{Workers: 1}) // one worker: delivery order is commit order
 	require.NoError(t, Publish(e.db, Event{ID: "first", Type: "x", IdempotencyKey: "k"}))
 	require.NoError(t, Publish(e.db, Event{ID: "second", Type: "x", IdempotencyKey: "k"}))
 	require.NoError(t, Publish(e.db, Event{ID: "explicit", Type: "x"}))
