@@ -370,6 +370,11 @@ func TestLogicalRefused(t *testing.T) {
 		require.ErrorIs(t, err, ErrUnsupportedDialect)
 		assert.Contains(t, err.Error(), "wal_level = logical")
 	}
+	if os.Getenv(mysqlDSNEnv) != "" {
+		my := mysqlBackend(t).open(t, &gorm.Config{Logger: logger.Discard})
+		require.ErrorIs(t, my.Use(Plugin(Config{Mode: Logical})), ErrUnsupportedDialect)
+		assert.False(t, my.Migrator().HasTable(DefaultTable), "refused before anything is created")
+	}
 	assert.ErrorIs(t, Plugin(Config{Mode: Logical, Slot: "Bad-Name"}).cfgErr, ErrInvalidConfig)
 }
 
