@@ -89,19 +89,16 @@ func setupLogical(t *testing.T, cfg Config) *logicalEnv {
 	clock := &fakeClock{t: time.Now().UTC()}
 	ob.clock = clock.Now
 	t.Cleanup(func() {
-		if sqlDB, err := db.DB(); err == nil {
-			_ = sqlDB.Close()
-		}
-		// The slot can be dropped once no relay streams it.
-		for range 50 {
-			if err := admin.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ?", cfg.Slot).Error; err == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond) // the walsender exits asynchronously after its connection closes
-		}
-		_ = admin.Exec(`DROP PUBLICATION IF EXISTS "` + cfg.Slot + `"`).Error
 		_ = admin.Exec("DROP SCHEMA " + schema + " CASCADE").Error
 		if sqlDB, err := admin.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	// Cleanups run last in, first out: the database closes, then the slot
+	// is dropped, then the schema.
+	dropSlotAtCleanup(t, admin, cfg.Slot)
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
 			_ = sqlDB.Close()
 		}
 	})
