@@ -1,160 +1,50 @@
 package reliability
 
 import (
-	"bytes"
-	"context"
-	"database/sql"
-	"fmt"
-	"net"
+	"errors"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/pgtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-const pgBinDirEnv = "OUTBOX_TEST_PG_BINDIR"
+// pgServer is a PostgreSQL instance owned by one test (internal/pgtest):
+// its own data directory and loopback port, stopped and started at will.
+type pgServer struct{ *pgtest.Server }
 
-// pgServer is a PostgreSQL instance owned by one test: its own data
-// directory in a temp dir, its own loopback port, stopped and started at
-// will.
-type pgServer struct {
-	bin, dir, data string
-	port           int
-	cred           *syscall.Credential // run as postgres when we are root
-
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited chan struct{}
-	out    bytes.Buffer
-}
-
-// startOwnedPostgres initialises and starts a server, stopped at the end of
-// the test. It skips when the PostgreSQL server binaries are not installed.
+// startOwnedPostgres initialises and starts a server, removed at the end of
+// the test. Without the server binaries it skips, except under CI.
 func startOwnedPostgres(t *testing.T) *pgServer {
 	t.Helper()
-	bin := os.Getenv(pgBinDirEnv)
-	if bin == "" {
-		bin = "/usr/lib/postgresql/15/bin"
+	s, err := pgtest.Start()
+	if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+		t.Skipf("%v", err)
 	}
-	if _, err := os.Stat(filepath.Join(bin, "initdb")); err != nil {
-		t.Skipf("PostgreSQL server binaries not found in %s; set %s to the directory holding initdb and postgres", bin, pgBinDirEnv)
-	}
-	s := &pgServer{bin: bin}
-	dir, err := os.MkdirTemp("", "outbox-pg-")
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	s.dir, s.data = dir, filepath.Join(dir, "data")
-	if os.Geteuid() == 0 {
-		// initdb and postgres refuse to run as root.
-		u, err := user.Lookup("postgres")
-		if err != nil {
-			t.Skipf("running as root and there is no postgres user to run the test server as: %v", err)
-		}
-		uid, _ := strconv.Atoi(u.Uid)
-		gid, _ := strconv.Atoi(u.Gid)
-		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-		require.NoError(t, os.Chown(dir, uid, gid))
-	}
-	initdb := exec.Command(filepath.Join(bin, "initdb"), "-D", s.data, "-U", "postgres", "-A", "trust",
-		"-E", "UTF8", "--locale=C", "--no-sync")
-	initdb.Dir = dir
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	out, err := initdb.CombinedOutput()
-	require.NoError(t, err, "initdb: %s", out)
-	s.port = freePort(t)
-	s.start(t)
-	t.Cleanup(func() { s.stop(t, syscall.SIGINT) })
-	return s
-}
-
-func freePort(t *testing.T) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Cleanup(s.Close)
+	return &pgServer{s}
 }
 
 // dsn returns a URL DSN for database "postgres" on the server.
-func (s *pgServer) dsn() string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
-}
+func (s *pgServer) dsn() string { return s.DSN("postgres") }
 
-// start starts the server and waits until it accepts connections.
+// start starts the stopped server and waits until it accepts connections.
 func (s *pgServer) start(t *testing.T) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(s.bin, "postgres"), "-D", s.data, "-p", strconv.Itoa(s.port),
-		"-k", s.dir, "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off",
-		"-c", "shared_buffers=16MB", "-c", "max_connections=50")
-	cmd.Dir = s.dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred, Setpgid: true}
-	s.mu.Lock()
-	cmd.Stdout, cmd.Stderr = &lockedBuffer{mu: &s.mu, b: &s.out}, &lockedBuffer{mu: &s.mu, b: &s.out}
-	s.mu.Unlock()
-	require.NoError(t, cmd.Start())
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	s.cmd, s.exited = cmd, exited
-
-	db, err := sql.Open("pgx", s.dsn())
-	require.NoError(t, err)
-	defer db.Close()
-	eventually(t, 60*time.Second, func() error {
-		select {
-		case <-exited:
-			t.Fatalf("postgres exited at startup:\n%s", s.output())
-		default:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		return db.PingContext(ctx)
-	})
+	require.NoError(t, s.Start())
 }
 
 // stop sends sig to the postmaster (SIGINT: fast shutdown; SIGQUIT:
 // immediate shutdown, crash recovery at the next start) and waits for it.
 func (s *pgServer) stop(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	if s.cmd == nil {
-		return
+	if err := s.Stop(sig); err != nil {
+		t.Error(err)
 	}
-	select {
-	case <-s.exited:
-		return
-	default:
-	}
-	_ = s.cmd.Process.Signal(sig)
-	select {
-	case <-s.exited:
-	case <-time.After(60 * time.Second):
-		_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-		<-s.exited
-		t.Errorf("postgres did not stop on %v:\n%s", sig, s.output())
-	}
-}
-
-func (s *pgServer) output() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.out.String()
-}
-
-type lockedBuffer struct {
-	mu *sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
 }
 
 // TestRelayRunSurvivesPostgresRestarts stops a test-owned PostgreSQL twice
