@@ -125,46 +125,40 @@ func (r *Relay) deliverBatch(ctx, bctx context.Context, batch []claimed, w *outc
 			}
 		}
 	}
-	workers := min(r.cfg.Workers, len(batch))
-	if workers <= 1 {
-		work()
-	} else {
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Add(1)
-			go func() { defer wg.Done(); work() }()
-		}
-		wg.Wait()
-	}
+	runWorkers(min(r.cfg.Workers, len(batch)), work)
 	if p := down.Load(); p != nil {
 		return *p
 	}
 	return nil
 }
 
+// runWorkers runs work on n goroutines (in the caller's when n <= 1) and
+// waits for them.
+func runWorkers(n int, work func()) {
+	if n <= 1 {
+		work()
+		return
+	}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); work() }()
+	}
+	wg.Wait()
+}
+
 // deliverOne delivers one claimed event and hands its outcome to w. It
 // returns the handler's error when that says the destination is down.
 func (r *Relay) deliverOne(bctx context.Context, c *claimed, w *outcomeWriter) (down error) {
-	var (
-		err   error
-		began = time.Now()
-	)
-	switch {
-	case c.bad != nil:
-		err = Permanent(c.bad)
-	case c.attempts > r.cfg.MaxAttempts:
+	var err error
+	began := time.Now()
+	if c.attempts > r.cfg.MaxAttempts {
 		// Claimed more often than allowed without an outcome ever being
 		// recorded: its relays keep dying or losing the lease while
 		// delivering it.
 		err = Permanent(fmt.Errorf("outbox: abandoned after %d claims without an outcome (the relay holding it stopped or lost its lease each time)", c.attempts))
-	default:
-		hctx := bctx
-		if r.cfg.HandlerTimeout > 0 {
-			var cancel context.CancelFunc
-			hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
-			defer cancel()
-		}
-		err = r.o.deliver(context.WithValue(hctx, attemptKey{}, c.attempts), c.ev)
+	} else {
+		err = r.attempt(bctx, c)
 	}
 	took := time.Since(began)
 	status := StatusSent
@@ -181,17 +175,40 @@ func (r *Relay) deliverOne(bctx context.Context, c *claimed, w *outcomeWriter) (
 		status = out.status
 		w.failed(out)
 	}
-	if r.cfg.OnDelivery != nil || r.o.observesDeliveries() {
-		d := Delivery{
-			Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
-			Duration: took, Latency: r.o.now().Sub(c.createdAt),
-		}
-		if r.cfg.OnDelivery != nil {
-			r.cfg.OnDelivery(d)
-		}
-		r.o.delivered(d)
-	}
+	r.report(c, status, err, took)
 	return down
+}
+
+// attempt runs the handlers of one event within HandlerTimeout, with its
+// attempt number in the context; an event whose row could not be decoded
+// fails without them.
+func (r *Relay) attempt(bctx context.Context, c *claimed) error {
+	if c.bad != nil {
+		return Permanent(c.bad)
+	}
+	hctx := bctx
+	if r.cfg.HandlerTimeout > 0 {
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
+		defer cancel()
+	}
+	return r.o.deliver(context.WithValue(hctx, attemptKey{}, c.attempts), c.ev)
+}
+
+// report hands one attempt's outcome to RelayConfig.OnDelivery and the
+// Delivered hooks.
+func (r *Relay) report(c *claimed, status string, err error, took time.Duration) {
+	if r.cfg.OnDelivery == nil && !r.o.observesDeliveries() {
+		return
+	}
+	d := Delivery{
+		Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
+		Duration: took, Latency: r.o.now().Sub(c.createdAt),
+	}
+	if r.cfg.OnDelivery != nil {
+		r.cfg.OnDelivery(d)
+	}
+	r.o.delivered(d)
 }
 
 type attemptKey struct{}

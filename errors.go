@@ -28,9 +28,11 @@ var (
 	// commit from silently dropping the hook.
 	ErrUntrackedTransaction = errors.New("outbox: transaction not tracked by the outbox plugin (was it begun inside db.Connection, or before db.Use?); after-commit hooks cannot run on it")
 
-	// ErrUnsupportedDialect is returned by db.Use in Persistent mode for a
-	// database other than PostgreSQL, SQLite and MySQL/MariaDB, or for a
-	// server version or setting the outbox cannot work with.
+	// ErrUnsupportedDialect is returned by db.Use for a database other than
+	// PostgreSQL, SQLite and MySQL/MariaDB (other than PostgreSQL in Logical
+	// mode), or for a server version or setting the outbox cannot work with
+	// (in Logical mode: before PostgreSQL 14, wal_level other than logical,
+	// a role that may not replicate). Memory mode works on any database.
 	ErrUnsupportedDialect = errors.New("outbox: unsupported database dialect")
 
 	// ErrMemoryMode is returned by relay operations on an outbox in [Memory]

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -160,17 +159,7 @@ func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []wa
 			}
 		}
 	}
-	workers := min(r.cfg.Workers, len(groups))
-	if workers <= 1 {
-		work()
-	} else {
-		var wg sync.WaitGroup
-		for range workers {
-			wg.Add(1)
-			go func() { defer wg.Done(); work() }()
-		}
-		wg.Wait()
-	}
+	runWorkers(min(r.cfg.Workers, len(groups)), work)
 	if p := down.Load(); p != nil {
 		return *p
 	}
@@ -181,19 +170,8 @@ func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []wa
 // (no attempt counted) and is returned.
 func (r *Relay) deliverStreamedOne(bctx context.Context, it *walItem) (streamState, outcome, error) {
 	c := &it.c
-	var err error
 	began := time.Now()
-	if c.bad != nil {
-		err = Permanent(c.bad)
-	} else {
-		hctx := bctx
-		if r.cfg.HandlerTimeout > 0 {
-			var cancel context.CancelFunc
-			hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
-			defer cancel()
-		}
-		err = r.o.deliver(context.WithValue(hctx, attemptKey{}, c.attempts), c.ev)
-	}
+	err := r.attempt(bctx, c)
 	took := time.Since(began)
 	state, status := stSent, StatusSent
 	var out outcome
@@ -207,16 +185,7 @@ func (r *Relay) deliverStreamedOne(bctx context.Context, it *walItem) (streamSta
 		out = r.failure(c, err)
 		state, status = stFailed, out.status
 	}
-	if r.cfg.OnDelivery != nil || r.o.observesDeliveries() {
-		d := Delivery{
-			Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
-			Duration: took, Latency: r.o.now().Sub(c.createdAt),
-		}
-		if r.cfg.OnDelivery != nil {
-			r.cfg.OnDelivery(d)
-		}
-		r.o.delivered(d)
-	}
+	r.report(c, status, err, took)
 	return state, out, downErr
 }
 

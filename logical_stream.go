@@ -296,15 +296,17 @@ func decodeWAL(content []byte, commitTime time.Time) ([]walItem, error) {
 		if e.IdempotencyKey == "" {
 			e.IdempotencyKey = e.ID
 		}
-		it := walItem{checked: w.Checked}
+		var bad error
 		if len(w.Headers) > 0 {
 			if err := json.Unmarshal(w.Headers, &e.Headers); err != nil {
-				it.c.bad = fmt.Errorf("outbox: decode headers of event %s: %w", e.ID, err)
+				bad = fmt.Errorf("outbox: decode headers of event %s: %w", e.ID, err)
 			}
 		}
-		it.enc = encoded{Event: e, payload: w.Payload, headers: w.Headers}
-		it.c = claimed{ev: e, attempts: 1, createdAt: commitTime.UTC(), bad: it.c.bad}
-		items[i] = it
+		items[i] = walItem{
+			c:       claimed{ev: e, attempts: 1, createdAt: commitTime.UTC(), bad: bad},
+			enc:     encoded{Event: e, payload: w.Payload, headers: w.Headers},
+			checked: w.Checked,
+		}
 	}
 	return items, nil
 }

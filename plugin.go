@@ -55,8 +55,9 @@ const DefaultTable = "outbox_events"
 // Config configures the plugin. Its zero value is usable: persistent mode, the
 // table outbox_events created at db.Use, logging to slog.Default().
 type Config struct {
-	// Mode selects persistent (table + relay) or memory (synchronous,
-	// after-commit) delivery. Defaults to Persistent.
+	// Mode selects persistent (table + relay), memory (synchronous,
+	// after-commit) or, on PostgreSQL, logical (WAL + streaming relay)
+	// delivery. Defaults to Persistent.
 	Mode Mode
 
 	// Table is the outbox table's name. It must be a plain SQL identifier:

@@ -57,7 +57,7 @@ func (d *postgresDialect) blocked(types, ids []string) query {
 		b.arg(types), "::text[], ", b.arg(ids), "::text[]))").query()
 }
 
-// slotStats reads the slot's lag (WAL kept for it, in bytes) and whether
+// slotStatsQuery reads the slot's lag (WAL kept for it, in bytes) and whether
 // a relay streams it.
 func slotStatsQuery(slot string) query {
 	return query{

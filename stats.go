@@ -2,6 +2,8 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -79,15 +81,11 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 	}
 	if o.mode == Logical {
 		q := slotStatsQuery(o.slot)
-		srow, err := db.Statement.ConnPool.QueryContext(ctx, q.sql, q.args...)
-		if err != nil {
-			return st, fmt.Errorf("outbox: stats of slot %s: %w", o.slot, err)
-		}
-		defer srow.Close()
-		if !srow.Next() {
+		err := db.Statement.ConnPool.QueryRowContext(ctx, q.sql, q.args...).Scan(&st.SlotActive, &st.SlotLagBytes)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
 			return st, fmt.Errorf("outbox: stats: %w: slot %s", ErrNoSlot, o.slot)
-		}
-		if err := srow.Scan(&st.SlotActive, &st.SlotLagBytes); err != nil {
+		case err != nil:
 			return st, fmt.Errorf("outbox: stats of slot %s: %w", o.slot, err)
 		}
 	}
