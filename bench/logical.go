@@ -84,39 +84,16 @@ func logicalWrite(ctx context.Context, pg *pgServer, plain, table, logical *gorm
 	}
 	sql := sqlDB(plain)
 	for _, writers := range opts.writers {
-		rates, ratios := map[string]series{}, map[string]series{}
-		for round := range opts.rounds {
-			if err := pg.clear(ctx, sql, "bench_orders", "table_events", "logical_events"); err != nil {
-				return err
-			}
-			for _, c := range contenders {
-				if _, _, err := measureWrites(ctx, c.db, writers, opts.writeDur/20, c.extra); err != nil {
-					return fmt.Errorf("%s: %w", c.name, err)
-				}
-			}
-			count, spent := map[string]int64{}, map[string]time.Duration{}
-			for slice := range writeSlices {
-				for _, c := range rotate(contenders, round+slice) {
-					n, d, err := measureWrites(ctx, c.db, writers, opts.writeDur/writeSlices, c.extra)
-					if err != nil {
-						return fmt.Errorf("%s: %w", c.name, err)
-					}
-					count[c.name] += n
-					spent[c.name] += d
-				}
-			}
-			base := float64(count[contenders[0].name]) / spent[contenders[0].name].Seconds()
-			for _, c := range contenders {
-				r := float64(count[c.name]) / spent[c.name].Seconds()
-				progress("logical write %d writer(s) round %d: %-40s %8.0f tx/s", writers, round+1, c.name, r)
-				rates[c.name] = append(rates[c.name], r)
-				ratios[c.name] = append(ratios[c.name], r/base)
-			}
+		rates, ratios, err := writeRounds(ctx, contenders, writers, opts, "logical write", func(ctx context.Context) error {
 			// The slot keeps the WAL of every emitted message until a relay
 			// confirms it; advance it so that the rounds run alike.
 			if _, err := sql.ExecContext(ctx, "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())", logicalSlot); err != nil {
 				return fmt.Errorf("advance the slot: %w", err)
 			}
+			return pg.clear(ctx, sql, "bench_orders", "table_events", "logical_events")
+		})
+		if err != nil {
+			return err
 		}
 		scen := fmt.Sprintf("L1 write overhead, PostgreSQL wal_level=logical, %d writer(s)", writers)
 		for i, c := range contenders {

@@ -112,44 +112,10 @@ func writeOn(ctx context.Context, d database, opts options, t *table) error {
 	}
 
 	for _, writers := range opts.writers {
-		rates := map[string]series{}
-		ratios := map[string]series{}
-		for round := range opts.rounds {
-			if err := d.clear(ctx, sqlDB(plain), tables...); err != nil {
-				return err
-			}
-			// A short unmeasured warm-up fills the pools and caches.
-			for _, c := range contenders {
-				if _, _, err := measureWrites(ctx, c.db, writers, opts.writeDur/20, c.extra); err != nil {
-					return fmt.Errorf("%s: %w", c.name, err)
-				}
-			}
-			// Each contender's time in a round is cut into slices taken in
-			// turn, so a change in the machine's load (other processes,
-			// the disk's flush time) lands on all of them alike rather than
-			// on whichever ran during it.
-			count := map[string]int64{}
-			spent := map[string]time.Duration{}
-			for slice := range writeSlices {
-				for _, c := range rotate(contenders, round+slice) {
-					n, d, err := measureWrites(ctx, c.db, writers, opts.writeDur/writeSlices, c.extra)
-					if err != nil {
-						return fmt.Errorf("%s: %w", c.name, err)
-					}
-					count[c.name] += n
-					spent[c.name] += d
-				}
-			}
-			got := map[string]float64{}
-			for _, c := range contenders {
-				got[c.name] = float64(count[c.name]) / spent[c.name].Seconds()
-				progress("write %s %d writer(s) round %d: %-40s %8.0f tx/s", d.name(), writers, round+1, c.name, got[c.name])
-			}
-			base := got[contenders[0].name]
-			for _, c := range contenders {
-				rates[c.name] = append(rates[c.name], got[c.name])
-				ratios[c.name] = append(ratios[c.name], got[c.name]/base)
-			}
+		rates, ratios, err := writeRounds(ctx, contenders, writers, opts, "write "+d.name(),
+			func(ctx context.Context) error { return d.clear(ctx, sqlDB(plain), tables...) })
+		if err != nil {
+			return err
 		}
 		scen := fmt.Sprintf("1 write overhead, %s, %d writer(s)", d.name(), writers)
 		var oursRow *row
@@ -181,6 +147,48 @@ func writeOn(ctx context.Context, d database, opts options, t *table) error {
 		}
 	}
 	return nil
+}
+
+// writeRounds measures the contenders with writers goroutines over
+// opts.rounds rounds, prepare running before each, and returns each
+// contender's tx/s and its ratio to the first contender, by round.
+func writeRounds(ctx context.Context, contenders []writeContender, writers int, opts options, label string, prepare func(context.Context) error) (rates, ratios map[string]series, err error) {
+	rates, ratios = map[string]series{}, map[string]series{}
+	for round := range opts.rounds {
+		if err := prepare(ctx); err != nil {
+			return nil, nil, err
+		}
+		// A short unmeasured warm-up fills the pools and caches.
+		for _, c := range contenders {
+			if _, _, err := measureWrites(ctx, c.db, writers, opts.writeDur/20, c.extra); err != nil {
+				return nil, nil, fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
+		// Each contender's time in a round is cut into slices taken in
+		// turn, so a change in the machine's load (other processes, the
+		// disk's flush time) lands on all of them alike rather than on
+		// whichever ran during it.
+		count := map[string]int64{}
+		spent := map[string]time.Duration{}
+		for slice := range writeSlices {
+			for _, c := range rotate(contenders, round+slice) {
+				n, d, err := measureWrites(ctx, c.db, writers, opts.writeDur/writeSlices, c.extra)
+				if err != nil {
+					return nil, nil, fmt.Errorf("%s: %w", c.name, err)
+				}
+				count[c.name] += n
+				spent[c.name] += d
+			}
+		}
+		base := float64(count[contenders[0].name]) / spent[contenders[0].name].Seconds()
+		for _, c := range contenders {
+			r := float64(count[c.name]) / spent[c.name].Seconds()
+			progress("%s %d writer(s) round %d: %-40s %8.0f tx/s", label, writers, round+1, c.name, r)
+			rates[c.name] = append(rates[c.name], r)
+			ratios[c.name] = append(ratios[c.name], r/base)
+		}
+	}
+	return rates, ratios, nil
 }
 
 // writeSlices is how many turns each contender gets in a round.
