@@ -57,29 +57,44 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, err
 		}
-		m, err := r.process(ctx, nil, r.cfg.BatchSize)
+		m, _, err := r.process(ctx, nil, r.cfg.BatchSize, carried{}, false)
 		return n + m, err
 	}
-	return r.process(ctx, nil, r.cfg.BatchSize)
+	n, _, err := r.process(ctx, nil, r.cfg.BatchSize, carried{}, false)
+	return n, err
+}
+
+// carried is a batch's sent marks left for the next claim to write in its
+// transaction (claimSpec.sent): a relay going straight on to another batch
+// then commits once per batch, not twice.
+type carried struct {
+	ids          []string
+	lease, start time.Time // the batch's lease and when it was claimed
 }
 
 // process claims up to limit due events (only those in ids, when given)
-// and delivers them.
-func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, error) {
+// and delivers them. It first writes the marks of carry, with the claim or,
+// when the claim fails, on their own. With keep set, it may leave its own
+// batch's last marks unwritten and return them, when the batch was full and
+// nothing went wrong, for the caller to pass to the next process call.
+func (r *Relay) process(ctx context.Context, ids []string, limit int, carry carried, keep bool) (int, carried, error) {
 	if err := r.ensureOrdering(ctx); err != nil {
-		return 0, err
+		return 0, carried{}, errors.Join(err, r.writeCarried(ctx, carry))
 	}
 	start := time.Now()
 	now := r.o.now()
 	lease := now.Add(r.cfg.Lease)
 	cctx, ccancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
-	batch, err := r.claim(cctx, now, lease, ids, limit)
+	batch, err := r.claimWith(cctx, claimSpec{
+		now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate,
+		sent: carry.ids, sentLease: carry.lease,
+	})
 	ccancel()
 	if err != nil {
-		return 0, fmt.Errorf("outbox: claim events: %w", err)
+		return 0, carried{}, errors.Join(fmt.Errorf("outbox: claim events: %w", err), r.writeCarried(ctx, carry))
 	}
 	if len(batch) == 0 {
-		return 0, nil
+		return 0, carried{}, nil
 	}
 
 	// Deliveries must end before the lease does, with room left to record
@@ -93,11 +108,29 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, erro
 	if w.nsent > 0 {
 		r.delivered.Store(true)
 	}
-	err = w.close()
+	// With per-aggregate ordering the next claim's snapshot would still see
+	// these rows unsent and hold back their aggregates' next events.
+	keep = keep && len(batch) >= limit && down == nil && !r.cfg.OrderByAggregate
+	left, err := w.close(keep)
 	if down != nil {
 		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
 	}
-	return len(batch), err
+	if err != nil && len(left) > 0 {
+		err = errors.Join(err, r.writeCarried(ctx, carried{ids: left, lease: lease, start: start}))
+		left = nil
+	}
+	return len(batch), carried{ids: left, lease: lease, start: start}, err
+}
+
+// writeCarried writes carried marks on their own, as the outcome writer
+// would have.
+func (r *Relay) writeCarried(ctx context.Context, c carried) error {
+	if len(c.ids) == 0 {
+		return nil
+	}
+	w := &outcomeWriter{r: r, ctx: context.WithoutCancel(ctx), lease: c.lease, start: c.start}
+	w.record("mark sent", len(c.ids), func(ctx context.Context) error { return r.markSent(ctx, c.ids, c.lease) })
+	return errors.Join(w.errs...)
 }
 
 // deliverBatch hands the batch to Workers goroutines. A worker takes the
@@ -340,14 +373,21 @@ func (w *outcomeWriter) loop() {
 	}
 }
 
-// close writes what is left and returns every write's error.
-func (w *outcomeWriter) close() error {
+// close writes what is left and returns every write's error; with keep,
+// it leaves the sent marks not yet written to the caller and returns them.
+func (w *outcomeWriter) close(keep bool) ([]string, error) {
 	close(w.stop)
 	<-w.done
+	var left []string
+	if keep {
+		w.mu.Lock()
+		left, w.sentID = w.sentID, nil
+		w.mu.Unlock()
+	}
 	w.flush()
 	w.write.Lock()
 	defer w.write.Unlock()
-	return errors.Join(w.errs...)
+	return left, errors.Join(w.errs...)
 }
 
 func (w *outcomeWriter) flush() {
@@ -413,13 +453,15 @@ func (r *Relay) ensureOrdering(ctx context.Context) error {
 // claim leases up to limit due events (only those in ids, when given)
 // until lease and returns them oldest first.
 func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, limit int) ([]claimed, error) {
+	return r.claimWith(ctx, claimSpec{now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate})
+}
+
+func (r *Relay) claimWith(ctx context.Context, c claimSpec) ([]claimed, error) {
 	db, err := rawDB(r.db)
 	if err != nil {
 		return nil, err
 	}
-	batch, err := r.o.dialect.claim(ctx, db, claimSpec{
-		now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate,
-	})
+	batch, err := r.o.dialect.claim(ctx, db, c)
 	if err != nil {
 		return nil, err
 	}

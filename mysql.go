@@ -104,6 +104,13 @@ func (d *mysqlDialect) claimTx(ctx context.Context, db *sql.DB, c claimSpec) ([]
 	}
 	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
 
+	if len(c.sent) > 0 {
+		// The previous batch's marks share the claim's commit.
+		mark := d.markSent(c.sent, c.now, c.sentLease)
+		if _, err := tx.ExecContext(ctx, mark.sql, mark.args...); err != nil {
+			return nil, err
+		}
+	}
 	batch, err := queryClaimed(ctx, tx, d.selectDue(c))
 	if err != nil || len(batch) == 0 {
 		return nil, errors.Join(err, tx.Commit())

@@ -38,6 +38,8 @@ var productionTests = map[string]func(*testing.T, backend){
 	"StatsAndOnDelivery":              testStatsAndOnDelivery,
 	"ListenUnavailablePolls":          testListenUnavailable,
 	"OutcomesGuardedByLease":          testOutcomeGuards,
+	"SentMarksRideOnNextClaim":        testSentMarksRideOnNextClaim,
+	"MarkingClaimSkipsItsRows":        testMarkingClaimSkipsItsRows,
 }
 
 func testWorkers(t *testing.T, b backend) {
@@ -571,4 +573,80 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// testSentMarksRideOnNextClaim: a relay going from one full batch straight
+// to the next leaves the batch's sent marks to the next claim's
+// transaction. They must be written there, by the claim that finds nothing
+// more, and by Run when it stops after a full batch.
+func testSentMarksRideOnNextClaim(t *testing.T, b backend) {
+	e := b.setup(t)
+	const batch = 3
+	var c collector
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	stopAt := atomic.Int32{}
+	stopAt.Store(-1)
+	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
+		_ = c.handle(ctx, ev)
+		if int32(c.len()) == stopAt.Load() {
+			cancel() // stop Run right after a full batch
+		}
+		return nil
+	})
+	publishN(t, e.db, "x", 3*batch)
+	done := make(chan error, 1)
+	go func() { done <- e.relay(RelayConfig{BatchSize: batch, Workers: 1, PollInterval: time.Hour}).Run(ctx) }()
+	require.Eventually(t, func() bool { return e.count("status = ?", StatusSent) == 3*batch }, 10*time.Second, 5*time.Millisecond,
+		"the last full batch's marks were not written by the claim that found nothing more")
+	assert.Equal(t, 3*batch, c.len())
+
+	// While Run waits for its poll, a full batch that makes it stop: its
+	// marks are written as Run returns.
+	stopAt.Store(4 * batch)
+	// Outside a transaction, Publish wakes the relay in this process.
+	require.NoError(t, Publish(e.db, Event{ID: "z1", Type: "x"}, Event{ID: "z2", Type: "x"}, Event{ID: "z3", Type: "x"}))
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	assert.Equal(t, int64(4*batch), e.count("status = ?", StatusSent), "Run returned with a full batch's marks unwritten")
+	assert.Len(t, c.ids(), 4*batch)
+	assert.ElementsMatch(t, c.ids(), uniq(c.ids()), "an event was delivered twice")
+}
+
+func uniq(ids []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// testMarkingClaimSkipsItsRows: the claim that marks the previous batch
+// sent must not claim those rows again, even when their lease ran out (in
+// one statement, its snapshot still shows them pending and due).
+func testMarkingClaimSkipsItsRows(t *testing.T, b backend) {
+	e := b.setup(t)
+	r := e.relay(RelayConfig{})
+	require.NoError(t, Publish(e.db, Event{ID: "late", Type: "x"}))
+	now := e.ob.now()
+	lease := now.Add(time.Minute)
+	got, err := r.claim(t.Context(), now, lease, nil, 10)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	e.clock.Advance(2 * time.Minute) // the lease ran out; nobody claimed it since
+
+	now = e.ob.now()
+	got, err = r.claimWith(t.Context(), claimSpec{now: now, lease: now.Add(time.Minute), limit: 10,
+		sent: []string{"late"}, sentLease: lease})
+	require.NoError(t, err)
+	assert.Empty(t, got, "the claim took a row it was marking sent")
+	assert.Equal(t, StatusSent, e.record("late").Status)
 }
