@@ -118,24 +118,34 @@ func run() error {
 
 	// A service runs the relay for its whole life. OrderByAggregate makes
 	// it produce an order's events one at a time, oldest first.
+	// Run returns an error only for an invalid configuration: it ends the
+	// wait for the events at once instead of being dropped.
 	relayCtx, stopRelay := context.WithCancel(ctx)
+	waitCtx, relayFailed := context.WithCancelCause(ctx)
+	defer relayFailed(nil)
 	relayDone := make(chan error, 1)
 	go func() {
-		relayDone <- ob.Relay(db, outbox.RelayConfig{OrderByAggregate: true}).Run(relayCtx)
+		err := ob.Relay(db, outbox.RelayConfig{OrderByAggregate: true}).Run(relayCtx)
+		if err != nil {
+			relayFailed(err)
+		}
+		relayDone <- err
 	}()
+	stop := func() error { stopRelay(); return <-relayDone }
 
 	// A consumer, standing in for another service.
 	consumer, err := kgo.NewClient(kgo.SeedBrokers(seeds...), kgo.ConsumeTopics(kafka.DefaultTopic),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
 	if err != nil {
-		stopRelay()
-		return err
+		return errors.Join(err, stop())
 	}
 	defer consumer.Close()
 	for received := 0; received < 3*orders; {
-		fetches := consumer.PollFetches(ctx)
-		if ctx.Err() != nil {
-			stopRelay()
+		fetches := consumer.PollFetches(waitCtx)
+		if waitCtx.Err() != nil {
+			if err := stop(); err != nil {
+				return fmt.Errorf("relay: %w", err)
+			}
 			return errors.New("timed out waiting for the events")
 		}
 		fetches.EachRecord(func(r *kgo.Record) {
@@ -144,9 +154,8 @@ func run() error {
 				r.Partition, r.Offset, r.Key, header(r, wire.EventType), r.Value)
 		})
 	}
-	stopRelay()
-	if err := <-relayDone; err != nil {
-		return err
+	if err := stop(); err != nil {
+		return fmt.Errorf("relay: %w", err)
 	}
 
 	var sent int64

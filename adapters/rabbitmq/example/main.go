@@ -117,14 +117,20 @@ func run() error {
 		case m := <-deliveries:
 			fmt.Printf("received %s  message-id=%s  routing-key=%s  aggregate=%v/%v  body=%s\n",
 				m.Type, m.MessageId, m.RoutingKey, m.Headers[wire.AggregateType], m.Headers[wire.AggregateID], m.Body)
+		case err := <-relayDone: // only an invalid configuration: do not drop it
+			stopRelay()
+			return errors.Join(errors.New("the relay stopped before the events arrived"), err)
 		case <-ctx.Done():
 			stopRelay()
+			if err := <-relayDone; err != nil {
+				return fmt.Errorf("relay: %w", err)
+			}
 			return errors.New("timed out waiting for the events")
 		}
 	}
 	stopRelay()
 	if err := <-relayDone; err != nil {
-		return err
+		return fmt.Errorf("relay: %w", err)
 	}
 
 	var sent int64
