@@ -74,8 +74,9 @@ type Config struct {
 	Logger *slog.Logger
 
 	// DisableAutoMigrate stops db.Use from creating the outbox table and its
-	// indexes. Teams that run their own migrations apply schema/postgres.sql
-	// or schema/sqlite.sql (or [SchemaSQL]) instead. Defaults to false.
+	// indexes. Teams that run their own migrations apply schema/postgres.sql,
+	// schema/sqlite.sql or schema/mysql.sql (or [SchemaSQL]) instead.
+	// Defaults to false.
 	DisableAutoMigrate bool
 
 	// MaxPayloadBytes bounds an event's encoded payload; a larger one is
