@@ -84,17 +84,24 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int, carry carr
 	start := time.Now()
 	now := r.o.now()
 	lease := now.Add(r.cfg.Lease)
+	var marked bool
 	cctx, ccancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
 	batch, err := r.claimWith(cctx, claimSpec{
 		now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate,
-		sent: carry.ids, sentLease: carry.lease,
+		sent: carry.ids, sentLease: carry.lease, marked: &marked,
 	})
 	ccancel()
+	var markErr error
+	if !marked {
+		// Some marks were not written with the claim (it failed, or
+		// skipped rows it would have had to wait for): write them alone.
+		markErr = r.writeCarried(ctx, carry)
+	}
 	if err != nil {
-		return 0, carried{}, errors.Join(fmt.Errorf("outbox: claim events: %w", err), r.writeCarried(ctx, carry))
+		return 0, carried{}, errors.Join(fmt.Errorf("outbox: claim events: %w", err), markErr)
 	}
 	if len(batch) == 0 {
-		return 0, carried{}, nil
+		return 0, carried{}, markErr
 	}
 
 	// Deliveries must end before the lease does, with room left to record
@@ -112,6 +119,7 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int, carry carr
 	// these rows unsent and hold back their aggregates' next events.
 	keep = keep && len(batch) >= limit && down == nil && !r.cfg.OrderByAggregate
 	left, err := w.close(keep)
+	err = errors.Join(markErr, err)
 	if down != nil {
 		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
 	}

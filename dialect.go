@@ -95,9 +95,19 @@ type claimSpec struct {
 	ordered    bool     // RelayConfig.OrderByAggregate
 
 	// The previous batch's delivered rows, marked sent by the claim's
-	// transaction, and the lease they were claimed under.
+	// transaction, and the lease they were claimed under. The dialect sets
+	// marked when it wrote every one of those marks (or found its lease
+	// gone); otherwise the relay writes them on their own.
 	sent      []string
 	sentLease time.Time
+	marked    *bool
+}
+
+// setMarked records that the claim's transaction wrote c.sent's marks.
+func (c claimSpec) setMarked() {
+	if c.marked != nil && len(c.sent) > 0 {
+		*c.marked = true
+	}
 }
 
 // dialects maps GORM dialector names to their dialect; each database's
@@ -241,15 +251,20 @@ func (s *sqlSyntax) due(b *builder, c claimSpec) {
 // rows in flight, at most the relays' batches, are skipped on the way.
 //
 // c.sent is marked by an UPDATE in a WITH clause (PostgreSQL's; callers on
-// other databases clear it). Both parts read the statement's snapshot, so
-// the claim excludes those rows by ID: one whose lease ran out would look
-// due to it.
+// other databases clear it), which returns how many rows it marked as one
+// more column. Both parts read the statement's snapshot, so the claim
+// excludes those rows by ID: one whose lease ran out would look due to it.
+// The mark skips locked rows as the claim does, so that the statement
+// never waits for a row lock while holding others: a concurrent claim may
+// hold one of these rows for a moment (it locks a row before rechecking
+// its lease), and waiting for it here could close a deadlock. A row skipped
+// is left to the relay's own mark-sent statement.
 func (s *sqlSyntax) claimUpdate(c claimSpec, lock string) query {
 	b := s.build()
 	if len(c.sent) > 0 {
-		b.w("WITH sent AS (")
-		s.markSentTo(b, c.sent, c.now, c.sentLease)
-		b.w(" RETURNING 1) ")
+		b.w("WITH sent AS (UPDATE ", s.table, " SET status = 'sent', sent_at = ", b.time(c.now), ", updated_at = ", b.time(c.now),
+			", locked_until = NULL, last_error = NULL WHERE id IN (SELECT id FROM ", s.table, " WHERE ", b.ids("id", c.sent),
+			" AND locked_until = ", b.time(c.sentLease), " AND status = 'pending'", lock, ") RETURNING 1) ")
 	}
 	b.w("UPDATE ", s.table, " SET locked_until = ", b.time(c.lease),
 		", attempts = attempts + 1, updated_at = ", b.time(c.now),
@@ -259,19 +274,17 @@ func (s *sqlSyntax) claimUpdate(c claimSpec, lock string) query {
 		b.w(" AND NOT ", b.ids("c.id", c.sent))
 	}
 	b.w(" ORDER BY c.available_at, c.seq LIMIT ", b.arg(c.limit), lock, ") RETURNING ", s.claimColumns())
+	if len(c.sent) > 0 {
+		b.w(", (SELECT COUNT(*) FROM sent)")
+	}
 	return b.query()
 }
 
 func (s *sqlSyntax) markSent(ids []string, now, lease time.Time) query {
 	b := s.build()
-	s.markSentTo(b, ids, now, lease)
-	return b.query()
-}
-
-func (s *sqlSyntax) markSentTo(b *builder, ids []string, now, lease time.Time) {
-	b.w("UPDATE ", s.table, " SET status = 'sent', sent_at = ", b.time(now), ", updated_at = ", b.time(now),
+	return b.w("UPDATE ", s.table, " SET status = 'sent', sent_at = ", b.time(now), ", updated_at = ", b.time(now),
 		", locked_until = NULL, last_error = NULL WHERE ", b.ids("id", ids),
-		" AND locked_until = ", b.time(lease), " AND status = 'pending'")
+		" AND locked_until = ", b.time(lease), " AND status = 'pending'").query()
 }
 
 // release hands claimed rows back undelivered: due now, and the attempt the
@@ -320,10 +333,11 @@ func (s *sqlSyntax) stats() query {
 	return query{sql: "SELECT status, COUNT(*), " + s.timeCol("MIN(created_at)") + " FROM " + s.table + " GROUP BY status"}
 }
 
-// queryClaimed runs a claim statement and scans what it returns.
+// queryClaimed runs a claim statement and scans what it returns; extra,
+// when given, receives one more column the statement returns.
 func queryClaimed(ctx context.Context, q interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-}, stmt query) ([]claimed, error) {
+}, stmt query, extra ...any) ([]claimed, error) {
 	rows, err := q.QueryContext(ctx, stmt.sql, stmt.args...)
 	if err != nil {
 		return nil, err
@@ -337,8 +351,8 @@ func queryClaimed(ctx context.Context, q interface {
 			headers    sql.NullString
 			occ, added dbTime
 		)
-		if err := rows.Scan(&c.seq, &c.ev.ID, &c.ev.Type, &c.ev.AggregateType, &c.ev.AggregateID, &c.ev.IdempotencyKey,
-			&payload, &headers, &c.attempts, &occ, &added); err != nil {
+		if err := rows.Scan(append([]any{&c.seq, &c.ev.ID, &c.ev.Type, &c.ev.AggregateType, &c.ev.AggregateID, &c.ev.IdempotencyKey,
+			&payload, &headers, &c.attempts, &occ, &added}, extra...)...); err != nil {
 			return nil, err
 		}
 		c.ev.Payload = json.RawMessage(payload)

@@ -112,8 +112,15 @@ func (d *mysqlDialect) claimTx(ctx context.Context, db *sql.DB, c claimSpec) ([]
 		}
 	}
 	batch, err := queryClaimed(ctx, tx, d.selectDue(c))
-	if err != nil || len(batch) == 0 {
-		return nil, errors.Join(err, tx.Commit())
+	if err != nil {
+		return nil, err
+	}
+	if len(batch) == 0 {
+		if err := tx.Commit(); err != nil {
+			return nil, err
+		}
+		c.setMarked()
+		return nil, nil
 	}
 	ids := make([]string, len(batch))
 	for i := range batch {
@@ -130,6 +137,7 @@ func (d *mysqlDialect) claimTx(ctx context.Context, db *sql.DB, c claimSpec) ([]
 	if err := tx.Commit(); err != nil {
 		return nil, err
 	}
+	c.setMarked()
 	return batch, nil
 }
 

@@ -40,6 +40,7 @@ var productionTests = map[string]func(*testing.T, backend){
 	"OutcomesGuardedByLease":          testOutcomeGuards,
 	"SentMarksRideOnNextClaim":        testSentMarksRideOnNextClaim,
 	"MarkingClaimSkipsItsRows":        testMarkingClaimSkipsItsRows,
+	"MarkingClaimNeverWaits":          testMarkingClaimNeverWaits,
 }
 
 func testWorkers(t *testing.T, b backend) {
@@ -649,4 +650,44 @@ func testMarkingClaimSkipsItsRows(t *testing.T, b backend) {
 	require.NoError(t, err)
 	assert.Empty(t, got, "the claim took a row it was marking sent")
 	assert.Equal(t, StatusSent, e.record("late").Status)
+}
+
+// testMarkingClaimNeverWaits: the claim that carries the previous batch's
+// marks must not wait for a row lock. A concurrent claim can hold one of
+// those rows for a moment (PostgreSQL locks a row before rechecking its
+// lease); a marking claim waiting for it while holding its own rows closed
+// a deadlock between two relays. The row it cannot lock is left to the
+// relay's own mark-sent statement.
+func testMarkingClaimNeverWaits(t *testing.T, b backend) {
+	if b.name != "postgres" {
+		t.Skip("PostgreSQL's claim carries the marks in one statement; SQLite has no row locks, MySQL's claim transaction retries a deadlock")
+	}
+	e := b.setup(t)
+	r := e.relay(RelayConfig{})
+	publishN(t, e.db, "x", 2)
+	now := e.ob.now()
+	lease := now.Add(time.Minute)
+	got, err := r.claim(t.Context(), now, lease, nil, 2)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+
+	// Another session holds one of the rows.
+	tx := e.db.Begin()
+	require.NoError(t, tx.Error)
+	defer tx.Rollback()
+	require.NoError(t, tx.Exec("SELECT 1 FROM "+e.ob.Table()+" WHERE id = ? FOR UPDATE", "x-00001").Error)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	var marked bool
+	now = e.ob.now()
+	_, err = r.claimWith(ctx, claimSpec{now: now, lease: now.Add(time.Minute), limit: 10,
+		sent: []string{"x-00000", "x-00001"}, sentLease: lease, marked: &marked})
+	require.NoError(t, err, "the marking claim waited for a row lock")
+	assert.False(t, marked, "a row it could not lock was reported marked")
+	assert.Equal(t, StatusSent, e.record("x-00000").Status)
+
+	require.NoError(t, tx.Rollback().Error)
+	require.NoError(t, r.writeCarried(t.Context(), carried{ids: []string{"x-00000", "x-00001"}, lease: lease, start: time.Now()}))
+	assert.Equal(t, StatusSent, e.record("x-00001").Status)
 }

@@ -90,7 +90,11 @@ func (d *sqliteDialect) claim(ctx context.Context, db *sql.DB, c claimSpec) ([]c
 	if err != nil {
 		return nil, err
 	}
-	return batch, tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	c.setMarked()
+	return batch, nil
 }
 
 func (d *sqliteDialect) markFailed(outs []outcome, now, lease time.Time) query {

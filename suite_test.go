@@ -91,7 +91,7 @@ var notInLogicalMode = func() map[string]string {
 	}
 	for _, n := range []string{"AdminListPaging", "AdminGet", "AdminPurgeBatches", "AdminReplayFilterBatches", "AdminStatsFailedLastHour",
 		"Retention", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish",
-		"MarkingClaimSkipsItsRows"} {
+		"MarkingClaimSkipsItsRows", "MarkingClaimNeverWaits"} {
 		m[n] = table
 	}
 	for _, n := range []string{"RelayDeliversAndMarksSent", "RelayStopsBeforeLeaseRunsOut", "OrderByAggregate"} {
