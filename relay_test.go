@@ -357,3 +357,15 @@ func testRelayConfig(t *testing.T, b backend) {
 	_, err := other.Relay(e.db, RelayConfig{}).ProcessOnce(t.Context())
 	require.ErrorIs(t, err, ErrNotInstalled)
 }
+
+func TestNotifyGapBacksOffUnderSustainedWrites(t *testing.T) {
+	gap := minNotifyGap
+	var gaps []time.Duration
+	for range 6 {
+		gap = nextNotifyGap(gap, true)
+		gaps = append(gaps, gap)
+	}
+	assert.Equal(t, []time.Duration{2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond,
+		maxNotifyGap, maxNotifyGap, maxNotifyGap}, gaps, "while wake-ups keep waiting the gap doubles up to its cap")
+	assert.Equal(t, minNotifyGap, nextNotifyGap(maxNotifyGap, false), "a NOTIFY that finds nothing waiting resets the gap: a lone commit is not delayed")
+}
