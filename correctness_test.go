@@ -486,7 +486,7 @@ func testStartupDoesNotBlock(t *testing.T, b backend) {
 
 // readOnlyDSN returns a DSN of the test's database whose sessions cannot
 // write, as a read-only replica's are.
-func readOnlyDSN(t *testing.T, e *testEnv) gorm.Dialector {
+func readOnlyDSN(t *testing.T, b backend, e *testEnv) gorm.Dialector {
 	v, ok := dsns.Load(e.db)
 	require.True(t, ok)
 	dsn := v.(string)
@@ -500,7 +500,7 @@ func readOnlyDSN(t *testing.T, e *testEnv) gorm.Dialector {
 	case "mysql":
 		return mysql.Open(dsn + sep + "tx_read_only=1")
 	default:
-		return sqlite.Open(dsn + sep + "mode=ro")
+		return b.sqlite.open(dsn + sep + "mode=ro")
 	}
 }
 
@@ -511,7 +511,7 @@ func readOnlyDSN(t *testing.T, e *testEnv) gorm.Dialector {
 func testDBResolver(t *testing.T, b backend) {
 	e := b.setup(t)
 	// The replica really refuses writes.
-	ro, err := gorm.Open(readOnlyDSN(t, e), &gorm.Config{Logger: logger.Discard})
+	ro, err := gorm.Open(readOnlyDSN(t, b, e), &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err)
 	t.Cleanup(func() { closeDB(ro) })
 	require.Error(t, ro.Exec("CREATE TABLE ro_probe (id integer)").Error)
@@ -525,7 +525,7 @@ func testDBResolver(t *testing.T, b backend) {
 	case "mysql":
 		replica = mysql.New(mysql.Config{Conn: conn})
 	default:
-		replica = sqlite.Dialector{Conn: conn}
+		replica = b.sqlite.conn(conn)
 	}
 
 	require.NoError(t, e.db.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{replica}})),

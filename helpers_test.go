@@ -29,46 +29,70 @@ type backend struct {
 	// logical: Persistent-mode setups become Logical mode, each with a
 	// slot of its own.
 	logical bool
+	// sqlite is the SQLite driver the backend opens databases with, for
+	// the tests that open databases of their own (nil on the others).
+	sqlite *sqliteDriver
+}
+
+// sqliteDriver is one GORM SQLite driver.
+type sqliteDriver struct {
+	// open returns a dialector on dsn.
+	open func(dsn string) gorm.Dialector
+	// conn returns a dialector on an open connection pool.
+	conn func(gorm.ConnPool) gorm.Dialector
+	// settings is the DSN suffix the README recommends (WAL, a busy
+	// timeout, immediate transactions) in this driver's spelling.
+	settings string
+}
+
+// cgoSQLite is gorm.io/driver/sqlite (mattn/go-sqlite3, cgo).
+var cgoSQLite = &sqliteDriver{
+	open:     sqlite.Open,
+	conn:     func(c gorm.ConnPool) gorm.Dialector { return sqlite.Dialector{Conn: c} },
+	settings: "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate",
+}
+
+// pureSQLite is github.com/glebarez/sqlite (modernc.org SQLite, no cgo),
+// which GORM users pick for static builds.
+var pureSQLite = &sqliteDriver{
+	open:     puresqlite.Open,
+	conn:     func(c gorm.ConnPool) gorm.Dialector { return puresqlite.Dialector{Conn: c} },
+	settings: "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate",
+}
+
+// openSQLite opens a file in t's temporary directory through d with its
+// recommended settings, closed when the test ends.
+func openSQLite(t *testing.T, d *sqliteDriver, gcfg *gorm.Config) *gorm.DB {
+	// A file, not :memory:, which gives each pooled connection its own
+	// database.
+	dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + d.settings
+	db, err := gorm.Open(d.open(dsn), gcfg)
+	require.NoError(t, err)
+	dsns.Store(db, dsn)
+	if d == pureSQLite {
+		pure.Store(db, true)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	return db
 }
 
 const postgresDSNEnv = "OUTBOX_TEST_POSTGRES_DSN"
 
 var sqliteBackend = backend{
-	name: "sqlite",
-	open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
-		// A file, not :memory:, which gives each pooled connection its own
-		// database. WAL, a busy timeout and immediate transactions are the
-		// settings the README recommends for concurrent use.
-		dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
-		db, err := gorm.Open(sqlite.Open(dsn), gcfg)
-		require.NoError(t, err)
-		dsns.Store(db, dsn)
-		t.Cleanup(func() {
-			if sqlDB, err := db.DB(); err == nil {
-				_ = sqlDB.Close()
-			}
-		})
-		return db
-	},
+	name:   "sqlite",
+	open:   func(t *testing.T, gcfg *gorm.Config) *gorm.DB { return openSQLite(t, cgoSQLite, gcfg) },
+	sqlite: cgoSQLite,
 }
 
-// pureSQLiteBackend is SQLite through github.com/glebarez/sqlite (modernc.org
-// SQLite, no cgo), which GORM users pick for static builds.
+// pureSQLiteBackend is SQLite through the pure-Go driver.
 var pureSQLiteBackend = backend{
-	name: "sqlite",
-	open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
-		dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
-		db, err := gorm.Open(puresqlite.Open(dsn), gcfg)
-		require.NoError(t, err)
-		dsns.Store(db, dsn)
-		pure.Store(db, true)
-		t.Cleanup(func() {
-			if sqlDB, err := db.DB(); err == nil {
-				_ = sqlDB.Close()
-			}
-		})
-		return db
-	},
+	name:   "sqlite",
+	open:   func(t *testing.T, gcfg *gorm.Config) *gorm.DB { return openSQLite(t, pureSQLite, gcfg) },
+	sqlite: pureSQLite,
 }
 
 // pure marks the databases opened through the pure-Go SQLite driver.

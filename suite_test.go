@@ -592,11 +592,11 @@ func testDisableAutoMigrate(t *testing.T, b backend) {
 }
 
 func testSQLiteInMemoryRefused(t *testing.T, b backend) {
-	if b.name != "sqlite" {
+	if b.sqlite == nil {
 		t.Skip("SQLite only")
 	}
 	open := func() *gorm.DB {
-		db, err := gorm.Open(sqlite.Open(":memory:"), &gorm.Config{Logger: logger.Discard})
+		db, err := gorm.Open(b.sqlite.open(":memory:"), &gorm.Config{Logger: logger.Discard})
 		require.NoError(t, err)
 		sqlDB, err := db.DB()
 		require.NoError(t, err)
@@ -631,11 +631,11 @@ func TestEventHelpers(t *testing.T) {
 }
 
 func testSQLiteSettingsWarning(t *testing.T, b backend) {
-	if b.name != "sqlite" {
+	if b.sqlite == nil {
 		t.Skip("SQLite only")
 	}
 	install := func(dsn string) string {
-		db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(t.TempDir(), "w.db")+dsn), &gorm.Config{Logger: logger.Discard})
+		db, err := gorm.Open(b.sqlite.open("file:"+filepath.Join(t.TempDir(), "w.db")+dsn), &gorm.Config{Logger: logger.Discard})
 		require.NoError(t, err)
 		sqlDB, err := db.DB()
 		require.NoError(t, err)
@@ -648,7 +648,7 @@ func testSQLiteSettingsWarning(t *testing.T, b backend) {
 	assert.Contains(t, got, "database is locked")
 	assert.Contains(t, got, "_journal_mode=WAL")
 	assert.Contains(t, got, "_txlock=immediate")
-	assert.Empty(t, install(recommendedSQLiteDSN), "no warning with the recommended settings")
+	assert.Empty(t, install(b.sqlite.settings), "no warning with the recommended settings")
 }
 
 // renamedDialector is SQLite under a name the outbox has no dialect for, as
