@@ -73,13 +73,16 @@ type carried struct {
 }
 
 // process claims up to limit due events (only those in ids, when given)
-// and delivers them. It first writes the marks of carry, with the claim or,
-// when the claim fails, on their own. With keep set, it may leave its own
-// batch's last marks unwritten and return them, when the batch was full and
-// nothing went wrong, for the caller to pass to the next process call.
+// and delivers them. It writes the marks of carry with the claim. With keep
+// set, it may leave its own batch's last marks unwritten and return them,
+// when the batch was full and nothing went wrong, for the caller to pass to
+// the next process call. When the claim fails, it returns carry as it came:
+// the database is likely unreachable, and the caller's next claim, once it
+// is back, writes the marks while their lease lasts (a delivered batch is
+// then not delivered again after a short outage).
 func (r *Relay) process(ctx context.Context, ids []string, limit int, carry carried, keep bool) (int, carried, error) {
 	if err := r.ensureOrdering(ctx); err != nil {
-		return 0, carried{}, errors.Join(err, r.writeCarried(ctx, carry))
+		return 0, carry, err
 	}
 	start := time.Now()
 	now := r.o.now()
@@ -91,14 +94,14 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int, carry carr
 		sent: carry.ids, sentLease: carry.lease, marked: &marked,
 	})
 	ccancel()
+	if err != nil {
+		return 0, carry, fmt.Errorf("outbox: claim events: %w", err)
+	}
 	var markErr error
 	if !marked {
-		// Some marks were not written with the claim (it failed, or
-		// skipped rows it would have had to wait for): write them alone.
+		// Some marks were not written with the claim (it skipped rows it
+		// would have had to wait for, or could not say): write them alone.
 		markErr = r.writeCarried(ctx, carry)
-	}
-	if err != nil {
-		return 0, carried{}, errors.Join(fmt.Errorf("outbox: claim events: %w", err), markErr)
 	}
 	if len(batch) == 0 {
 		return 0, carried{}, markErr

@@ -318,7 +318,8 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 	}
-	// A full batch's sent marks ride on the next claim (process).
+	// A full batch's sent marks ride on the next claim (process), also
+	// across an outage of the database.
 	var carry carried
 	defer func() {
 		if err := r.writeCarried(ctx, carry); err != nil {
