@@ -41,6 +41,7 @@ var productionTests = map[string]func(*testing.T, backend){
 	"SentMarksRideOnNextClaim":        testSentMarksRideOnNextClaim,
 	"MarkingClaimSkipsItsRows":        testMarkingClaimSkipsItsRows,
 	"MarkingClaimNeverWaits":          testMarkingClaimNeverWaits,
+	"FailedClaimKeepsCarriedMarks":    testFailedClaimKeepsCarriedMarks,
 }
 
 func testWorkers(t *testing.T, b backend) {
@@ -690,4 +691,33 @@ func testMarkingClaimNeverWaits(t *testing.T, b backend) {
 	require.NoError(t, tx.Rollback().Error)
 	require.NoError(t, r.writeCarried(t.Context(), carried{ids: []string{"x-00000", "x-00001"}, lease: lease, start: time.Now()}))
 	assert.Equal(t, StatusSent, e.record("x-00001").Status)
+}
+
+// testFailedClaimKeepsCarriedMarks: when the claim that carries the previous
+// batch's marks fails (the database is unreachable), the marks go back to
+// the caller, and the next claim writes them while their lease lasts.
+func testFailedClaimKeepsCarriedMarks(t *testing.T, b backend) {
+	e := b.setup(t)
+	r := e.relay(RelayConfig{BatchSize: 10})
+	publishN(t, e.db, "x", 2)
+	now := e.ob.now()
+	lease := now.Add(time.Minute)
+	got, err := r.claim(t.Context(), now, lease, nil, 10)
+	require.NoError(t, err)
+	require.Len(t, got, 2)
+	carry := carried{ids: []string{got[0].ev.ID, got[1].ev.ID}, lease: lease, start: time.Now()}
+
+	down, cancel := context.WithCancel(t.Context())
+	cancel() // every statement fails, as in an outage
+	n, back, err := r.process(down, nil, 10, carry, true)
+	require.Error(t, err)
+	assert.Zero(t, n)
+	assert.Equal(t, carry, back, "the carried marks were dropped with the failed claim")
+	assert.Equal(t, StatusPending, e.record(got[0].ev.ID).Status)
+
+	n, back, err = r.process(t.Context(), nil, 10, back, true)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+	assert.Empty(t, back.ids)
+	assert.EqualValues(t, 2, e.count("status = ?", StatusSent))
 }
