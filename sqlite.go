@@ -137,20 +137,61 @@ func (d *sqliteDialect) check(ctx context.Context, gdb *gorm.DB, o *Outbox) erro
 	return nil
 }
 
-// recommendedSQLiteDSN is the DSN suffix the README recommends.
-const recommendedSQLiteDSN = "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+// sqliteDSN is how one driver spells the settings the README recommends.
+type sqliteDSN struct {
+	recommended, wal string
+}
+
+var (
+	// cgoSQLiteDSN: gorm.io/driver/sqlite (mattn/go-sqlite3).
+	cgoSQLiteDSN = sqliteDSN{
+		recommended: "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate",
+		wal:         "_journal_mode=WAL",
+	}
+	// pragmaSQLiteDSN: the pure-Go drivers (github.com/glebarez/sqlite,
+	// modernc.org/sqlite, github.com/ncruces/go-sqlite3), which ignore
+	// _journal_mode and _busy_timeout.
+	pragmaSQLiteDSN = sqliteDSN{
+		recommended: "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate",
+		wal:         "_pragma=journal_mode(WAL)",
+	}
+)
+
+// sqliteDSNFor returns the spelling of the driver that parses the DSN: the
+// database/sql driver's package, or, when a wrapper hides it, the
+// dialector's; the cgo driver's (GORM's own) when neither is known.
+func sqliteDSNFor(db *sql.DB, dial gorm.Dialector) sqliteDSN {
+	for _, v := range []any{db.Driver(), dial} {
+		t := reflect.TypeOf(v)
+		for t != nil && t.Kind() == reflect.Pointer {
+			t = t.Elem()
+		}
+		if t == nil {
+			continue
+		}
+		switch p := t.PkgPath(); {
+		case strings.HasPrefix(p, "github.com/mattn/go-sqlite3"), p == "gorm.io/driver/sqlite":
+			return cgoSQLiteDSN
+		case strings.HasPrefix(p, "github.com/glebarez/"), strings.HasPrefix(p, "modernc.org/sqlite"),
+			strings.HasPrefix(p, "github.com/ncruces/go-sqlite3"):
+			return pragmaSQLiteDSN
+		}
+	}
+	return cgoSQLiteDSN
+}
 
 // warnSettings logs once when the SQLite settings concurrent writers need
 // are missing. Without them nothing is lost, but writers whose transactions
 // read before they write are refused with "database is locked" (measured in
 // RELIABILITY.md: 401 of 480 transactions of 8 writers on a default DSN).
 // Immediate transactions are the BEGIN the driver sends, which no PRAGMA
-// shows, so the DSN is read.
+// shows, so the DSN is read. The advice is spelled for the driver in use.
 func (d *sqliteDialect) warnSettings(ctx context.Context, db *sql.DB, dial gorm.Dialector, o *Outbox) {
+	spelling := sqliteDSNFor(db, dial)
 	var missing []string
 	var mode string
 	if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err == nil && !strings.EqualFold(mode, "wal") {
-		missing = append(missing, "WAL journal mode (_journal_mode=WAL)")
+		missing = append(missing, "WAL journal mode ("+spelling.wal+")")
 	}
 	if dsn, ok := dialectorDSN(dial); ok {
 		q := strings.ToLower(dsn)
@@ -159,7 +200,7 @@ func (d *sqliteDialect) warnSettings(ctx context.Context, db *sql.DB, dial gorm.
 		}
 	}
 	if len(missing) > 0 {
-		o.logger.Warn("outbox: SQLite lacks settings concurrent writers need; they may see \"database is locked\" (nothing is lost). Add "+recommendedSQLiteDSN+" to the DSN",
+		o.logger.Warn("outbox: SQLite lacks settings concurrent writers need; they may see \"database is locked\" (nothing is lost). Add "+spelling.recommended+" to the DSN",
 			slog.String("missing", strings.Join(missing, ", ")))
 	}
 }
