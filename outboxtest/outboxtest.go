@@ -1,7 +1,8 @@
 // Package outboxtest helps test code that uses the outbox: a SQLite
-// database in a temporary file with the plugin installed, publishing in a
-// transaction, reading a row back, draining a relay. It is what the broker
-// adapters' tests use, and works for application tests alike:
+// database in a temporary file with the plugin installed (through the cgo
+// driver, or any driver with Open), publishing in a transaction, reading a
+// row back, draining a relay. It is what the broker adapters' tests use,
+// and works for application tests alike:
 //
 //	db, ob := outboxtest.SQLite(t, outbox.Config{})
 //	ob.Handle("order.created", handler)
@@ -23,17 +24,34 @@ import (
 )
 
 // DSNOptions are the SQLite settings the README recommends for concurrent
-// writers and a relay on one file.
+// writers and a relay on one file, spelled for gorm.io/driver/sqlite.
 const DSNOptions = "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+
+// PureGoDSNOptions are DSNOptions spelled for the pure-Go SQLite drivers
+// (github.com/glebarez/sqlite, modernc.org/sqlite), which ignore
+// _journal_mode and _busy_timeout.
+const PureGoDSNOptions = "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
 
 // SQLite opens a SQLite database in t's temporary directory with DSNOptions,
 // installs an outbox configured by cfg (its Logger, when nil, discards) and
-// closes the database when the test ends.
+// closes the database when the test ends. It uses gorm.io/driver/sqlite,
+// which needs cgo; without cgo, pass the pure-Go driver to Open:
+//
+//	dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + outboxtest.PureGoDSNOptions
+//	db, ob := outboxtest.Open(t, sqlite.Open(dsn), outbox.Config{}) // github.com/glebarez/sqlite
 func SQLite(t testing.TB, cfg outbox.Config) (*gorm.DB, *outbox.Outbox) {
 	t.Helper()
-	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(t.TempDir(), "outbox.db")+DSNOptions), &gorm.Config{Logger: logger.Discard})
+	return Open(t, sqlite.Open("file:"+filepath.Join(t.TempDir(), "outbox.db")+DSNOptions), cfg)
+}
+
+// Open opens a database through dial, installs an outbox configured by cfg
+// (its Logger, when nil, discards) and closes the database when the test
+// ends: SQLite with another driver, or a test database of another kind.
+func Open(t testing.TB, dial gorm.Dialector, cfg outbox.Config) (*gorm.DB, *outbox.Outbox) {
+	t.Helper()
+	db, err := gorm.Open(dial, &gorm.Config{Logger: logger.Discard})
 	if err != nil {
-		t.Fatalf("outboxtest: open SQLite: %v", err)
+		t.Fatalf("outboxtest: open the database: %v", err)
 	}
 	t.Cleanup(func() {
 		if sqlDB, err := db.DB(); err == nil {
