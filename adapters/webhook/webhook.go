@@ -31,10 +31,6 @@
 // [wire.Headers]; neither an event header nor Config.Header can set them.
 // They are not signed (the envelope's copies are). An Outbox-* value that is
 // not a valid HTTP header value is left out, except the event ID and type.
-// Until a later release the requests also carry the event ID and type under
-// their former names, X-Outbox-Event-Id and X-Outbox-Event-Type, so that
-// receivers written against those keep deduplicating while they move to the
-// new names.
 //
 // Every attempt is signed afresh, so a retry is never stale; receivers check
 // the signature and the timestamp's age with [Verify], which defeats
@@ -100,18 +96,6 @@ const (
 	// HeaderSignature carries "sha256=" and the hex HMAC-SHA256 of
 	// timestamp + "." + body (see [Sign]).
 	HeaderSignature = "X-Outbox-Signature"
-)
-
-// The former names of the [wire.EventID] and [wire.EventType] headers.
-// Requests still carry them, with the same values, so that receivers
-// reading them keep working while they move to the new names.
-//
-// Deprecated: read wire.EventID and wire.EventType (Outbox-Event-Id and
-// Outbox-Event-Type); these headers will no longer be sent in a later
-// release.
-const (
-	LegacyHeaderEventID   = "X-Outbox-Event-Id"
-	LegacyHeaderEventType = "X-Outbox-Event-Type"
 )
 
 // signaturePrefix names the algorithm, leaving room for another one later.
@@ -302,8 +286,6 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 		req.Header.Set("Idempotency-Key", key)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(LegacyHeaderEventID, e.ID)
-	req.Header.Set(LegacyHeaderEventType, e.Type)
 	req.Header.Set(HeaderTimestamp, ts)
 	req.Header.Set(HeaderSignature, sign(s.secret, ts, body))
 
