@@ -23,55 +23,6 @@ const (
 	defaultMaxPayload = 1 << 20
 )
 
-// Event is a fact about the domain, written to the outbox in the transaction
-// that made it true and delivered to handlers after that transaction commits.
-//
-// Only Type is required. The zero values of the other fields are filled in by
-// [Publish]: ID becomes a new UUIDv7, IdempotencyKey becomes ID, and
-// OccurredAt becomes the current time.
-type Event struct {
-	// ID identifies this event; consumers deduplicate deliveries by it.
-	// Defaults to a new UUIDv7, which is time ordered (good index locality).
-	ID string
-	// Type names the event, for example "order.created". Handlers are
-	// registered per type. Required.
-	Type string
-	// AggregateType and AggregateID name the entity the event is about, for
-	// example "order" and "42". Optional.
-	AggregateType string
-	AggregateID   string
-	// IdempotencyKey makes publishing idempotent: of several events with the
-	// same key, the first one written wins and the others are no-ops, across
-	// transactions too, for as long as the first is in the table (retention
-	// deletes sent rows after RelayConfig.RetainSent); memory mode
-	// remembers the last 10,000 keys. Defaults to ID.
-	IdempotencyKey string
-	// Payload is encoded with encoding/json when the event is published. A
-	// []byte or json.RawMessage holding valid JSON is stored as it is.
-	// Handlers always receive it as a json.RawMessage, in both modes; use
-	// [Event.DecodePayload] to decode it. On PostgreSQL the payload is stored
-	// as jsonb, so handlers receive equal JSON, not necessarily equal bytes
-	// (key order and whitespace may change).
-	Payload any
-	// Headers carry metadata such as trace context. Optional.
-	Headers map[string]string
-	// OccurredAt is when the event happened, kept in UTC at microsecond
-	// precision. Defaults to the time of publishing.
-	OccurredAt time.Time
-}
-
-// DecodePayload decodes the event's JSON payload into v.
-func (e Event) DecodePayload(v any) error {
-	raw, err := e.PayloadJSON()
-	if err != nil {
-		return err
-	}
-	if err := json.Unmarshal(raw, v); err != nil {
-		return fmt.Errorf("outbox: decode payload of event %s: %w", e.ID, err)
-	}
-	return nil
-}
-
 // Publish attaches events to the transaction tx runs in.
 //
 // In [Persistent] mode the events are INSERTed on tx: they become visible to
