@@ -1,6 +1,6 @@
 module github.com/gorm-outbox/outbox/adapters/redis
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/gorm-outbox/outbox v0.1.0
