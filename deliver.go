@@ -57,54 +57,29 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, err
 		}
-		m, _, err := r.process(ctx, nil, r.cfg.BatchSize, carried{}, false)
+		m, err := r.process(ctx, nil, r.cfg.BatchSize)
 		return n + m, err
 	}
-	n, _, err := r.process(ctx, nil, r.cfg.BatchSize, carried{}, false)
-	return n, err
-}
-
-// carried is a batch's sent marks left for the next claim to write in its
-// transaction (claimSpec.sent): a relay going straight on to another batch
-// then commits once per batch, not twice.
-type carried struct {
-	ids          []string
-	lease, start time.Time // the batch's lease and when it was claimed
+	return r.process(ctx, nil, r.cfg.BatchSize)
 }
 
 // process claims up to limit due events (only those in ids, when given)
-// and delivers them. It writes the marks of carry with the claim. With keep
-// set, it may leave its own batch's last marks unwritten and return them,
-// when the batch was full and nothing went wrong, for the caller to pass to
-// the next process call. When the claim fails, it returns carry as it came:
-// the database is likely unreachable, and the caller's next claim, once it
-// is back, writes the marks while their lease lasts (a delivered batch is
-// then not delivered again after a short outage).
-func (r *Relay) process(ctx context.Context, ids []string, limit int, carry carried, keep bool) (int, carried, error) {
+// and delivers them.
+func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, error) {
 	if err := r.ensureOrdering(ctx); err != nil {
-		return 0, carry, err
+		return 0, err
 	}
 	start := time.Now()
 	now := r.o.now()
 	lease := now.Add(r.cfg.Lease)
-	var marked bool
 	cctx, ccancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
-	batch, err := r.claimWith(cctx, claimSpec{
-		now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate,
-		sent: carry.ids, sentLease: carry.lease, marked: &marked,
-	})
+	batch, err := r.claim(cctx, now, lease, ids, limit)
 	ccancel()
 	if err != nil {
-		return 0, carry, fmt.Errorf("outbox: claim events: %w", err)
-	}
-	var markErr error
-	if !marked {
-		// Some marks were not written with the claim (it skipped rows it
-		// would have had to wait for, or could not say): write them alone.
-		markErr = r.writeCarried(ctx, carry)
+		return 0, fmt.Errorf("outbox: claim events: %w", err)
 	}
 	if len(batch) == 0 {
-		return 0, carried{}, markErr
+		return 0, nil
 	}
 
 	// Deliveries must end before the lease does, with room left to record
@@ -118,30 +93,11 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int, carry carr
 	if w.nsent > 0 {
 		r.delivered.Store(true)
 	}
-	// With per-aggregate ordering the next claim's snapshot would still see
-	// these rows unsent and hold back their aggregates' next events.
-	keep = keep && len(batch) >= limit && down == nil && !r.cfg.OrderByAggregate
-	left, err := w.close(keep)
-	err = errors.Join(markErr, err)
+	err = w.close()
 	if down != nil {
 		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
 	}
-	if err != nil && len(left) > 0 {
-		err = errors.Join(err, r.writeCarried(ctx, carried{ids: left, lease: lease, start: start}))
-		left = nil
-	}
-	return len(batch), carried{ids: left, lease: lease, start: start}, err
-}
-
-// writeCarried writes carried marks on their own, as the outcome writer
-// would have.
-func (r *Relay) writeCarried(ctx context.Context, c carried) error {
-	if len(c.ids) == 0 {
-		return nil
-	}
-	w := &outcomeWriter{r: r, ctx: context.WithoutCancel(ctx), lease: c.lease, start: c.start}
-	w.record("mark sent", len(c.ids), func(ctx context.Context) error { return r.markSent(ctx, c.ids, c.lease) })
-	return errors.Join(w.errs...)
+	return len(batch), err
 }
 
 // deliverBatch hands the batch to Workers goroutines. A worker takes the
@@ -384,21 +340,14 @@ func (w *outcomeWriter) loop() {
 	}
 }
 
-// close writes what is left and returns every write's error; with keep,
-// it leaves the sent marks not yet written to the caller and returns them.
-func (w *outcomeWriter) close(keep bool) ([]string, error) {
+// close writes what is left and returns every write's error.
+func (w *outcomeWriter) close() error {
 	close(w.stop)
 	<-w.done
-	var left []string
-	if keep {
-		w.mu.Lock()
-		left, w.sentID = w.sentID, nil
-		w.mu.Unlock()
-	}
 	w.flush()
 	w.write.Lock()
 	defer w.write.Unlock()
-	return left, errors.Join(w.errs...)
+	return errors.Join(w.errs...)
 }
 
 func (w *outcomeWriter) flush() {
@@ -464,15 +413,13 @@ func (r *Relay) ensureOrdering(ctx context.Context) error {
 // claim leases up to limit due events (only those in ids, when given)
 // until lease and returns them oldest first.
 func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, limit int) ([]claimed, error) {
-	return r.claimWith(ctx, claimSpec{now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate})
-}
-
-func (r *Relay) claimWith(ctx context.Context, c claimSpec) ([]claimed, error) {
 	db, err := rawDB(r.db)
 	if err != nil {
 		return nil, err
 	}
-	batch, err := r.o.dialect.claim(ctx, db, c)
+	batch, err := r.o.dialect.claim(ctx, db, claimSpec{
+		now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate,
+	})
 	if err != nil {
 		return nil, err
 	}

@@ -45,11 +45,9 @@ type dialect interface {
 	// keysOf reads the idempotency keys of the rows with the given IDs.
 	keysOf(ids []string) query
 	// claim takes up to c.limit due pending rows, oldest first, moves
-	// their locked_until to c.lease, counts an attempt, and returns them.
-	// Concurrent claims never return the same row while its lease is live.
-	// When c.sent is set, it first marks those rows sent (guarded by
-	// c.sentLease, as markSent) in the same transaction: one commit per
-	// batch instead of two while a relay goes from batch to batch.
+	// their available_at and locked_until to c.lease, counts an attempt,
+	// and returns them. Concurrent claims never return the same row while
+	// its lease is live.
 	claim(ctx context.Context, db *sql.DB, c claimSpec) ([]claimed, error)
 
 	// The outcome statements. Each touches only pending rows whose
@@ -93,21 +91,6 @@ type claimSpec struct {
 	limit      int
 	ids        []string // only these rows, when set (DeliverAfterCommit)
 	ordered    bool     // RelayConfig.OrderByAggregate
-
-	// The previous batch's delivered rows, marked sent by the claim's
-	// transaction, and the lease they were claimed under. The dialect sets
-	// marked when it wrote every one of those marks (or found its lease
-	// gone); otherwise the relay writes them on their own.
-	sent      []string
-	sentLease time.Time
-	marked    *bool
-}
-
-// setMarked records that the claim's transaction wrote c.sent's marks.
-func (c claimSpec) setMarked() {
-	if c.marked != nil && len(c.sent) > 0 {
-		*c.marked = true
-	}
 }
 
 // dialects maps GORM dialector names to their dialect; each database's
@@ -249,34 +232,13 @@ func (s *sqlSyntax) due(b *builder, c claimSpec) {
 // the page has room, and one index range (pending, available_at <= now)
 // still finds new rows and rows whose relay died (their lease expired); the
 // rows in flight, at most the relays' batches, are skipped on the way.
-//
-// c.sent is marked by an UPDATE in a WITH clause (PostgreSQL's; callers on
-// other databases clear it), which returns how many rows it marked as one
-// more column. Both parts read the statement's snapshot, so the claim
-// excludes those rows by ID: one whose lease ran out would look due to it.
-// The mark skips locked rows as the claim does, so that the statement
-// never waits for a row lock while holding others: a concurrent claim may
-// hold one of these rows for a moment (it locks a row before rechecking
-// its lease), and waiting for it here could close a deadlock. A row skipped
-// is left to the relay's own mark-sent statement.
 func (s *sqlSyntax) claimUpdate(c claimSpec, lock string) query {
 	b := s.build()
-	if len(c.sent) > 0 {
-		b.w("WITH sent AS (UPDATE ", s.table, " SET status = 'sent', sent_at = ", b.time(c.now), ", updated_at = ", b.time(c.now),
-			", locked_until = NULL, last_error = NULL WHERE id IN (SELECT id FROM ", s.table, " WHERE ", b.ids("id", c.sent),
-			" AND locked_until = ", b.time(c.sentLease), " AND status = 'pending'", lock, ") RETURNING 1) ")
-	}
 	b.w("UPDATE ", s.table, " SET locked_until = ", b.time(c.lease),
 		", attempts = attempts + 1, updated_at = ", b.time(c.now),
 		" WHERE id IN (SELECT c.id FROM ", s.table, " c WHERE ")
 	s.due(b, c)
-	if len(c.sent) > 0 {
-		b.w(" AND NOT ", b.ids("c.id", c.sent))
-	}
 	b.w(" ORDER BY c.available_at, c.seq LIMIT ", b.arg(c.limit), lock, ") RETURNING ", s.claimColumns())
-	if len(c.sent) > 0 {
-		b.w(", (SELECT COUNT(*) FROM sent)")
-	}
 	return b.query()
 }
 
@@ -333,11 +295,10 @@ func (s *sqlSyntax) stats() query {
 	return query{sql: "SELECT status, COUNT(*), " + s.timeCol("MIN(created_at)") + " FROM " + s.table + " GROUP BY status"}
 }
 
-// queryClaimed runs a claim statement and scans what it returns; extra,
-// when given, receives one more column the statement returns.
+// queryClaimed runs a claim statement and scans what it returns.
 func queryClaimed(ctx context.Context, q interface {
 	QueryContext(context.Context, string, ...any) (*sql.Rows, error)
-}, stmt query, extra ...any) ([]claimed, error) {
+}, stmt query) ([]claimed, error) {
 	rows, err := q.QueryContext(ctx, stmt.sql, stmt.args...)
 	if err != nil {
 		return nil, err
@@ -351,8 +312,8 @@ func queryClaimed(ctx context.Context, q interface {
 			headers    sql.NullString
 			occ, added dbTime
 		)
-		if err := rows.Scan(append([]any{&c.seq, &c.ev.ID, &c.ev.Type, &c.ev.AggregateType, &c.ev.AggregateID, &c.ev.IdempotencyKey,
-			&payload, &headers, &c.attempts, &occ, &added}, extra...)...); err != nil {
+		if err := rows.Scan(&c.seq, &c.ev.ID, &c.ev.Type, &c.ev.AggregateType, &c.ev.AggregateID, &c.ev.IdempotencyKey,
+			&payload, &headers, &c.attempts, &occ, &added); err != nil {
 			return nil, err
 		}
 		c.ev.Payload = json.RawMessage(payload)

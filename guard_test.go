@@ -36,14 +36,6 @@ func testOutcomeGuards(t *testing.T, b backend) {
 				return r.markSent(ctx, []string{id}, lease)
 			},
 			func(t *testing.T, rec Row) { assert.Equal(t, StatusSent, rec.Status) }},
-		{"MarkSentWithNextClaim", // the marks a relay going on to its next batch leaves to that claim
-			func(ctx context.Context, id string, lease time.Time) error {
-				now := e.ob.now()
-				_, err := r.claimWith(ctx, claimSpec{now: now, lease: now.Add(time.Minute), limit: 1,
-					ids: []string{"none"}, sent: []string{id}, sentLease: lease})
-				return err
-			},
-			func(t *testing.T, rec Row) { assert.Equal(t, StatusSent, rec.Status) }},
 		{"Retry", fail(StatusPending),
 			func(t *testing.T, rec Row) {
 				assert.Equal(t, StatusPending, rec.Status)

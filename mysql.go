@@ -104,23 +104,9 @@ func (d *mysqlDialect) claimTx(ctx context.Context, db *sql.DB, c claimSpec) ([]
 	}
 	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
 
-	if len(c.sent) > 0 {
-		// The previous batch's marks share the claim's commit.
-		mark := d.markSent(c.sent, c.now, c.sentLease)
-		if _, err := tx.ExecContext(ctx, mark.sql, mark.args...); err != nil {
-			return nil, err
-		}
-	}
 	batch, err := queryClaimed(ctx, tx, d.selectDue(c))
-	if err != nil {
-		return nil, err
-	}
-	if len(batch) == 0 {
-		if err := tx.Commit(); err != nil {
-			return nil, err
-		}
-		c.setMarked()
-		return nil, nil
+	if err != nil || len(batch) == 0 {
+		return nil, errors.Join(err, tx.Commit())
 	}
 	ids := make([]string, len(batch))
 	for i := range batch {
@@ -137,7 +123,6 @@ func (d *mysqlDialect) claimTx(ctx context.Context, db *sql.DB, c claimSpec) ([]
 	if err := tx.Commit(); err != nil {
 		return nil, err
 	}
-	c.setMarked()
 	return batch, nil
 }
 

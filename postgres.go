@@ -69,17 +69,7 @@ func (d *postgresDialect) version(ctx context.Context, db querier) (int, error) 
 func (d *postgresDialect) upgrade() string { return schemaFor(upgradePostgres, d.name) }
 
 func (d *postgresDialect) claim(ctx context.Context, db *sql.DB, c claimSpec) ([]claimed, error) {
-	if len(c.sent) == 0 {
-		return queryClaimed(ctx, db, d.claimUpdate(c, skipLocked))
-	}
-	// A claim that returns no row cannot say how many it marked: the
-	// relay's own statement then makes sure (a no-op for rows marked).
-	var marked int64
-	batch, err := queryClaimed(ctx, db, d.claimUpdate(c, skipLocked), &marked)
-	if err == nil && c.marked != nil {
-		*c.marked = len(batch) > 0 && marked == int64(len(c.sent))
-	}
-	return batch, err
+	return queryClaimed(ctx, db, d.claimUpdate(c, skipLocked))
 }
 
 func (d *postgresDialect) markFailed(outs []outcome, now, lease time.Time) query {

@@ -318,24 +318,12 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 	}
-	// A full batch's sent marks ride on the next claim (process), also
-	// across an outage of the database.
-	var carry carried
-	defer func() {
-		if err := r.writeCarried(ctx, carry); err != nil {
-			r.o.logger.Error("outbox: recording delivered events failed; they will be delivered again", slog.Any("error", err))
-		}
-	}()
 	for ctx.Err() == nil {
 		limit := r.cfg.BatchSize
 		if destDown {
 			limit = 1 // probe with one event
 		}
-		var (
-			n   int
-			err error
-		)
-		n, carry, err = r.process(ctx, nil, limit, carry, true)
+		n, err := r.process(ctx, nil, limit)
 		if ctx.Err() != nil {
 			break
 		}
@@ -392,7 +380,7 @@ const (
 func (r *Relay) deliverFresh(ctx context.Context, ids []string) {
 	for len(ids) > 0 {
 		n := min(len(ids), r.cfg.BatchSize)
-		if _, _, err := r.process(ctx, ids[:n], n, carried{}, false); err != nil {
+		if _, err := r.process(ctx, ids[:n], n); err != nil {
 			if ctx.Err() == nil && !IsUnavailable(err) {
 				// The regular claim picks these events up; nothing is lost.
 				r.o.logger.WarnContext(ctx, "outbox: delivering right after commit failed; the relay will retry", slog.Any("error", err))

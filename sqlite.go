@@ -70,31 +70,8 @@ func (d *sqliteDialect) version(ctx context.Context, db querier) (int, error) {
 
 func (d *sqliteDialect) upgrade() string { return schemaFor(upgradeSQLite, d.name) }
 
-// claim: SQLite's WITH takes no UPDATE, so the previous batch's marks and
-// the claim share a transaction instead of a statement.
 func (d *sqliteDialect) claim(ctx context.Context, db *sql.DB, c claimSpec) ([]claimed, error) {
-	if len(c.sent) == 0 {
-		return queryClaimed(ctx, db, d.claimUpdate(c, ""))
-	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
-	mark := d.markSent(c.sent, c.now, c.sentLease)
-	if _, err := tx.ExecContext(ctx, mark.sql, mark.args...); err != nil {
-		return nil, err
-	}
-	c.sent = nil
-	batch, err := queryClaimed(ctx, tx, d.claimUpdate(c, ""))
-	if err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, err
-	}
-	c.setMarked()
-	return batch, nil
+	return queryClaimed(ctx, db, d.claimUpdate(c, ""))
 }
 
 func (d *sqliteDialect) markFailed(outs []outcome, now, lease time.Time) query {

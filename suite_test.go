@@ -91,8 +91,7 @@ var notInLogicalMode = func() map[string]string {
 		m[n] = noRow
 	}
 	for _, n := range []string{"AdminListPaging", "AdminGet", "AdminPurgeBatches", "AdminReplayFilterBatches", "AdminStatsFailedLastHour",
-		"Retention", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish",
-		"MarkingClaimSkipsItsRows", "MarkingClaimNeverWaits", "FailedClaimKeepsCarriedMarks"} {
+		"Retention", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish"} {
 		m[n] = table
 	}
 	for _, n := range []string{"RelayDeliversAndMarksSent", "RelayStopsBeforeLeaseRunsOut", "OrderByAggregate"} {
