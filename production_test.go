@@ -38,6 +38,7 @@ var productionTests = map[string]func(*testing.T, backend){
 	"StatsAndOnDelivery":              testStatsAndOnDelivery,
 	"ListenUnavailablePolls":          testListenUnavailable,
 	"OutcomesGuardedByLease":          testOutcomeGuards,
+	"GeneratedEventsInsertPlainly":    testGeneratedEventsInsertPlainly,
 }
 
 func testWorkers(t *testing.T, b backend) {
@@ -571,4 +572,26 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// testGeneratedEventsInsertPlainly: events whose ID and key the publisher
+// generated cannot be duplicates, so their INSERT goes without the conflict
+// clause (a speculative insertion costs PostgreSQL more); a statement with
+// any event the caller named keeps it, and its duplicate is still a no-op.
+func testGeneratedEventsInsertPlainly(t *testing.T, b backend) {
+	e := b.setup(t)
+	conflict := func(q query) bool {
+		return strings.Contains(q.sql, "ON CONFLICT") || strings.Contains(q.sql, "ON DUPLICATE KEY")
+	}
+	now := e.ob.now()
+	gen := encoded{Event: Event{ID: "g", Type: "x", IdempotencyKey: "g"}, payload: []byte("{}"), generated: true}
+	named := encoded{Event: Event{ID: "n", Type: "x", IdempotencyKey: "k"}, payload: []byte("{}")}
+	assert.False(t, conflict(e.ob.dialect.insert([]encoded{gen, gen}, now)), "generated events only: no conflict clause")
+	assert.True(t, conflict(e.ob.dialect.insert([]encoded{gen, named}, now)), "a named event keeps the conflict clause")
+
+	require.NoError(t, Publish(e.db, Event{Type: "x", IdempotencyKey: "once"}))
+	require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x", IdempotencyKey: "once"}, Event{Type: "x"}),
+		"a duplicate key next to generated events is a no-op")
+	assert.EqualValues(t, 3, e.count(""))
+	assert.EqualValues(t, 1, e.count("idempotency_key = ?", "once"))
 }

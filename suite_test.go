@@ -87,7 +87,8 @@ var notInLogicalMode = func() map[string]string {
 		"StatsAndOnDelivery":          "expects the Stats of a table without a slot (TestLogicalStatsSlotLag)",
 	}
 	for _, n := range []string{"PersistentInsertsInCallersTransaction", "PersistentOutsideTransaction", "SQLTx",
-		"AfterCommitUntrackedTransaction", "RecorderSkipDefaultTransaction", "UnsafeTableName", "RecorderFillsAggregateFromModel"} {
+		"AfterCommitUntrackedTransaction", "RecorderSkipDefaultTransaction", "UnsafeTableName", "RecorderFillsAggregateFromModel",
+		"GeneratedEventsInsertPlainly"} {
 		m[n] = noRow
 	}
 	for _, n := range []string{"AdminListPaging", "AdminGet", "AdminPurgeBatches", "AdminReplayFilterBatches", "AdminStatsFailedLastHour",
