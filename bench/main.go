@@ -46,6 +46,7 @@ type options struct {
 	memSmall     int
 	memTimeout   time.Duration
 	asyncCommit  bool
+	fillfactor   int
 	maxIdle      int
 	cpuProfile   string
 }
@@ -80,6 +81,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.memTimeout, "mem-timeout", 90*time.Second, "longest the memory test samples one drain; a longer drain is sampled over its start (a relay that loaded its backlog would peak there)")
 	fs.IntVar(&o.maxIdle, "max-idle", 16, "SetMaxIdleConns of every pool, at least the concurrency used so connections are reused; 0 keeps database/sql's default of 2 (connection churn; see BENCHMARKS.md)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
+	fs.IntVar(&o.fillfactor, "fillfactor", 0, "PostgreSQL fillfactor of the relay scenario's tables (room on a page lets the claim's update be HOT); 0 keeps the table's default of 100")
 	fs.BoolVar(&o.asyncCommit, "async-commit", false, "set synchronous_commit=off on the benchmark's PostgreSQL sessions, to see what the WAL flush costs (not a production setting for an outbox)")
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -165,6 +165,14 @@ func relayOn(ctx context.Context, s server, opts options, t *table) error {
 			cs = append(cs, floorRelay(s, adb, "relay_floor", sh.batch, false), floorRelay(s, adb, "relay_floor", sh.batch, true))
 		}
 	}
+	if _, ok := s.(*pgServer); ok && opts.fillfactor > 0 {
+		for _, table := range []string{"relay_ours", "relay_floor"} {
+			if err := admin.WithContext(ctx).Exec(fmt.Sprintf(`ALTER TABLE %q SET (fillfactor = %d)`, table, opts.fillfactor)).Error; err != nil {
+				return fmt.Errorf("fillfactor: %w", err)
+			}
+		}
+		progress("relay tables at fillfactor %d", opts.fillfactor)
+	}
 	// watermill-sql runs on PostgreSQL only here.
 	var wm *relayContender
 	if pg, ok := s.(*pgServer); ok {
