@@ -49,7 +49,7 @@ type sqliteDriver struct {
 var cgoSQLite = &sqliteDriver{
 	open:     sqlite.Open,
 	conn:     func(c gorm.ConnPool) gorm.Dialector { return sqlite.Dialector{Conn: c} },
-	settings: "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate",
+	settings: cgoSQLiteDSN.recommended,
 }
 
 // pureSQLite is github.com/glebarez/sqlite (modernc.org SQLite, no cgo),
@@ -57,7 +57,7 @@ var cgoSQLite = &sqliteDriver{
 var pureSQLite = &sqliteDriver{
 	open:     puresqlite.Open,
 	conn:     func(c gorm.ConnPool) gorm.Dialector { return puresqlite.Dialector{Conn: c} },
-	settings: "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate",
+	settings: pragmaSQLiteDSN.recommended,
 }
 
 // openSQLite opens a file in t's temporary directory through d with its
