@@ -6,6 +6,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -34,6 +35,10 @@ type mysqlDialect struct {
 	sqlSyntax
 	name    string
 	mariadb atomic.Bool // learnt by check
+
+	// scanDelay, set by tests only, slows the claim's scan down by this
+	// long per row it passes, to let other sessions commit mid-scan.
+	scanDelay time.Duration
 }
 
 func newMySQL(table string) dialect {
@@ -105,6 +110,9 @@ func (d *mysqlDialect) claimTx(ctx context.Context, db *sql.DB, c claimSpec) ([]
 	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
 
 	batch, err := queryClaimed(ctx, tx, d.selectDue(c))
+	if err == nil && c.ordered && len(batch) > 0 {
+		batch, err = d.dropOvertaking(ctx, tx, batch)
+	}
 	if err != nil || len(batch) == 0 {
 		return nil, errors.Join(err, tx.Commit())
 	}
@@ -133,8 +141,62 @@ func (d *mysqlDialect) selectDue(c claimSpec) query {
 	b := d.build()
 	b.w("SELECT ", d.claimColumns(), " FROM ", d.table, " c WHERE ")
 	d.due(b, c)
+	if d.scanDelay > 0 {
+		b.w(" AND SLEEP(", strconv.FormatFloat(d.scanDelay.Seconds(), 'f', 3, 64), ") = 0")
+	}
 	b.w(" ORDER BY c.available_at, c.seq LIMIT ", b.arg(c.limit), skipLocked)
 	return b.query()
+}
+
+// dropOvertaking removes from a batch locked for OrderByAggregate the rows
+// an older unsent event of their aggregate precedes. The locking scan
+// sees rows committed while it ran, but the predecessor probe inside it
+// is a consistent read of the snapshot taken when the statement began: a
+// transaction that commits events n and n+1 of one aggregate mid-scan has
+// both locked, each with no predecessor in that snapshot. This second
+// statement reads a snapshot of its own, taken after the scan, which holds
+// every row the scan saw. The rows it drops stay locked, unleased, until
+// the claim commits.
+func (d *mysqlDialect) dropOvertaking(ctx context.Context, tx *sql.Tx, batch []claimed) ([]claimed, error) {
+	seqs := make([]int64, len(batch))
+	for i := range batch {
+		seqs[i] = batch[i].seq
+	}
+	q := d.overtaking(seqs)
+	rows, err := tx.QueryContext(ctx, q.sql, q.args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	behind := map[int64]bool{}
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, err
+		}
+		behind[seq] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(behind) == 0 {
+		return batch, nil
+	}
+	return slices.DeleteFunc(batch, func(c claimed) bool { return behind[c.seq] }), nil
+}
+
+// overtaking selects, among the rows with the given seqs, those an older
+// unsent event of their aggregate precedes: by primary key, then one probe
+// of the ordering index each, which holds no sent rows in the ranges read.
+func (d *mysqlDialect) overtaking(seqs []int64) query {
+	b := d.build()
+	ph := make([]string, len(seqs))
+	for i, s := range seqs {
+		ph[i] = b.arg(s)
+	}
+	return b.w("SELECT c.seq FROM ", d.table, " c WHERE c.seq IN (", strings.Join(ph, ", "), ") AND c.aggregate_id <> ''",
+		" AND EXISTS (SELECT 1 FROM ", d.table, " p WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id",
+		" AND ", d.unsent, " AND p.seq < c.seq)").query()
 }
 
 // mysqlRetryable reports a deadlock (1213) or a lock wait timeout (1205):

@@ -411,7 +411,7 @@ func testClaimPlan(t *testing.T, b backend) {
 				return detail
 			})
 		case *mysqlDialect:
-			explain("EXPLAIN ", d.selectDue(c), func(rows *sql.Rows) string {
+			mysqlPlan := func(rows *sql.Rows) string {
 				cols, err := rows.Columns()
 				require.NoError(t, err)
 				vals := make([]sql.NullString, len(cols))
@@ -425,7 +425,15 @@ func testClaimPlan(t *testing.T, b backend) {
 					line = append(line, c+"="+vals[i].String)
 				}
 				return strings.Join(line, " ")
-			})
+			}
+			explain("EXPLAIN ", d.selectDue(c), mysqlPlan)
+			if ordered {
+				// The second step of an ordered claim (dropOvertaking).
+				require.NoError(t, e.relay(RelayConfig{OrderByAggregate: true}).ensureOrdering(t.Context()))
+				explain("EXPLAIN ", d.overtaking([]int64{1, 2, 3}), mysqlPlan)
+				joined := strings.Join(plan, "\n")
+				assert.Contains(t, joined, "outbox_events_aggregate_idx", "the predecessor probe must read the ordering index:\n%s", joined)
+			}
 		}
 		joined := strings.Join(plan, "\n")
 		assert.Contains(t, joined, "outbox_events_pending_idx", "claim (ordered=%v) must read the pending index:\n%s", ordered, joined)
