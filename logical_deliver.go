@@ -46,6 +46,22 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int,
 			return 0, nil, err
 		}
 	}
+	// leased: written to the table under the stream's lease before
+	// delivery, in stream order. An event whose ID or key the publisher
+	// chose is, to check it against the table; with OrderByAggregate, so
+	// is every earlier event of its aggregate in the batch, so that
+	// whatever reaches the table later (a failure, an event handed back)
+	// never gets a seq below an event that came after it in the stream.
+	leased := make([]bool, len(items))
+	var precede map[aggKey]int // the index of the aggregate's last checked event
+	if r.cfg.OrderByAggregate {
+		precede = map[aggKey]int{}
+		for i := range items {
+			if e := &items[i].c.ev; items[i].checked && e.AggregateID != "" {
+				precede[aggKey{e.AggregateType, e.AggregateID}] = i
+			}
+		}
+	}
 	var park []parkRow
 	var parkIdx []int
 	var dups int                    // duplicates dropped: not counted as handled
@@ -53,6 +69,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int,
 	for i := range items {
 		it := &items[i]
 		e := &it.c.ev
+		last, ordered := precede[aggKey{e.AggregateType, e.AggregateID}]
 		switch {
 		case it.checked && batchIDs[e.ID] != "":
 			// The same event ID twice in one batch: one INSERT cannot tell
@@ -69,11 +86,13 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int,
 			// queues behind it there.
 			park = append(park, r.parkDeferred(it, now))
 			states[i] = stDone
-		case it.checked:
-			batchIDs[e.ID] = e.IdempotencyKey
+		case it.checked || (ordered && e.AggregateID != "" && i < last):
+			if it.checked {
+				batchIDs[e.ID] = e.IdempotencyKey
+			}
 			park = append(park, parkRow{e: &it.enc, status: StatusPending, attempts: 1, due: lease, lease: lease, created: it.c.createdAt})
 			parkIdx = append(parkIdx, i)
-			states[i] = stLeased
+			states[i], leased[i] = stLeased, true
 		}
 	}
 	if len(park) > 0 {
@@ -88,7 +107,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int,
 				// first committed wins; or the stream replays an event a
 				// crashed relay had written there, which the table's relay
 				// delivers once that relay's lease has passed.
-				states[i] = stDone
+				states[i], leased[i] = stDone, false
 				dups++
 				skipped = append(skipped, i)
 			}
@@ -98,7 +117,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int,
 
 	handled = len(items) - dups
 	down = r.deliverStreamed(ctx, start, items, states, outs)
-	return handled, down, r.recordStreamed(wctx, pg, items, states, outs, now, lease)
+	return handled, down, r.recordStreamed(wctx, pg, items, leased, states, outs, now, lease)
 }
 
 // parkDeferred is an event written to the table undelivered: due now, no
@@ -193,7 +212,7 @@ func (r *Relay) deliverStreamedOne(bctx context.Context, it *walItem) (streamSta
 // deferred events of the stream go to the table in one INSERT, in stream
 // order; the leased rows get the outcome statements of the table path.
 // It retries until it succeeds or ctx ends.
-func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items []walItem, states []streamState, outs []outcome, now, lease time.Time) error {
+func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items []walItem, leased []bool, states []streamState, outs []outcome, now, lease time.Time) error {
 	var (
 		park       []parkRow
 		sent, back []string
@@ -201,21 +220,21 @@ func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items [
 	)
 	for i := range items {
 		it := &items[i]
-		leased := it.checked && states[i] != stDone
+		inTable := leased[i]
 		switch states[i] {
 		case stSent:
-			if leased {
+			if inTable {
 				sent = append(sent, it.c.ev.ID)
 			}
 		case stFailed:
-			if leased {
+			if inTable {
 				fails = append(fails, outs[i])
 				continue
 			}
 			o := outs[i]
 			park = append(park, parkRow{e: &it.enc, status: o.status, attempts: 1, lastErr: o.err, due: o.due, created: it.c.createdAt})
 		case stDeferred, stLeased, stDirect:
-			if leased {
+			if inTable {
 				back = append(back, it.c.ev.ID)
 				continue
 			}

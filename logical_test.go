@@ -560,3 +560,75 @@ func TestLogicalIDReusedByAnotherEvent(t *testing.T) {
 	assert.Len(t, got.ids(), 1)
 	assert.Equal(t, 2, strings.Count(logs.String(), "reuses the ID of another event"), "against the table")
 }
+
+// TestLogicalOrderMixedIDs: with OrderByAggregate, an event whose ID or key
+// the publisher named (checked against the table before delivery) must
+// not overtake an earlier generated-ID event of its aggregate that fails,
+// or is handed back while its destination is down: every row the stream
+// writes to the table carries the stream's order.
+func TestLogicalOrderMixedIDs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		failure error
+		later   func(e *logicalEnv) error // publishes the later event(s) of aggregate A
+	}{
+		{"ExplicitIDAfterFailure", errors.New("a1 fails once"), func(e *logicalEnv) error {
+			return Publish(e.db, Event{ID: "a2", Type: "x", AggregateType: "order", AggregateID: "A"})
+		}},
+		{"KeyAfterFailure", errors.New("a1 fails once"), func(e *logicalEnv) error {
+			return Publish(e.db, Event{Type: "x", AggregateType: "order", AggregateID: "A", IdempotencyKey: "a2-key", Headers: map[string]string{"n": "a2"}})
+		}},
+		{"RecorderAfterFailure", errors.New("a1 fails once"), func(e *logicalEnv) error {
+			o := Order{ID: 7}
+			o.Record(Event{Type: "x", AggregateType: "order", AggregateID: "A", Headers: map[string]string{"n": "a2"}})
+			return e.db.Create(&o).Error
+		}},
+		{"ExplicitIDWhileDown", Unavailable(errors.New("broker down")), func(e *logicalEnv) error {
+			return Publish(e.db, Event{ID: "a2", Type: "x", AggregateType: "order", AggregateID: "A"})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := setupLogical(t, Config{})
+			var (
+				mu    sync.Mutex
+				order []string
+				fail  = true
+			)
+			name := func(ev Event) string {
+				if n := ev.Headers["n"]; n != "" {
+					return n
+				}
+				return ev.ID
+			}
+			e.ob.Handle(AnyEvent, func(_ context.Context, ev Event) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if name(ev) == "a1" && fail {
+					fail = false
+					return tc.failure
+				}
+				order = append(order, name(ev))
+				return nil
+			})
+			r := e.relay(RelayConfig{OrderByAggregate: true, Workers: 8, Backoff: func(int) time.Duration { return time.Second }})
+			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+				// a1 has a generated ID: it is delivered from the stream
+				// and reaches the table only when it fails.
+				if err := Publish(tx, Event{Type: "x", AggregateType: "order", AggregateID: "A", Headers: map[string]string{"n": "a1"}}); err != nil {
+					return err
+				}
+				return tc.later(&logicalEnv{testEnv: &testEnv{t: t, db: tx, ob: e.ob, clock: e.clock, name: e.name}})
+			}))
+			for range 3 {
+				_, _ = r.ProcessOnce(t.Context()) // an Unavailable error is expected once
+				e.clock.Advance(2 * time.Second)
+			}
+			e.drain(r)
+			mu.Lock()
+			defer mu.Unlock()
+			assert.Equal(t, []string{"a1", "a2"}, order)
+		})
+	}
+}
