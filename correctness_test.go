@@ -370,6 +370,8 @@ func testIDReused(t *testing.T, b backend) {
 	err := Publish(e.db, Event{ID: "same", Type: "second", IdempotencyKey: "k2"})
 	require.Error(t, err, "a different event reusing an ID must not vanish without a word")
 	assert.ErrorContains(t, err, "already used by an event with another idempotency key")
+	assert.ErrorIs(t, err, ErrInvalidEvent, "a validation failure, as README says every one is")
+	assert.ErrorIs(t, err, ErrIDConflict)
 	assert.EqualValues(t, 1, e.count(""))
 	assert.Equal(t, "first", e.record("same").EventType)
 }

@@ -42,7 +42,8 @@ type dialect interface {
 	// key is already in the table is skipped (the first write wins; the
 	// publisher then tells a duplicate from an ID reused by another event).
 	insert(rows []encoded, now time.Time) query
-	// keysOf reads the idempotency keys of the rows with the given IDs.
+	// keysOf reads the idempotency keys and creation times of the rows
+	// with the given IDs.
 	keysOf(ids []string) query
 	// claim takes up to c.limit due pending rows, oldest first, moves
 	// their available_at and locked_until to c.lease, counts an attempt,
@@ -219,10 +220,11 @@ func (s *sqlSyntax) claimColumns() string {
 		s.timeCol("occurred_at") + ", " + s.timeCol("created_at")
 }
 
-// keysOf reads the idempotency keys of the rows with the given IDs.
+// keysOf reads the idempotency keys and creation times of the rows with
+// the given IDs.
 func (s *sqlSyntax) keysOf(ids []string) query {
 	b := s.build()
-	return b.w("SELECT id, idempotency_key FROM ", s.table, " WHERE ", b.ids("id", ids)).query()
+	return b.w("SELECT id, idempotency_key, ", s.timeCol("created_at"), " FROM ", s.table, " WHERE ", b.ids("id", ids)).query()
 }
 
 // due writes the claim's filter on the table aliased c: pending and due,

@@ -14,6 +14,12 @@ var (
 	// caller's transaction is still usable and can roll back cleanly.
 	ErrInvalidEvent = errors.New("outbox: invalid event")
 
+	// ErrIDConflict is wrapped, with [ErrInvalidEvent], by the error of
+	// [Publish] for an event whose ID the table already holds for another
+	// event (one with a different idempotency key): the first write keeps
+	// the ID, and the later event is refused rather than lost.
+	ErrIDConflict = errors.New("outbox: event ID taken by another event")
+
 	// ErrInvalidConfig is wrapped by errors about a [Config] or [RelayConfig]
 	// value, such as an unsafe table name or a negative batch size.
 	ErrInvalidConfig = errors.New("outbox: invalid config")

@@ -22,6 +22,20 @@ type Hooks struct {
 	// event.
 	Publish func(ctx context.Context, e *Event)
 
+	// Stored is called by [Publish], once it is done with them, for every
+	// event it was given, with the same e the Publish hooks received (so a
+	// hook may key state of its own on the pointer): stored reports
+	// whether the event was written. In [Persistent] mode that is an
+	// INSERT on the publishing transaction (committed or rolled back with
+	// it); in [Logical] mode, the message emitted into its WAL; in
+	// [Memory] mode, the event queued for after the commit. stored is
+	// false for every event of a Publish call that returns an error, and,
+	// in Persistent mode, for an event skipped as a duplicate of one the
+	// table holds (its idempotency key is taken) and on a dry run
+	// (gorm.Session{DryRun: true}). Logical and Memory mode tell duplicates
+	// apart only when they deliver. e must not be changed.
+	Stored func(ctx context.Context, e *Event, stored bool)
+
 	// Deliver wraps the delivery of one event, in every mode (a relay's
 	// attempt, memory mode's after-commit dispatch). next calls every
 	// handler the event matches, in registration order, and returns their
@@ -44,6 +58,7 @@ type Hooks struct {
 // hookSet is the hooks added so far, composed; replaced as a whole.
 type hookSet struct {
 	publish   []func(context.Context, *Event)
+	stored    []func(context.Context, *Event, bool)
 	deliver   Handler // the Deliver wrappers around matching; nil when none
 	wrappers  []func(Handler) Handler
 	delivered []func(Delivery)
@@ -59,11 +74,15 @@ func (o *Outbox) AddHooks(h Hooks) {
 	next := &hookSet{}
 	if old := o.hooks.Load(); old != nil {
 		next.publish = slices.Clone(old.publish)
+		next.stored = slices.Clone(old.stored)
 		next.wrappers = slices.Clone(old.wrappers)
 		next.delivered = slices.Clone(old.delivered)
 	}
 	if h.Publish != nil {
 		next.publish = append(next.publish, h.Publish)
+	}
+	if h.Stored != nil {
+		next.stored = append(next.stored, h.Stored)
 	}
 	if h.Deliver != nil {
 		next.wrappers = append(next.wrappers, h.Deliver)
@@ -81,29 +100,48 @@ func (o *Outbox) AddHooks(h Hooks) {
 }
 
 // publishHooks runs the Publish hooks on copies of events and returns the
-// copies, or events itself when there are no hooks.
-func (o *Outbox) publishHooks(ctx context.Context, events []Event) ([]Event, error) {
-	hs := o.hooks.Load()
-	if hs == nil || len(hs.publish) == 0 {
-		return events, nil
+// copies, or events itself when no hook looks at them. generated reports,
+// per event, that its ID and key were both left to the outbox: an ID
+// assigned here so that the hooks see the one stored is still a
+// generated one, unless a hook changed it or set a key.
+func (o *Outbox) publishHooks(ctx context.Context, hs *hookSet, events []Event) (out []Event, generated []bool, err error) {
+	if hs == nil || len(hs.publish)+len(hs.stored) == 0 {
+		return events, nil, nil
 	}
-	out := make([]Event, len(events))
+	out = make([]Event, len(events))
+	generated = make([]bool, len(events))
 	for i, e := range events {
+		gen := e.ID == "" && e.IdempotencyKey == ""
 		if e.ID == "" {
-			// Assigned here so that the hooks see the ID that is stored.
 			id, err := newEventID()
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			e.ID = id
 		}
+		assigned := e.ID
 		e.Headers = maps.Clone(e.Headers)
-		for _, f := range hs.publish {
-			f(ctx, &e)
-		}
 		out[i] = e
+		for _, f := range hs.publish {
+			f(ctx, &out[i])
+		}
+		generated[i] = gen && out[i].ID == assigned && out[i].IdempotencyKey == ""
 	}
-	return out, nil
+	return out, generated, nil
+}
+
+// storedHooks reports to the Stored hooks which of events were written:
+// none when err is set, all but the skipped ones otherwise.
+func (o *Outbox) storedHooks(ctx context.Context, hs *hookSet, events []Event, skipped map[string]bool, err error) {
+	if hs == nil || len(hs.stored) == 0 {
+		return
+	}
+	for i := range events {
+		stored := err == nil && !skipped[events[i].ID]
+		for _, f := range hs.stored {
+			f(ctx, &events[i], stored)
+		}
+	}
 }
 
 // delivered reports d to the Delivered hooks.

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"regexp"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -16,6 +18,125 @@ import (
 var hooksTests = map[string]func(*testing.T, backend){
 	"HooksPublishDeliverDelivered": testHooks,
 	"HooksNoHandlerAndPanic":       testHooksNoHandler,
+	"HooksKeepGeneratedEvents":     testHooksKeepGenerated,
+	"HooksStored":                  testHooksStored,
+}
+
+// insertRecorder wraps a dialect to keep the INSERTs Publish builds.
+type insertRecorder struct {
+	dialect
+	mu      sync.Mutex
+	inserts []string
+}
+
+func (d *insertRecorder) insert(rows []encoded, now time.Time) query {
+	q := d.dialect.insert(rows, now)
+	d.mu.Lock()
+	d.inserts = append(d.inserts, q.sql)
+	d.mu.Unlock()
+	return q
+}
+
+// testHooksKeepGenerated: a Publish hook (tracing adds a header to every
+// event) sees the event's ID before it is stored, and must not make an
+// event whose ID and key the outbox generated look named by the caller:
+// Persistent mode still inserts it without the conflict clause, and
+// Logical mode, which checks named events against the table, writes no
+// row for it.
+func testHooksKeepGenerated(t *testing.T, b backend) {
+	e := b.setup(t)
+	var seen []string
+	e.ob.AddHooks(Hooks{Publish: func(_ context.Context, ev *Event) {
+		seen = append(seen, ev.ID)
+		ev.Headers = map[string]string{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+	}})
+	if b.logical {
+		c := &collector{}
+		e.ob.Handle("x", c.handle)
+		require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x"}))
+		drain(t, e.relay(RelayConfig{}))
+		assert.Equal(t, seen, c.ids(), "the hook saw the IDs delivered")
+		assert.EqualValues(t, 0, e.count(""), "generated events delivered from the stream leave no row")
+		return
+	}
+	rec := &insertRecorder{dialect: e.ob.dialect}
+	e.ob.dialect = rec
+	require.NoError(t, Publish(e.db, Event{Type: "x"}))
+	require.NoError(t, Publish(e.db, Event{Type: "x", IdempotencyKey: "named"}))
+	require.Len(t, rec.inserts, 2)
+	conflict := regexp.MustCompile(`ON CONFLICT|ON DUPLICATE KEY`)
+	assert.NotRegexp(t, conflict, rec.inserts[0], "a generated event goes without the conflict clause, hook or not")
+	assert.Regexp(t, conflict, rec.inserts[1], "a named event keeps it")
+	assert.EqualValues(t, 1, e.count("id = ?", seen[0]), "stored under the ID the hook saw")
+	assert.EqualValues(t, 1, e.count("id = ? AND headers IS NOT NULL", seen[0]), "with the hook's header")
+}
+
+// testHooksStored: the Stored hook learns which events Publish wrote, with
+// the pointer the Publish hook got; refused events, and in Persistent mode
+// duplicates, are not stored.
+func testHooksStored(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			var (
+				mu      sync.Mutex
+				handed  = map[*Event]string{}
+				outcome = map[string]bool{}
+				strays  int
+			)
+			e.ob.AddHooks(Hooks{
+				Publish: func(_ context.Context, ev *Event) {
+					mu.Lock()
+					defer mu.Unlock()
+					handed[ev] = ev.Headers["n"]
+				},
+				Stored: func(_ context.Context, ev *Event, stored bool) {
+					mu.Lock()
+					defer mu.Unlock()
+					n, ok := handed[ev]
+					if !ok {
+						strays++
+						return
+					}
+					delete(handed, ev)
+					outcome[n] = stored
+				},
+			})
+			e.ob.Handle(AnyEvent, func(context.Context, Event) error { return nil })
+			n := func(name string, ev Event) Event { ev.Headers = map[string]string{"n": name}; return ev }
+			require.NoError(t, Publish(e.db, n("new", Event{Type: "x"})))
+			require.NoError(t, Publish(e.db, n("first", Event{Type: "x", IdempotencyKey: "k"})))
+			require.NoError(t, Publish(e.db, n("fresh", Event{Type: "x"}), n("dup", Event{Type: "x", IdempotencyKey: "k"})))
+			require.Error(t, Publish(e.db, n("ok-but-refused-with", Event{Type: "x"}), n("invalid", Event{})))
+			require.NoError(t, Publish(e.db.Session(&gorm.Session{DryRun: true}), n("dry", Event{Type: "x"})))
+			if mode == Persistent && !b.logical {
+				require.NoError(t, Publish(e.db, n("named", Event{ID: "taken", Type: "x"})))
+				err := Publish(e.db, n("conflict", Event{ID: "taken", Type: "x", IdempotencyKey: "other"}))
+				require.ErrorIs(t, err, ErrIDConflict)
+				require.ErrorIs(t, err, ErrInvalidEvent)
+			}
+
+			mu.Lock()
+			defer mu.Unlock()
+			assert.Zero(t, strays, "Stored got a pointer the Publish hook never saw")
+			assert.Empty(t, handed, "every event the Publish hook saw reaches Stored")
+			want := map[string]bool{"new": true, "first": true, "fresh": true, "ok-but-refused-with": false, "invalid": false}
+			switch {
+			case mode == Memory:
+				want["dry"] = true // memory mode queues even on a dry run
+				want["dup"] = true // told apart at dispatch
+			case b.logical:
+				want["dry"] = false
+				want["dup"] = true // told apart by the relay
+			default:
+				want["dry"] = false
+				want["dup"] = false
+				want["named"] = true
+				want["conflict"] = false
+			}
+			assert.Equal(t, want, outcome)
+		})
+	}
 }
 
 type ctxKey struct{}
@@ -121,7 +242,7 @@ func testHooks(t *testing.T, b backend) {
 			i := indexOf(h.order, "deliver:outer")
 			assert.Equal(t, "deliver:inner", h.order[i+1], "the first hook added wraps the later ones")
 
-			if mode == Persistent {
+			if mode == Persistent && !b.logical { // Logical mode writes no row for it
 				var got Row
 				require.NoError(t, e.db.Table(e.ob.Table()).Where("id = ?", h.published[0]).Take(&got).Error)
 				require.NotNil(t, got.Headers)

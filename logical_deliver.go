@@ -389,8 +389,11 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	defer rows.Close()
 	keys := map[string]string{}
 	for rows.Next() {
-		var id, key string
-		if rows.Scan(&id, &key) == nil {
+		var (
+			id, key string
+			added   dbTime
+		)
+		if rows.Scan(&id, &key, &added) == nil {
 			keys[id] = key
 		}
 	}

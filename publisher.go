@@ -59,15 +59,18 @@ func Publish(tx *gorm.DB, events ...Event) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	events, err := o.publishHooks(ctx, events)
+	hs := o.hooks.Load()
+	events, generated, err := o.publishHooks(ctx, hs, events)
 	if err != nil {
 		return err
 	}
-	enc, err := o.encodeAll(events)
-	if err != nil {
-		return err
+	var skipped map[string]bool
+	enc, err := o.encodeAll(events, generated)
+	if err == nil {
+		skipped, err = o.publishEncoded(tx, enc, hs != nil && len(hs.stored) > 0)
 	}
-	return o.publishEncoded(tx, enc)
+	o.storedHooks(ctx, hs, events, skipped, err)
+	return err
 }
 
 // encoded is an event after validation: every default filled in, payload
@@ -96,11 +99,18 @@ func (e *encoded) event() Event {
 	return ev
 }
 
-func (o *Outbox) encodeAll(events []Event) ([]encoded, error) {
+// encodeAll encodes events; generated, when not nil, says per event
+// whether its ID and key were generated (see publishHooks), which
+// otherwise is read from the event.
+func (o *Outbox) encodeAll(events []Event, generated []bool) ([]encoded, error) {
 	now := o.now()
 	out := make([]encoded, len(events))
 	for i := range events {
-		if err := o.encode(&events[i], now, &out[i]); err != nil {
+		gen := events[i].ID == "" && events[i].IdempotencyKey == ""
+		if generated != nil {
+			gen = generated[i]
+		}
+		if err := o.encode(&events[i], gen, now, &out[i]); err != nil {
 			if len(events) > 1 {
 				return nil, fmt.Errorf("event %d of %d: %w", i+1, len(events), err)
 			}
@@ -120,9 +130,8 @@ func newEventID() (string, error) {
 	return id.String(), nil
 }
 
-func (o *Outbox) encode(in *Event, now time.Time, out *encoded) error {
+func (o *Outbox) encode(in *Event, generated bool, now time.Time, out *encoded) error {
 	e := *in
-	generated := e.ID == "" && e.IdempotencyKey == ""
 	if e.Type == "" {
 		return fmt.Errorf("%w: Type is required", ErrInvalidEvent)
 	}
@@ -247,8 +256,9 @@ const insertChunk = 1000
 
 // insert writes enc with one statement. It goes straight to the
 // transaction's connection, not through GORM's logger, which would print the
-// payload arguments of a slow statement.
-func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time) error {
+// payload arguments of a slow statement. With tell, it adds the IDs of the
+// events it skipped as duplicates to skipped.
+func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped map[string]bool) error {
 	q := o.dialect.insert(enc, now)
 	res, err := pool.ExecContext(ctx, q.sql, q.args...)
 	if err != nil {
@@ -260,15 +270,18 @@ func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, 
 	if n, err := res.RowsAffected(); err == nil && int(n) == len(enc) {
 		return nil
 	}
-	return o.checkSkipped(ctx, pool, enc)
+	return o.checkSkipped(ctx, pool, enc, now, skipped)
 }
 
 // checkSkipped runs when an INSERT skipped rows (or could not say): a row
 // skipped because its idempotency key, or its ID with the same key, is
 // already there is a duplicate, the first write winning; one whose ID is
 // taken by an event with another key is a different event, and an error
-// rather than a silent loss.
-func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []encoded) error {
+// rather than a silent loss. When skipped is not nil it gets the IDs of the
+// duplicates: the events whose ID the table does not hold (their key is
+// taken), or holds in a row not written by this INSERT, which wrote now as
+// every row's created_at.
+func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped map[string]bool) error {
 	ids := make([]string, len(enc))
 	for i := range enc {
 		ids[i] = enc[i].ID
@@ -279,26 +292,41 @@ func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []enc
 		return fmt.Errorf("outbox: check skipped events: %w", err)
 	}
 	defer rows.Close()
-	keys := make(map[string]string, len(enc))
+	type stored struct {
+		key   string
+		added time.Time
+	}
+	held := make(map[string]stored, len(enc))
 	for rows.Next() {
-		var id, key string
-		if err := rows.Scan(&id, &key); err != nil {
+		var (
+			id, key string
+			added   dbTime
+		)
+		if err := rows.Scan(&id, &key, &added); err != nil {
 			return fmt.Errorf("outbox: check skipped events: %w", err)
 		}
-		keys[id] = key
+		held[id] = stored{key, added.t}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("outbox: check skipped events: %w", err)
 	}
 	for i := range enc {
-		if key, ok := keys[enc[i].ID]; ok && key != enc[i].IdempotencyKey {
-			return fmt.Errorf("outbox: insert event %s (%s): the ID is already used by an event with another idempotency key", enc[i].ID, enc[i].Type)
+		row, ok := held[enc[i].ID]
+		if ok && row.key != enc[i].IdempotencyKey {
+			return fmt.Errorf("%w: %w: event %s (%s): its ID is already used by an event with another idempotency key",
+				ErrInvalidEvent, ErrIDConflict, enc[i].ID, enc[i].Type)
+		}
+		if skipped != nil && (!ok || !row.added.Equal(now)) {
+			skipped[enc[i].ID] = true
 		}
 	}
 	return nil
 }
 
-func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
+// publishEncoded writes enc, or in Memory mode queues it. With tell, it
+// returns the IDs of the events it did not write: every one on a dry run,
+// the duplicates otherwise.
+func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped map[string]bool, err error) {
 	ctx := tx.Statement.Context
 	if ctx == nil {
 		ctx = context.Background()
@@ -310,32 +338,45 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
 		switch {
 		case t != nil:
 			if !t.st.add(nil, func() { o.dispatchMemory(t.dispatchContext(), enc) }) {
-				return errFinished
+				return nil, errFinished
 			}
 		case inTx:
-			return ErrUntrackedTransaction
+			return nil, ErrUntrackedTransaction
 		default:
 			o.dispatchMemory(ctx, enc)
 		}
-		return nil
+		return nil, nil
 	}
-
+	if tell {
+		skipped = map[string]bool{}
+	}
 	if tx.DryRun {
-		return nil // as GORM: build, do not execute
+		// As GORM: build, do not execute.
+		for i := range enc {
+			if tell {
+				skipped[enc[i].ID] = true
+			}
+		}
+		return skipped, nil
 	}
 	if len(enc) > insertChunk && !inTx {
 		// Several statements must commit together: give them a transaction.
-		return tx.Transaction(func(tx *gorm.DB) error { return o.publishEncoded(tx, enc) })
+		err := tx.Transaction(func(tx *gorm.DB) error {
+			var err error
+			skipped, err = o.publishEncoded(tx, enc, tell)
+			return err
+		})
+		return skipped, err
 	}
 	if o.mode == Logical {
 		// One message however many events: nothing to wake, the relay
 		// streams it after the commit.
-		return o.emit(ctx, pool, enc)
+		return skipped, o.emit(ctx, pool, enc)
 	}
 	now := o.now()
 	for chunk := range slices.Chunk(enc, insertChunk) {
-		if err := o.insert(ctx, pool, chunk, now); err != nil {
-			return err
+		if err := o.insert(ctx, pool, chunk, now, skipped); err != nil {
+			return nil, err
 		}
 	}
 	ids := make([]string, len(enc))
@@ -348,5 +389,5 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded) error {
 	case !inTx:
 		o.published(ids)
 	}
-	return nil
+	return skipped, nil
 }
