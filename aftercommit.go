@@ -23,9 +23,13 @@ import (
 // commit into an error. fn must not use tx, which is finished by then: use
 // the root *gorm.DB.
 //
-// On a transaction the plugin cannot track, such as one begun inside
-// db.Connection, AfterCommit adds [ErrUntrackedTransaction] to tx instead of
-// risking a silent loss of fn.
+// On a transaction whose commit the plugin cannot see (one begun inside
+// db.Connection, or on a *gorm.DB without the plugin), fn could never run:
+// AfterCommit then rolls the transaction back and adds
+// [ErrUntrackedTransaction] (or [ErrNotInstalled]) to tx, and the commit
+// that follows fails with it. So an error from db.Transaction still means
+// that nothing was committed, and a caller that retries on it does not
+// write the business data twice.
 func AfterCommit(tx *gorm.DB, fn func()) {
 	if tx == nil || fn == nil {
 		return
@@ -37,13 +41,41 @@ func AfterCommit(tx *gorm.DB, fn func()) {
 			_ = tx.AddError(errFinished)
 		}
 	case inTx && fromDB(tx) == nil:
-		_ = tx.AddError(ErrNotInstalled)
+		abortTx(tx, ErrNotInstalled)
 	case inTx:
-		_ = tx.AddError(ErrUntrackedTransaction)
+		abortTx(tx, ErrUntrackedTransaction)
 	default:
 		fn()
 	}
 }
+
+// abortTx rolls back the transaction tx runs in, which after-commit work
+// was attached to that could never run, and makes its commit fail with
+// cause. Adding the error to tx alone would not do: GORM's Transaction
+// commits whatever tx.Error holds (and then returns the error), and a
+// nested Transaction's error never reaches the outer one.
+func abortTx(tx *gorm.DB, cause error) {
+	err := fmt.Errorf("%w; the transaction is rolled back: its after-commit work could never run", cause)
+	_ = tx.AddError(err)
+	pool := tx.Statement.ConnPool
+	if _, done := pool.(*abortedTx); done {
+		return
+	}
+	if c, ok := pool.(gorm.TxCommitter); ok {
+		_ = c.Rollback()
+	}
+	tx.Statement.ConnPool = &abortedTx{ConnPool: pool, err: err}
+}
+
+// abortedTx is a transaction abortTx rolled back: its statements fail as
+// on any finished transaction, and its commit with the reason.
+type abortedTx struct {
+	gorm.ConnPool
+	err error
+}
+
+func (a *abortedTx) Commit() error   { return a.err }
+func (a *abortedTx) Rollback() error { return nil }
 
 // errFinished is the error of attaching work to a transaction that has
 // already committed or rolled back.

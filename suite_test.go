@@ -63,6 +63,9 @@ func runSuite(t *testing.T, b backend) {
 	for name, fn := range hooksTests {
 		tests[name] = fn
 	}
+	for name, fn := range refusalTests {
+		tests[name] = fn
+	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
