@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
+	"runtime"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 )
@@ -73,7 +76,7 @@ func joinErrs(errs []error) error { return errors.Join(errs...) }
 // the outermost hook returns.
 func (o *Outbox) runHandlers(ctx context.Context, e Event, failed func(error)) (matched bool) {
 	if hs := o.hooks.Load(); hs != nil && hs.deliver != nil {
-		err := callHandler(ctx, hs.deliver, e)
+		err := o.callHandler(ctx, hs.deliver, e)
 		if errors.Is(err, ErrNoHandler) {
 			return false
 		}
@@ -100,7 +103,7 @@ func (o *Outbox) callMatching(ctx context.Context, e Event, failed func(error)) 
 			continue
 		}
 		matched = true
-		if err := callHandler(ctx, r.h, e); err != nil {
+		if err := o.callHandler(ctx, r.h, e); err != nil {
 			failed(err)
 		}
 	}
@@ -110,13 +113,56 @@ func (o *Outbox) callMatching(ctx context.Context, e Event, failed func(error)) 
 // errHandlerPanic is wrapped by the error a recovered handler panic becomes.
 var errHandlerPanic = errors.New("handler panicked")
 
-func callHandler(ctx context.Context, h Handler, e Event) (err error) {
+// panicFrames is how many frames of the panicking code a recovered panic's
+// error names. The error becomes the row's last_error, which the CLI and
+// the dashboard show: a few frames say where, the full stack (logged
+// once) says the rest, and the build machine's paths stay out of the table.
+const panicFrames = 3
+
+func (o *Outbox) callHandler(ctx context.Context, h Handler, e Event) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("%w: %v\n%s", errHandlerPanic, r, debug.Stack())
+			err = fmt.Errorf("%w: %s", errHandlerPanic, panicText(r, panicSite()))
+			o.logger.ErrorContext(ctx, "outbox: handler panicked", append(eventAttrs(e, err), slog.String("stack", string(debug.Stack())))...)
 		}
 	}()
 	return h(ctx, e)
+}
+
+// panicSite names the innermost frames of the code that panicked, from
+// the deferred function that recovered it: the frames below the runtime's
+// panic machinery, function and file base name only.
+func panicSite() []string {
+	pcs := make([]uintptr, 32)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)])
+	var site []string
+	for len(site) < panicFrames {
+		f, more := frames.Next()
+		switch {
+		case f.Function == "":
+		case strings.HasPrefix(f.Function, "runtime."):
+			site = site[:0] // the panic machinery, and what called it
+		case strings.HasSuffix(f.Function, ".(*Outbox).callHandler"):
+			return site // the handler's frames end here
+		default:
+			site = append(site, fmt.Sprintf("%s (%s:%d)", f.Function, filepath.Base(f.File), f.Line))
+		}
+		if !more {
+			break
+		}
+	}
+	return site
+}
+
+// maxPanicValue bounds the panic value's text in the error.
+const maxPanicValue = 512
+
+func panicText(r any, site []string) string {
+	s := truncate(fmt.Sprint(r), maxPanicValue)
+	if len(site) > 0 {
+		s += " at " + strings.Join(site, " < ")
+	}
+	return s
 }
 
 // dispatchMemory hands committed memory-mode events to their handlers. A

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -160,7 +162,8 @@ func testRelayPermanentAndReplay(t *testing.T, b backend) {
 }
 
 func testRelayPanicAndNoHandler(t *testing.T, b backend) {
-	e := b.setup(t)
+	logs := &syncBuffer{}
+	e := b.setup(t, withConfig(Config{Logger: slog.New(slog.NewTextHandler(logs, nil))}))
 	e.ob.Handle("panics", func(context.Context, Event) error { panic("nil map write") })
 	publishN(t, e.db, "panics", 1)
 	publishN(t, e.db, "unhandled", 1)
@@ -176,7 +179,14 @@ func testRelayPanicAndNoHandler(t *testing.T, b backend) {
 	assert.Equal(t, StatusPending, p.Status)
 	assert.Equal(t, 1, p.Attempts)
 	require.NotNil(t, p.LastError)
-	assert.Contains(t, *p.LastError, "handler panicked: nil map write")
+	assert.Contains(t, *p.LastError, "handler panicked: nil map write at github.com/gorm-outbox/outbox.testRelayPanicAndNoHandler.func1 (relay_test.go:")
+	// The stored error names where, not the whole stack: it is what the CLI
+	// and the dashboard show, and a stack holds the build machine's paths.
+	assert.NotContains(t, *p.LastError, "goroutine", "no stack trace in last_error")
+	assert.NotContains(t, *p.LastError, "/relay_test.go", "no file paths in last_error")
+	assert.Less(t, len(*p.LastError), 400)
+	assert.Equal(t, 1, strings.Count(logs.String(), "[running]"), "the full stack is logged once:\n%s", logs.String())
+	assert.Contains(t, logs.String(), "level=ERROR msg=\"outbox: handler panicked\"")
 
 	u := e.record("unhandled-00000")
 	assert.Equal(t, StatusPending, u.Status, "an event with no handler is never marked sent")
