@@ -15,6 +15,8 @@ import (
 
 func isInvalidFilter(err error) bool { return errors.Is(err, outbox.ErrInvalidFilter) }
 
+func isNotFound(err error) bool { return errors.Is(err, outbox.ErrNotFound) }
+
 func (c *cli) stats(ctx context.Context, args []string) error {
 	fs := c.flags("stats", "[--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--json]")
 	o := c.common(fs)
@@ -131,6 +133,11 @@ func (c *cli) list(ctx context.Context, args []string) error {
 
 func (c *cli) show(ctx context.Context, args []string) error {
 	fs := c.flags("show", "ID [--no-payload] [--json]")
+	c.exitStatuses(fs, `  0  ok
+  1  an error (the database)
+  2  a usage error
+  4  no event has this ID
+`)
 	o := c.common(fs)
 	noPayload := fs.Bool("no-payload", false, "do not print the payload (it may hold personal data)")
 	asJSON := fs.Bool("json", false, "print one JSON object")

@@ -29,6 +29,17 @@ func (c *cli) flags(name, synopsis string) *flag.FlagSet {
 	return fs
 }
 
+// exitStatuses adds to a command's -h what its exit statuses mean (one
+// indented line each), for the commands whose statuses say more than ok,
+// error and usage error.
+func (c *cli) exitStatuses(fs *flag.FlagSet, meanings string) {
+	usage := fs.Usage
+	fs.Usage = func() {
+		usage()
+		fmt.Fprint(c.stderr, "\nExit status:\n"+meanings)
+	}
+}
+
 func (c *cli) common(fs *flag.FlagSet) *common {
 	o := &common{env: c.env}
 	// The environment is read after parsing, not made the flags' default:

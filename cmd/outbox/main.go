@@ -29,7 +29,7 @@
 //
 // Exit status: 0 on success, 1 on an error (the database, a declined
 // confirmation), 2 on a usage error (a bad flag, an unknown status), 3
-// when a check of stats fails.
+// when a check of stats fails, 4 when an event ID is not in the table.
 //
 // Everything goes through the library's exported functions ([outbox.Outbox.List],
 // [outbox.Outbox.ReplayFilter], [outbox.Outbox.Purge], ...), the same the
@@ -55,6 +55,9 @@ const (
 	exitError = 1
 	exitUsage = 2
 	exitCheck = 3
+	// exitNotFound is an event ID the table does not hold: a typo, or an
+	// event already purged, which a script must tell from a database error.
+	exitNotFound = 4
 )
 
 func main() {
@@ -124,8 +127,11 @@ func (c *cli) exit(err error) int {
 		msg = "outbox: " + msg
 	}
 	fmt.Fprintln(c.stderr, msg)
-	if errors.As(err, &usage) || isInvalidFilter(err) {
+	switch {
+	case errors.As(err, &usage) || isInvalidFilter(err):
 		return exitUsage
+	case isNotFound(err):
+		return exitNotFound
 	}
 	return exitError
 }
@@ -160,7 +166,8 @@ Filters (list, replay, purge): --id, --status, --type (comma-separated or
 repeated), --aggregate-type, --aggregate-id, --since, --until (a time such
 as 2026-12-01T03:00:00Z or an age such as 2h or 7d), --error TEXT.
 
-Exit status: 0 ok, 1 error, 2 usage error, 3 a stats check failed.
+Exit status: 0 ok, 1 error, 2 usage error, 3 a stats check failed,
+4 an event ID not in the table.
 `)
 }
 

@@ -316,9 +316,15 @@ func TestShow(t *testing.T) {
 		assert.NotContains(t, out, "4242")
 		assert.Contains(t, out, `"id":"bad-1"`)
 
-		code, _, errOut = f.run(t, "", "show", "nope")
-		assert.Equal(t, exitError, code)
-		assert.Contains(t, errOut, "outbox: event not found: nope")
+		// An unknown ID has an exit status of its own, which scripts can
+		// tell from a database error; so does one whose case differs
+		// (IDs compare byte for byte on every database).
+		for _, args := range [][]string{{"show", "nope"}, {"show", "nope", "--json"}, {"show", "BAD-1"}} {
+			code, out, errOut = f.run(t, "", args...)
+			assert.Equal(t, exitNotFound, code, "%v", args)
+			assert.Equal(t, "outbox: event not found: "+args[1]+"\n", errOut, "%v", args)
+			assert.Empty(t, out, "%v", args)
+		}
 		code, _, _ = f.run(t, "", "show")
 		assert.Equal(t, exitUsage, code)
 
@@ -671,4 +677,17 @@ func TestMigrateUpgradesVersion1(t *testing.T) {
 		code, _, errOut = runEnv(t, env, "", "stats", "--max-failed", "0")
 		assert.Equal(t, exitOK, code, errOut)
 	})
+}
+
+// TestExitStatusesDocumented: the statuses a script may test are in the
+// help, next to the command that returns them.
+func TestExitStatusesDocumented(t *testing.T) {
+	t.Parallel()
+	code, out, _ := runEnv(t, nil, "", "help")
+	require.Equal(t, exitOK, code)
+	assert.Contains(t, out, "4 an event ID not in the table")
+	code, _, errOut := runEnv(t, nil, "", "show", "-h")
+	require.Equal(t, exitOK, code)
+	assert.Contains(t, errOut, "\nExit status:\n  0  ok\n")
+	assert.Contains(t, errOut, "\n  4  no event has this ID\n")
 }
