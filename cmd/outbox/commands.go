@@ -2,11 +2,13 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -173,6 +175,14 @@ type selection struct {
 
 func (c *cli) replay(ctx context.Context, args []string) error {
 	fs := c.flags("replay", "[ID...] [filters] [--all] [--dry-run] [--yes]")
+	c.exitStatuses(fs, `  0  ok (also when no failed event matches a filter)
+  1  an error (the database, a declined confirmation)
+  2  a usage error
+  4  an event ID not in the table
+  5  a named event that is not failed
+  With several IDs, the others are replayed, and the status is the worst:
+  1, then 4, then 5.
+`)
 	o := c.common(fs)
 	s := selectionFlags(fs, "replay every failed event")
 	pos, err := parse(fs, args)
@@ -195,17 +205,38 @@ func (c *cli) replay(ctx context.Context, args []string) error {
 		return err
 	}
 	defer t.close()
+	named, err := c.namedEvents(ctx, t, &f, func(status string) string {
+		if status != outbox.StatusFailed {
+			return "replay changes only failed events"
+		}
+		return ""
+	})
+	if err != nil {
+		return err
+	}
+	if named != nil && len(f.IDs) == 0 {
+		return named // none left; without IDs, f would select more
+	}
 	ok, err := c.confirm(ctx, t, s, f, "replay", "failed events")
 	if err != nil || !ok {
-		return err
+		return cmp.Or(err, named)
 	}
 	n, err := t.ob.ReplayFilter(ctx, t.db, f)
 	fmt.Fprintf(c.stdout, "replayed %d events (pending again, due now)\n", n)
-	return err
+	return cmp.Or(err, named)
 }
 
 func (c *cli) purge(ctx context.Context, args []string) error {
 	fs := c.flags("purge", "[ID...] [filters] [--older-than D] [--all] [--dry-run] [--yes]")
+	c.exitStatuses(fs, `  0  ok (also when no event matches a filter)
+  1  an error (the database, a declined confirmation)
+  2  a usage error
+  4  an event ID not in the table
+  5  a named event this purge does not delete: pending, or sent or failed
+     when --status (or --older-than, which means sent) leaves it out
+  With several IDs, the others are deleted, and the status is the worst:
+  1, then 4, then 5.
+`)
 	o := c.common(fs)
 	var older ageFlag
 	fs.Var(&older, "older-than", "sent events created more than `D` ago (e.g. 720h or 30d); with --status failed, failed ones")
@@ -242,13 +273,91 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 		return err
 	}
 	defer t.close()
+	named, err := c.namedEvents(ctx, t, &f, func(status string) string {
+		switch {
+		case status == outbox.StatusPending:
+			return "purge never deletes pending events"
+		case !contains(f.Statuses, status):
+			return "this purge deletes only " + strings.Join(f.Statuses, " and ") + " events"
+		}
+		return ""
+	})
+	if err != nil {
+		return err
+	}
+	if named != nil && len(f.IDs) == 0 {
+		return named // none left; without IDs, f would select more
+	}
 	ok, err := c.confirm(ctx, t, s, f, "delete", strings.Join(f.Statuses, " and ")+" events")
 	if err != nil || !ok {
-		return err
+		return cmp.Or(err, named)
 	}
 	n, err := t.ob.Purge(ctx, t.db, f)
 	fmt.Fprintf(c.stdout, "deleted %d events\n", n)
-	return err
+	return cmp.Or(err, named)
+}
+
+// statusError is a named event in a status the command does not act on.
+type statusError struct{ id, status, why string }
+
+func (e statusError) Error() string { return fmt.Sprintf("event %s is %s; %s", e.id, e.status, e.why) }
+
+// namedProblems are the unknown and wrong-status events among those named
+// by ID, printed already; they set the exit status.
+type namedProblems struct{ error }
+
+func (n namedProblems) Unwrap() error { return n.error }
+
+// namedEvents looks up the events f names by ID and prints on stderr each
+// the table does not hold and each in a status the command does not act
+// on (why gives the reason, or "" for a status it acts on), returning them
+// as a namedProblems, or nil. It leaves in f.IDs only the other IDs, once
+// each, so that the command acts on what it checked. When it leaves none,
+// f no longer narrows by ID: the caller must not act on it.
+func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why func(status string) string) (problems, err error) {
+	if len(f.IDs) == 0 {
+		return nil, nil
+	}
+	var ids []string
+	seen := make(map[string]bool, len(f.IDs))
+	for _, id := range f.IDs {
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	status := make(map[string]string, len(ids))
+	// One query per 1000 IDs rather than one per ID: the IDs may come from
+	// a script by the thousand. IDs are unique, so a chunk is one page.
+	for chunk := range slices.Chunk(ids, 1000) {
+		rows, err := t.ob.List(ctx, t.db, outbox.ListParams{Filter: outbox.Filter{IDs: chunk}, Limit: len(chunk)})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rows {
+			status[r.ID] = r.Status
+		}
+	}
+	var found []error
+	f.IDs = nil
+	for _, id := range ids {
+		st, ok := status[id]
+		var p error
+		if !ok {
+			p = fmt.Errorf("%w: %s", outbox.ErrNotFound, id)
+		} else if reason := why(st); reason != "" {
+			p = statusError{id: id, status: st, why: reason}
+		} else {
+			f.IDs = append(f.IDs, id)
+			continue
+		}
+		c.printErr(p)
+		found = append(found, p)
+	}
+	if len(found) == 0 {
+		return nil, nil
+	}
+	return namedProblems{errors.Join(found...)}, nil
 }
 
 func selectionFlags(fs *flag.FlagSet, allUsage string) *selection {

@@ -29,7 +29,12 @@
 //
 // Exit status: 0 on success, 1 on an error (the database, a declined
 // confirmation), 2 on a usage error (a bad flag, an unknown status), 3
-// when a check of stats fails, 4 when an event ID is not in the table.
+// when a check of stats fails, 4 when an event ID is not in the table, 5
+// when replay or purge is given the ID of an event in a status it does not
+// act on (replay: not failed; purge: pending, or left out by --status or
+// --older-than). Given several IDs, replay and purge report each unknown or
+// wrong-status one, act on the rest, and exit with the worst status: 1,
+// then 4, then 5.
 //
 // Everything goes through the library's exported functions ([outbox.Outbox.List],
 // [outbox.Outbox.ReplayFilter], [outbox.Outbox.Purge], ...), the same the
@@ -58,6 +63,9 @@ const (
 	// exitNotFound is an event ID the table does not hold: a typo, or an
 	// event already purged, which a script must tell from a database error.
 	exitNotFound = 4
+	// exitWrongStatus is a named event that replay or purge leaves alone
+	// because of its status: nothing to do, which is not success either.
+	exitWrongStatus = 5
 )
 
 func main() {
@@ -112,6 +120,7 @@ func (c *cli) exit(err error) int {
 	var (
 		check checkFailed
 		usage usageError
+		named namedProblems
 	)
 	switch {
 	case err == nil:
@@ -121,12 +130,14 @@ func (c *cli) exit(err error) int {
 	case errors.As(err, &check):
 		fmt.Fprintln(c.stderr, "CHECK FAILED:", err)
 		return exitCheck
+	case errors.As(err, &named):
+		// Printed already, each as it was found.
+		if isNotFound(err) {
+			return exitNotFound
+		}
+		return exitWrongStatus
 	}
-	msg := err.Error()
-	if !strings.HasPrefix(msg, "outbox: ") {
-		msg = "outbox: " + msg
-	}
-	fmt.Fprintln(c.stderr, msg)
+	c.printErr(err)
 	switch {
 	case errors.As(err, &usage) || isInvalidFilter(err):
 		return exitUsage
@@ -134,6 +145,15 @@ func (c *cli) exit(err error) int {
 		return exitNotFound
 	}
 	return exitError
+}
+
+// printErr prints err on stderr, as the command's own message.
+func (c *cli) printErr(err error) {
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "outbox: ") {
+		msg = "outbox: " + msg
+	}
+	fmt.Fprintln(c.stderr, msg)
 }
 
 // usageError is a mistake in the command line.
@@ -167,7 +187,10 @@ repeated), --aggregate-type, --aggregate-id, --since, --until (a time such
 as 2026-12-01T03:00:00Z or an age such as 2h or 7d), --error TEXT.
 
 Exit status: 0 ok, 1 error, 2 usage error, 3 a stats check failed,
-4 an event ID not in the table.
+4 an event ID not in the table (show, replay, purge),
+5 a named event in a status the command does not act on (replay, purge).
+With several IDs, replay and purge act on the others and exit with the
+worst status: 1, then 4, then 5.
 `)
 }
 

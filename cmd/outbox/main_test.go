@@ -372,7 +372,8 @@ func TestReplay(t *testing.T) {
 		assert.Equal(t, outbox.StatusFailed, f.status(t, "bad-1"))
 
 		code, out, errOut = f.run(t, "yes\n", "replay", "bad-1", "ok-1")
-		require.Equal(t, exitOK, code, errOut)
+		require.Equal(t, exitWrongStatus, code, "ok-1 is sent: %s", errOut)
+		assert.Contains(t, errOut, "event ok-1 is sent; replay changes only failed events")
 		assert.Contains(t, out, "replayed 1 events")
 		r, err := f.ob.Get(ctx, f.db, "bad-1")
 		require.NoError(t, err)
@@ -425,12 +426,13 @@ func TestPurge(t *testing.T) {
 		assert.Equal(t, []string{"ok-2", "bad-1", "bad-2", "wait-1"}, f.ids(t, outbox.Filter{}))
 
 		// A poison event, by ID; a pending one is never deleted.
-		code, out, _ = f.run(t, "y\n", "purge", "bad-1", "wait-1")
-		require.Equal(t, exitOK, code)
+		code, out, errOut = f.run(t, "y\n", "purge", "bad-1", "wait-1")
+		require.Equal(t, exitWrongStatus, code, "wait-1 is pending: %s", errOut)
 		assert.Contains(t, out, "deleted 1 events")
-		code, out, _ = f.run(t, "", "purge", "wait-1", "--yes")
-		require.Equal(t, exitOK, code)
-		assert.Contains(t, out, "no sent and failed events match")
+		code, out, errOut = f.run(t, "", "purge", "wait-1", "--yes")
+		require.Equal(t, exitWrongStatus, code)
+		assert.Contains(t, errOut, "event wait-1 is pending; purge never deletes pending events")
+		assert.Empty(t, out)
 		assert.Equal(t, []string{"ok-2", "bad-2", "wait-1"}, f.ids(t, outbox.Filter{}))
 
 		code, _, errOut = f.run(t, "", "purge", "--status", "pending", "--yes")
