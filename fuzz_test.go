@@ -380,6 +380,10 @@ func (in publishInput) invalidReason() string {
 		return "payload cannot be encoded"
 	case (in.kind == 0 || in.kind == 1) && in.raw != nil && !utf8.Valid(in.raw):
 		return "payload bytes not UTF-8"
+	case in.kind == 2 && !utf8.Valid(in.raw):
+		// encoding/json would replace the bytes with U+FFFD: refused as
+		// the same bytes are in a json.RawMessage.
+		return "payload string not UTF-8"
 	case !json.Valid(p):
 		return "payload not JSON"
 	case len(p) > 1<<20:

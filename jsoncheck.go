@@ -1,8 +1,12 @@
 package outbox
 
 import (
+	"encoding"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+	"unicode/utf8"
 )
 
 // A payload is checked against what every supported database can store,
@@ -153,4 +157,86 @@ func checkNumber(b []byte, i int) (int, error) {
 		return 0, outOfRange
 	}
 	return i, nil
+}
+
+var errNotUTF8 = errors.New("payload is not valid UTF-8")
+
+// maxValidatorDepth is the nesting encoding/json's validator gives up at,
+// calling deeper documents invalid.
+const maxValidatorDepth = 10000
+
+// nestingDepth returns how deeply b, which may be invalid JSON, nests
+// arrays and objects, not counting brackets inside strings.
+func nestingDepth(b []byte) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(b); i++ {
+		switch b[i] {
+		case '[', '{':
+			depth++
+			deepest = max(deepest, depth)
+		case ']', '}':
+			depth--
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+		}
+	}
+	return deepest
+}
+
+var (
+	jsonMarshalerType = reflect.TypeFor[json.Marshaler]()
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// hasInvalidUTF8 reports whether a string json.Marshal writes for v (a
+// value, map key or text a TextMarshaler returns) holds invalid UTF-8. It
+// walks what Marshal walks; a MarshalJSON's output is checked as bytes by
+// the caller. depth guards against a structure Marshal would have refused
+// as cyclic.
+func hasInvalidUTF8(v reflect.Value, depth int) bool {
+	if !v.IsValid() || depth > 1000 {
+		return false
+	}
+	t := v.Type()
+	if t.Implements(jsonMarshalerType) || (v.CanAddr() && reflect.PointerTo(t).Implements(jsonMarshalerType)) {
+		return false
+	}
+	if t.Implements(textMarshalerType) && !(t.Kind() == reflect.Pointer && v.IsNil()) {
+		text, err := v.Interface().(encoding.TextMarshaler).MarshalText()
+		return err == nil && !utf8.Valid(text)
+	}
+	switch v.Kind() {
+	case reflect.String:
+		return !utf8.ValidString(v.String())
+	case reflect.Pointer, reflect.Interface:
+		return !v.IsNil() && hasInvalidUTF8(v.Elem(), depth+1)
+	case reflect.Struct:
+		for i := range v.NumField() {
+			f := t.Field(i)
+			if (f.IsExported() || f.Anonymous) && f.Tag.Get("json") != "-" && hasInvalidUTF8(v.Field(i), depth+1) {
+				return true
+			}
+		}
+	case reflect.Map:
+		it := v.MapRange()
+		for it.Next() {
+			if hasInvalidUTF8(it.Key(), depth+1) || hasInvalidUTF8(it.Value(), depth+1) {
+				return true
+			}
+		}
+	case reflect.Slice, reflect.Array:
+		if v.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Uint8 {
+			return false // base64
+		}
+		for i := range v.Len() {
+			if hasInvalidUTF8(v.Index(i), depth+1) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -222,15 +223,29 @@ func encodePayload(p any) ([]byte, error) {
 		if b, err = json.Marshal(v); err != nil {
 			return nil, fmt.Errorf("encode payload: %w", err)
 		}
+		// encoding/json writes each invalid byte of a string as \ufffd;
+		// the same bytes as json.RawMessage are refused below, so these
+		// are too rather than silently changed. A MarshalJSON may write
+		// the escape on purpose: only a string of the value itself
+		// counts.
+		if bytes.Contains(b, []byte(`\ufffd`)) && hasInvalidUTF8(reflect.ValueOf(v), 0) {
+			return nil, errNotUTF8
+		}
+		if !utf8.Valid(b) { // from a MarshalJSON
+			return nil, errNotUTF8
+		}
 		return b, checkStorableJSON(b)
 	}
 	if b == nil {
 		return []byte("null"), nil
 	}
 	if !utf8.Valid(b) {
-		return nil, errors.New("payload is not valid UTF-8")
+		return nil, errNotUTF8
 	}
 	if !json.Valid(b) {
+		if nestingDepth(b) > maxValidatorDepth {
+			return nil, fmt.Errorf("payload nests arrays and objects deeper than %d levels, which MariaDB's JSON cannot store", maxJSONDepth)
+		}
 		return nil, errors.New("payload bytes are not valid JSON")
 	}
 	if err := checkStorableJSON(b); err != nil {

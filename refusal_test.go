@@ -1,6 +1,8 @@
 package outbox
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,6 +14,52 @@ import (
 // an error must never come with a commit the caller would repeat.
 var refusalTests = map[string]func(*testing.T, backend){
 	"AfterCommitRefusedCommitsNothing": testAfterCommitRefusedCommitsNothing,
+	"PayloadRefusalsSayWhy":            testPayloadRefusalsSayWhy,
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// rawMarshaler is a payload whose MarshalJSON returns its own bytes.
+type rawMarshaler string
+
+func (m rawMarshaler) MarshalJSON() ([]byte, error) { return []byte(m), nil }
+
+// testPayloadRefusalsSayWhy: invalid UTF-8 is refused alike whether it
+// comes as bytes or in a Go string (encoding/json would silently replace
+// it with U+FFFD), and a document too deep to parse is called too deep,
+// not invalid. What is valid stays accepted: U+FFFD itself, and a
+// MarshalJSON that writes its escape.
+func testPayloadRefusalsSayWhy(t *testing.T, b backend) {
+	e := b.setup(t)
+	for name, tc := range map[string]struct {
+		payload any
+		want    string
+	}{
+		"Bytes":        {json.RawMessage("\"\xff\""), "payload is not valid UTF-8"},
+		"String":       {"\xff", "payload is not valid UTF-8"},
+		"InStructs":    {[]struct{ A map[string]any }{{A: map[string]any{"k": []any{"\xff"}}}}, "payload is not valid UTF-8"},
+		"TooDeep":      {json.RawMessage(strings.Repeat(`{"a":`, 10001) + "1" + strings.Repeat("}", 10001)), "deeper than 31 levels"},
+		"TooDeepBytes": {[]byte(strings.Repeat("[", 20000) + strings.Repeat("]", 20000)), "deeper than 31 levels"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := Publish(e.db, Event{Type: "x", Payload: tc.payload})
+			require.ErrorIs(t, err, ErrInvalidEvent)
+			assert.ErrorContains(t, err, tc.want)
+		})
+	}
+	for name, p := range map[string]any{
+		"ReplacementChar":        "\ufffd",
+		"ReplacementCharEscaped": json.RawMessage(`"\ufffd"`),
+		"MarshalerWritesEscape":  map[string]rawMarshaler{"k": `"\ufffd"`},
+		"SkippedField": struct {
+			A string
+			B string `json:"-"`
+		}{A: "\ufffd", B: "\xff"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			require.NoError(t, Publish(e.db, Event{Type: "x", Payload: p}))
+		})
+	}
 }
 
 // testAfterCommitRefusedCommitsNothing: AfterCommit on a transaction whose
