@@ -26,6 +26,8 @@ var adminTests = map[string]func(*testing.T, backend){
 	"AdminPurgeBatches":        testAdminPurgeBatches,
 	"AdminInvalidFilter":       testAdminInvalidFilter,
 	"AdminStatsFailedLastHour": testAdminStatsFailedLastHour,
+	"AdminReplayOnlyFailed":    testAdminReplayOnlyFailed,
+	"RetentionDeletesOnlySent": testRetentionDeletesOnlySent,
 }
 
 // adminFixture publishes, at distinct times one minute apart:
@@ -399,4 +401,73 @@ func skipPureGo(t *testing.T, e *testEnv) {
 	if _, ok := pure.Load(e.db); ok {
 		t.Skip("same statements as TestSQLite; too slow on the pure-Go driver under -race")
 	}
+}
+
+// testAdminReplayOnlyFailed: Replay and ReplayFilter change failed rows
+// and nothing else, whatever the caller names: a sent event put back to
+// pending is delivered again, and a pending one loses its attempts and its
+// backoff.
+func testAdminReplayOnlyFailed(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	adminFixture(t, e, nil)
+	sent, pending := e.record("ship-0"), e.record("ship-1")
+	require.Equal(t, StatusSent, sent.Status)
+	require.Equal(t, StatusPending, pending.Status)
+	require.Equal(t, 1, pending.Attempts)
+	unchanged := func(want Row) {
+		t.Helper()
+		got := e.record(want.ID)
+		assert.Equal(t, want.Status, got.Status, "%s", want.ID)
+		assert.Equal(t, want.Attempts, got.Attempts, "%s", want.ID)
+		assert.True(t, want.AvailableAt.Equal(got.AvailableAt), "%s: available_at %v, was %v", want.ID, got.AvailableAt, want.AvailableAt)
+		assert.Equal(t, want.SentAt, got.SentAt, "%s", want.ID)
+	}
+
+	n, err := e.ob.Replay(ctx, e.db, "ship-0", "ship-1", "nope")
+	require.NoError(t, err)
+	assert.Equal(t, 0, n, "Replay changes failed events only")
+	unchanged(sent)
+	unchanged(pending)
+
+	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []string{StatusFailed, StatusPending}, AggregateID: "2"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "pay-1 only")
+	assert.Equal(t, StatusPending, e.record("pay-1").Status)
+	unchanged(pending)
+
+	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []string{StatusSent, StatusFailed}, AggregateID: "1"})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "pay-0 only")
+	unchanged(sent)
+}
+
+// testRetentionDeletesOnlySent: retention deletes sent rows past the
+// window and nothing else, however old the other rows are, and whatever
+// their other time columns hold.
+func testRetentionDeletesOnlySent(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := t.Context()
+	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
+	e.ob.Handle("bad", func(context.Context, Event) error { return Permanent(errors.New("no")) })
+	e.ob.Handle("later", func(context.Context, Event) error { return RetryAfter(errors.New("later"), 24*time.Hour) })
+	publishN(t, e.db, "ok", 3)
+	publishN(t, e.db, "bad", 2)
+	publishN(t, e.db, "later", 2)
+	_, err := e.relay(RelayConfig{}).ProcessOnce(ctx)
+	require.NoError(t, err)
+	publishN(t, e.db, "unclaimed", 2) // no handler, never claimed
+	// A pending row that carries a sent time (as one replayed by hand
+	// would): only its status keeps it.
+	s := e.ob.dialect.syntax()
+	require.NoError(t, e.db.Exec("UPDATE "+s.table+" SET sent_at = ? WHERE id = ?", s.timeArg(e.ob.now()), "later-00000").Error)
+	require.NoError(t, e.db.Exec("UPDATE "+s.table+" SET sent_at = ? WHERE id = ?", s.timeArg(e.ob.now()), "bad-00000").Error)
+
+	e.clock.Advance(48 * time.Hour)
+	n, err := e.ob.DeleteSent(ctx, e.db, time.Hour)
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	assert.EqualValues(t, 0, e.count("status = ?", StatusSent))
+	assert.EqualValues(t, 2, e.count("status = ?", StatusFailed), "failed rows are never deleted")
+	assert.EqualValues(t, 4, e.count("status = ?", StatusPending), "pending rows are never deleted")
 }

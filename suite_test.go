@@ -95,7 +95,7 @@ var notInLogicalMode = func() map[string]string {
 		m[n] = noRow
 	}
 	for _, n := range []string{"AdminListPaging", "AdminGet", "AdminPurgeBatches", "AdminReplayFilterBatches", "AdminStatsFailedLastHour",
-		"Retention", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish"} {
+		"Retention", "RetentionDeletesOnlySent", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish"} {
 		m[n] = table
 	}
 	for _, n := range []string{"RelayDeliversAndMarksSent", "RelayStopsBeforeLeaseRunsOut", "OrderByAggregate"} {
