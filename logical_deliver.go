@@ -75,8 +75,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int,
 			// The same event ID twice in one batch: one INSERT cannot tell
 			// which copy it kept; the first in commit order wins.
 			if batchIDs[e.ID] != e.IdempotencyKey {
-				r.o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
-					eventAttrs(*e, nil)...)
+				r.o.dropReusedID(ctx, e)
 			}
 			states[i] = stDone
 			dups++
@@ -400,8 +399,17 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	for _, i := range skipped {
 		e := &items[i].c.ev
 		if key, ok := keys[e.ID]; ok && key != e.IdempotencyKey {
-			r.o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
-				eventAttrs(*e, nil)...)
+			r.o.dropReusedID(ctx, e)
 		}
 	}
+}
+
+// dropReusedID records the loss of a committed event whose ID another
+// event took first: Logical mode's one way of losing an event, by the
+// publisher's mistake, which Publish cannot see (README, Logical mode).
+// It is logged at Error and counted in Stats.Dropped.
+func (o *Outbox) dropReusedID(ctx context.Context, e *Event) {
+	o.dropped.Add(1)
+	o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
+		eventAttrs(*e, nil)...)
 }

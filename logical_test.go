@@ -559,6 +559,9 @@ func TestLogicalIDReusedByAnotherEvent(t *testing.T) {
 	e.drain(e.relay(RelayConfig{}))
 	assert.Len(t, got.ids(), 1)
 	assert.Equal(t, 2, strings.Count(logs.String(), "reuses the ID of another event"), "against the table")
+	st, err := e.ob.Stats(t.Context(), e.db)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, st.Dropped, "each loss is counted")
 }
 
 // TestLogicalOrderMixedIDs: with OrderByAggregate, an event whose ID or key

@@ -127,6 +127,7 @@ type Outbox struct {
 	handlers atomic.Pointer[[]route] // copy-on-write, read without locks
 	hooks    atomic.Pointer[hookSet] // copy-on-write; nil until AddHooks
 	keys     recentKeys              // memory mode's idempotency keys
+	dropped  atomic.Int64            // Stats.Dropped
 
 	deliverAfterCommit bool
 	notify             bool

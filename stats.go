@@ -30,6 +30,13 @@ type Stats struct {
 	// disk until max_slot_wal_keep_size (if set) invalidates the slot.
 	SlotLagBytes int64
 	SlotActive   bool
+	// Dropped counts the committed events this process's relays dropped
+	// since it started, Logical mode's one way of losing an event: one
+	// whose ID another event (with another idempotency key) took first,
+	// which Publish cannot refuse in that mode (README, "Logical mode").
+	// Each is also logged at Error. Unlike the other fields it is not read
+	// from the database: every process counts its own.
+	Dropped int64
 }
 
 // Stats counts the outbox rows by status. It scans the table's rows (a
@@ -40,6 +47,7 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 	if o.mode == Memory {
 		return st, ErrMemoryMode
 	}
+	st.Dropped = o.dropped.Load()
 	if o.dialect == nil {
 		return st, ErrNotInstalled
 	}
