@@ -220,8 +220,9 @@ func (t *txPool) ExecContext(ctx context.Context, query string, args ...any) (sq
 // committed whatever the hooks do.
 func (t *txPool) Commit() error {
 	err := t.Tx.Commit()
-	work, ids := t.st.finish()
+	work, ids, undone := t.st.finish()
 	if err != nil {
+		runAll(undone)
 		if len(work) > 0 && !errors.Is(err, sql.ErrTxDone) {
 			// A failed COMMIT may still have taken effect (the connection
 			// broke after the server committed): say what is dropped.
@@ -236,10 +237,19 @@ func (t *txPool) Commit() error {
 	return nil
 }
 
-// Rollback drops the after-commit work and rolls back.
+// Rollback drops the after-commit work, rolls back, and tells the work
+// that asked to know.
 func (t *txPool) Rollback() error {
-	_, _ = t.st.finish()
-	return t.Tx.Rollback()
+	_, _, undone := t.st.finish()
+	err := t.Tx.Rollback()
+	runAll(undone)
+	return err
+}
+
+func runAll(fns []func()) {
+	for _, f := range fns {
+		f()
+	}
 }
 
 // dispatchContext is the context after-commit work runs with: the
@@ -268,6 +278,8 @@ type txState struct {
 	work  []hook
 	marks []savepoint
 	done  bool
+	// undone runs when the transaction rolls back (or its COMMIT fails).
+	undone []func()
 
 	// The IDs of the persistent events written in this transaction, and
 	// where in work the one hook that announces them sits (-1: none).
@@ -335,14 +347,23 @@ func (s *txState) addPublished(o *Outbox, ids []string) {
 	}})
 }
 
-// finish ends the transaction's state and returns its work and the IDs of
-// the persistent events it wrote.
-func (s *txState) finish() ([]hook, []string) {
+// onUndone adds fn to what runs if the transaction does not commit.
+func (s *txState) onUndone(fn func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, ids := s.work, s.ids
-	s.work, s.marks, s.done = nil, nil, true
-	return w, ids
+	if !s.done {
+		s.undone = append(s.undone, fn)
+	}
+}
+
+// finish ends the transaction's state and returns its work, the IDs of
+// the persistent events it wrote, and what runs if it did not commit.
+func (s *txState) finish() ([]hook, []string, []func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ids, u := s.work, s.ids, s.undone
+	s.work, s.marks, s.undone, s.done = nil, nil, nil, true
+	return w, ids, u
 }
 
 func (s *txState) savepointSQL(query string) {

@@ -1,8 +1,10 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strings"
 	"sync"
@@ -36,6 +38,18 @@ import (
 // (set by then, auto-increment included; several keys are joined with
 // ":"), and an empty AggregateType the model's table name.
 //
+// Record outside any function a retry helper re-runs, or on an entity the
+// function loads itself. Recording inside it on an entity that outlives
+// the attempt publishes one business change twice: the rolled-back
+// attempt's event is kept on the entity (that is what makes a retry of the
+// save alone safe), and the next attempt records another. The plugin logs
+// a warning when a save publishes both kinds at once.
+//
+//	order.Record(outbox.Event{Type: "order.paid"}) // once
+//	err := retry(func() error {
+//		return db.Transaction(func(tx *gorm.DB) error { return tx.Save(&order).Error })
+//	})
+//
 // Recorder's BeforeSave and BeforeDelete hooks fail a statement that would
 // save recorded events where the plugin is not installed, instead of
 // dropping them. A model that defines its own BeforeSave or BeforeDelete
@@ -47,6 +61,9 @@ type Recorder struct {
 	// each covering the events up to an absolute count.
 	base  int
 	marks []*harvestMark
+	// undone is the absolute count up to which events were published in
+	// a transaction that then rolled back, and are still to publish.
+	undone int
 }
 
 type harvestMark struct {
@@ -226,6 +243,10 @@ func harvest(db *gorm.DB) {
 		if len(fresh) == 0 {
 			return
 		}
+		if r.undone > from && r.base+len(r.recorded) > r.undone {
+			warnRetried(db, model, r.undone-from, r.base+len(r.recorded)-r.undone)
+		}
+		r.undone = 0
 		if e := fillRecorded(db, fresh, model); e != nil && err == nil {
 			err = e
 		}
@@ -249,7 +270,22 @@ func harvest(db *gorm.DB) {
 		m := &harvestMark{r: h.r, to: h.to}
 		if t.st.add(m, func() { m.r.clearTo(m.to) }) {
 			h.r.marks = append(h.r.marks, m)
+			t.st.onUndone(func() { m.r.undone = max(m.r.undone, m.to) })
 		}
+	}
+}
+
+// warnRetried says that a model publishes events kept from a transaction
+// that rolled back together with events recorded since: what a retry of
+// code that records and saves does, publishing one business change twice.
+func warnRetried(db *gorm.DB, model reflect.Value, kept, since int) {
+	if o := fromDB(db); o != nil {
+		ctx := db.Statement.Context
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		o.logger.WarnContext(ctx, "outbox: a model publishes events kept from a transaction that rolled back together with events recorded since; if the code that records them was retried, the change is published twice: record outside the retried function, or on an entity loaded inside it (README, \"Recorder\")",
+			slog.String("model", model.Type().String()), slog.Int("kept", kept), slog.Int("recorded_since", since))
 	}
 }
 

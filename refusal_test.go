@@ -2,6 +2,9 @@ package outbox
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -15,6 +18,54 @@ import (
 var refusalTests = map[string]func(*testing.T, backend){
 	"AfterCommitRefusedCommitsNothing": testAfterCommitRefusedCommitsNothing,
 	"PayloadRefusalsSayWhy":            testPayloadRefusalsSayWhy,
+	"RecorderRetriedClosureWarns":      testRecorderRetriedClosureWarns,
+}
+
+// testRecorderRetriedClosureWarns: a retry helper that re-runs a function
+// which records an event and saves the entity publishes, on the attempt
+// that commits, the rolled-back attempt's event (kept on the entity so
+// that a retry of the save alone publishes it once) and its own. The
+// plugin cannot tell that from an intended second event, so it says so;
+// recording outside the retried function publishes one event, silently.
+func testRecorderRetriedClosureWarns(t *testing.T, b backend) {
+	logs := &syncBuffer{}
+	e := b.setup(t, withConfig(Config{Logger: slog.New(slog.NewTextHandler(logs, nil))}))
+	errRetry := errors.New("serialization failure")
+	retry := func(fn func(tx *gorm.DB) error) {
+		for attempt := 1; ; attempt++ {
+			err := e.db.Transaction(func(tx *gorm.DB) error {
+				if err := fn(tx); err != nil {
+					return err
+				}
+				if attempt == 1 {
+					return errRetry // the first attempt rolls back
+				}
+				return nil
+			})
+			if !errors.Is(err, errRetry) {
+				require.NoError(t, err)
+				return
+			}
+		}
+	}
+	const warning = "events kept from a transaction that rolled back together with events recorded since"
+
+	unsafe := Order{Total: 1}
+	retry(func(tx *gorm.DB) error {
+		unsafe.Record(Event{Type: "order.paid"})
+		return tx.Save(&unsafe).Error
+	})
+	assert.Equal(t, 1, strings.Count(logs.String(), warning), "logs:\n%s", logs.String())
+	assert.Contains(t, logs.String(), "model=outbox.Order kept=1 recorded_since=1")
+
+	safe := Order{Total: 2}
+	safe.Record(Event{Type: "order.paid"})
+	retry(func(tx *gorm.DB) error { return tx.Save(&safe).Error })
+	assert.Equal(t, 1, strings.Count(logs.String(), warning), "recording outside the retried function is silent")
+	if !b.logical {
+		assert.EqualValues(t, 2, e.count("aggregate_id = ?", fmt.Sprint(unsafe.ID)), "the unsafe pattern publishes twice, as documented")
+		assert.EqualValues(t, 1, e.count("aggregate_id = ?", fmt.Sprint(safe.ID)))
+	}
 }
 
 func ptr[T any](v T) *T { return &v }
