@@ -23,7 +23,7 @@ func openBenchDB(tb testing.TB, name string) *gorm.DB {
 	cfg := &gorm.Config{Logger: logger.Discard}
 	switch name {
 	case sqliteBackend.name:
-		dsn := "file:" + filepath.Join(tb.TempDir(), "bench.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+		dsn := "file:" + filepath.Join(tb.TempDir(), "bench.db") + SQLiteDSNOptions
 		db, err := gorm.Open(sqlite.Open(dsn), cfg)
 		if err != nil {
 			tb.Fatalf("open sqlite: %v", err)

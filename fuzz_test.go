@@ -61,7 +61,7 @@ type fuzzDB struct {
 func fuzzDatabases(f *testing.F) []*fuzzDB {
 	var out []*fuzzDB
 	path := filepath.Join(f.TempDir(), "fuzz.db")
-	sq, err := gorm.Open(sqlite.Open("file:"+path+"?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate&_synchronous=OFF"),
+	sq, err := gorm.Open(sqlite.Open("file:"+path+outbox.SQLiteDSNOptions+"&_synchronous=OFF"),
 		&gorm.Config{Logger: logger.Discard})
 	require.NoError(f, err)
 	f.Cleanup(func() { closeGorm(sq) })

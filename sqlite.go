@@ -114,6 +114,25 @@ func (d *sqliteDialect) check(ctx context.Context, gdb *gorm.DB, o *Outbox) erro
 	return nil
 }
 
+// The settings concurrent writers and a relay need on one SQLite file: the
+// WAL journal (readers never block the writer), a 10 s busy timeout (wait
+// for the write lock rather than fail), and immediate transactions (take
+// the write lock at BEGIN, so a transaction that reads first is not
+// refused at its first write). db.Use logs a warning when they are missing.
+const (
+	// SQLiteDSNOptions spells them for gorm.io/driver/sqlite
+	// (mattn/go-sqlite3, cgo):
+	//
+	//	gorm.Open(sqlite.Open("file:app.db"+outbox.SQLiteDSNOptions), cfg)
+	SQLiteDSNOptions = "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+
+	// SQLitePureGoDSNOptions spells them for the pure-Go drivers
+	// (github.com/glebarez/sqlite, modernc.org/sqlite,
+	// github.com/ncruces/go-sqlite3), which ignore _journal_mode and
+	// _busy_timeout.
+	SQLitePureGoDSNOptions = "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
+)
+
 // sqliteDSN is how one driver spells the settings the README recommends.
 type sqliteDSN struct {
 	recommended, wal string
@@ -122,14 +141,14 @@ type sqliteDSN struct {
 var (
 	// cgoSQLiteDSN: gorm.io/driver/sqlite (mattn/go-sqlite3).
 	cgoSQLiteDSN = sqliteDSN{
-		recommended: "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate",
+		recommended: SQLiteDSNOptions,
 		wal:         "_journal_mode=WAL",
 	}
 	// pragmaSQLiteDSN: the pure-Go drivers (github.com/glebarez/sqlite,
 	// modernc.org/sqlite, github.com/ncruces/go-sqlite3), which ignore
 	// _journal_mode and _busy_timeout.
 	pragmaSQLiteDSN = sqliteDSN{
-		recommended: "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate",
+		recommended: SQLitePureGoDSNOptions,
 		wal:         "_pragma=journal_mode(WAL)",
 	}
 )

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gorm-outbox/outbox"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 )
@@ -22,7 +23,7 @@ func (s sqliteDB) name() string { return "sqlite" }
 // open opens a pool with the settings the README recommends for concurrent
 // use.
 func (s sqliteDB) open() (*gorm.DB, error) {
-	db, err := gorm.Open(sqlite.Open("file:"+s.path+"?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"), gormCfg())
+	db, err := gorm.Open(sqlite.Open("file:"+s.path+outbox.SQLiteDSNOptions), gormCfg())
 	if err != nil {
 		return nil, fmt.Errorf("open sqlite: %w", err)
 	}

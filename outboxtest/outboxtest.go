@@ -24,13 +24,14 @@ import (
 )
 
 // DSNOptions are the SQLite settings the README recommends for concurrent
-// writers and a relay on one file, spelled for gorm.io/driver/sqlite.
-const DSNOptions = "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+// writers and a relay on one file, spelled for gorm.io/driver/sqlite:
+// [outbox.SQLiteDSNOptions].
+const DSNOptions = outbox.SQLiteDSNOptions
 
 // PureGoDSNOptions are DSNOptions spelled for the pure-Go SQLite drivers
 // (github.com/glebarez/sqlite, modernc.org/sqlite), which ignore
-// _journal_mode and _busy_timeout.
-const PureGoDSNOptions = "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
+// _journal_mode and _busy_timeout: [outbox.SQLitePureGoDSNOptions].
+const PureGoDSNOptions = outbox.SQLitePureGoDSNOptions
 
 // SQLite opens a SQLite database in t's temporary directory with DSNOptions,
 // installs an outbox configured by cfg (its Logger, when nil, discards) and

@@ -28,7 +28,7 @@ const postgresDSNEnv = "OUTBOX_TEST_POSTGRES_DSN"
 // recommendedSQLite is the SQLite DSN suffix the README recommends for
 // concurrent use: WAL, a busy timeout, and transactions that take the write
 // lock when they begin.
-const recommendedSQLite = "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+const recommendedSQLite = outbox.SQLiteDSNOptions
 
 // postgresDSN returns OUTBOX_TEST_POSTGRES_DSN, skipping the test when it is
 // unset and failing it when the server cannot be reached.

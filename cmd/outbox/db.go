@@ -141,7 +141,7 @@ func sqliteDialector(dsn string, create bool) (gorm.Dialector, string, error) {
 		if strings.Contains(dsn, "?") {
 			sep = "&"
 		}
-		dsn += sep + "_busy_timeout=5000"
+		dsn += sep + "_busy_timeout=10000"
 	}
 	return sqlite.Open(dsn), "sqlite", nil
 }

@@ -42,7 +42,7 @@ const (
 
 func backends() []backend {
 	bs := []backend{{name: "sqlite", dsn: func(t *testing.T) string {
-		return "file:" + filepath.Join(t.TempDir(), "app.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+		return "file:" + filepath.Join(t.TempDir(), "app.db") + outbox.SQLiteDSNOptions
 	}}}
 	for _, b := range []struct{ name, env string }{{"postgres", postgresDSNEnv}, {"mysql", mysqlDSNEnv}} {
 		dsn := os.Getenv(b.env)

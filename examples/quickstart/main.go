@@ -66,7 +66,7 @@ func main() {
 // and immediate transactions, so writers and the relay never see "database
 // is locked".
 func open(path string) (*gorm.DB, error) {
-	dsn := "file:" + path + "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(5000)&_txlock=immediate"
+	dsn := "file:" + path + outbox.SQLitePureGoDSNOptions
 	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		return nil, err

@@ -80,7 +80,7 @@ func run() error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	dsn := "file:" + filepath.Join(dir, "app.db") + "?_journal_mode=WAL&_busy_timeout=5000&_txlock=immediate"
+	dsn := "file:" + filepath.Join(dir, "app.db") + outbox.SQLiteDSNOptions
 	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		return err
