@@ -111,8 +111,36 @@ func TestBrowser(t *testing.T) {
 	require.NoError(t, os.WriteFile(out, shot, 0o644))
 	t.Logf("list page screenshot: %s (%d bytes)", out, len(shot))
 
+	// The form shows the filter of a link with several statuses and a page
+	// size of its own, and pressing Filter keeps it: the same events, the
+	// same count, the same bulk actions.
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(e.base+"events?status=failed,pending&limit=4"),
+		chromedp.WaitVisible(chromedp.CSS("table.rows")),
+	))
+	listed := func() any {
+		t.Helper()
+		return eval(`JSON.stringify({
+			form: new URLSearchParams(new FormData(document.querySelector("form.filter"))).toString(),
+			rows: Array.from(document.querySelectorAll("table.rows tbody td.id")).map(td => td.textContent),
+			total: document.querySelector("#total").textContent,
+			bulk: Array.from(document.querySelectorAll(".bulk form")).map(f =>
+				[f.getAttribute("action"), new URLSearchParams(new FormData(f)).toString(), f.querySelector("button").textContent]),
+		})`)
+	}
+	before := listed()
+	assert.Contains(t, before, `status=pending&status=failed&`, "the form shows the link's statuses")
+	assert.Contains(t, before, `&limit=4&`, "and its page size")
+	assert.Contains(t, before, `"total":"5"`)
+	click("#f-apply")
+	assert.Equal(t, before, listed(), "pressing Filter changes nothing")
+
 	// Filter to failed with the form.
-	require.NoError(t, chromedp.Do(ctx, chromedp.SetValue(chromedp.CSS("#f-status"), "failed")))
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(e.base+"events"),
+		chromedp.WaitVisible(chromedp.CSS("table.rows")),
+	))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#f-status-failed"))))
 	click("#f-apply")
 	loc, err := chromedp.Run(ctx, chromedp.Location())
 	require.NoError(t, err)

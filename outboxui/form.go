@@ -3,6 +3,7 @@ package outboxui
 import (
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,7 +22,9 @@ type form struct {
 	AggregateID   string
 	Since, Until  string // a time (UTC) or a duration ago
 	Error         string
-	Limit         int // the list's page size; not part of the filter
+	// Limit is the list's page size as the form shows it: the number in
+	// effect, or the text given when it is not one. Not part of the filter.
+	Limit string
 }
 
 // formFields are the filter's parameter names, in the order they are
@@ -42,16 +45,29 @@ func readForm(v url.Values) form {
 			f.IDs = append(f.IDs, id)
 		}
 	}
-	// The list's select sends one status ("" for any); links and scripts
-	// may send several, or a comma-separated list as the command takes.
+	// The list's checkboxes send the status repeated; links and scripts
+	// may send a comma-separated list as the command takes, or both.
 	for _, s := range v["status"] {
 		for part := range strings.SplitSeq(s, ",") {
-			if part = strings.TrimSpace(part); part != "" {
+			if part = strings.TrimSpace(part); part != "" && !slices.Contains(f.Statuses, part) {
 				f.Statuses = append(f.Statuses, part)
 			}
 		}
 	}
+	// In the checkboxes' order, so that the form sends back the same
+	// filter, not the same set in another order; unknown ones stay last
+	// for the error to name.
+	slices.SortStableFunc(f.Statuses, func(a, b string) int { return statusRank(a) - statusRank(b) })
 	return f
+}
+
+var statusOrder = []string{outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed}
+
+func statusRank(s string) int {
+	if i := slices.Index(statusOrder, s); i >= 0 {
+		return i
+	}
+	return len(statusOrder)
 }
 
 // values is the form as query parameters, empty ones left out.
@@ -77,8 +93,28 @@ func (f form) values() url.Values {
 	return v
 }
 
-// Status is the list select's current value.
-func (f form) Status() string { return strings.Join(f.Statuses, ",") }
+// choice is one checkbox of the list's form.
+type choice struct {
+	Value   string
+	Checked bool
+}
+
+// statusChoices are the status checkboxes: the three statuses, then any
+// other status the query named, ticked, so that the form shows (and lets
+// the operator untick) the value a 400 complains about instead of
+// dropping it.
+func (f form) statusChoices() []choice {
+	var out []choice
+	for _, s := range statusOrder {
+		out = append(out, choice{s, slices.Contains(f.Statuses, s)})
+	}
+	for _, s := range f.Statuses {
+		if !slices.ContainsFunc(out, func(c choice) bool { return c.Value == s }) {
+			out = append(out, choice{s, true})
+		}
+	}
+	return out
+}
 
 func (f form) isOnlyIDs() bool {
 	return len(f.IDs) > 0 && len(f.Statuses) == 0 && f.Types == "" && f.AggregateType == "" &&

@@ -251,8 +251,7 @@ type listPage struct {
 	Next    string // the next page's URL, "" on the last page
 	First   string // the first page's URL, "" on the first page
 	Hidden  []field
-	Limits  []int
-	Choices []string
+	Choices []choice
 }
 
 type field struct{ Name, Value string }
@@ -260,8 +259,11 @@ type field struct{ Name, Value string }
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	q := r.URL.Query()
-	p := listPage{base: h.base(w, r, "events"), Form: readForm(q), Limits: []int{20, 50, 100, 500},
-		Choices: []string{outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed}}
+	p := listPage{base: h.base(w, r, "events"), Form: readForm(q)}
+	p.Choices = p.Form.statusChoices()
+	// Until it is read, the form shows the limit as given, so that a 400
+	// about it shows what to fix.
+	p.Form.Limit = q.Get("limit")
 	f, err := p.Form.filter(h.now())
 	if err != nil {
 		p.Error = err.Error()
@@ -331,7 +333,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	}
 	p.Rows = rows
 	p.From = from
-	p.Form.Limit = limit
+	p.Form.Limit = strconv.Itoa(limit)
 	for _, name := range formFields {
 		for _, v := range vals[name] {
 			p.Hidden = append(p.Hidden, field{name, v})

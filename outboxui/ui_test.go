@@ -1,7 +1,9 @@
 package outboxui_test
 
 import (
+	"cmp"
 	"encoding/json"
+	"html"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -27,6 +29,8 @@ func TestDashboard(t *testing.T) {
 	tests := map[string]func(*testing.T, backend){
 		"Overview":             testOverview,
 		"ListFilters":          testListFilters,
+		"FilterFormShows":      testFilterFormShowsFilter,
+		"FilterFormRoundTrip":  testFormRoundTrip,
 		"ListPaging":           testListPaging,
 		"BadFilter":            testBadFilter,
 		"EventDetail":          testEventDetail,
@@ -139,10 +143,203 @@ func testListFilters(t *testing.T, b backend) {
 	}
 	// The form shows the filter it applied.
 	_, body := e.get("events?status=failed&type=fails.card&error=declined&since=24h")
-	assert.Contains(t, body, `<option value="failed" selected>failed</option>`)
-	assert.Contains(t, body, `name="type" value="fails.card"`)
-	assert.Contains(t, body, `name="error" value="declined"`)
-	assert.Contains(t, body, `name="since" value="24h"`)
+	assert.Equal(t, url.Values{"status": {"failed"}, "type": {"fails.card"}, "error": {"declined"}, "since": {"24h"}, "limit": {"50"}},
+		nonEmpty(submitted(t, body, `class="filter"`)))
+}
+
+// testFilterFormShowsFilter checks that the list's form shows every term
+// of the filter in effect, as the query gave it: several statuses, a page
+// size that is no preset, IDs.
+func testFilterFormShowsFilter(t *testing.T, b backend) {
+	e := setup(t, b, outboxui.Options{AllowActions: true})
+	seed(e)
+	for _, c := range []struct {
+		query string
+		want  url.Values // what the form sends, unchanged
+	}{
+		{"status=failed,pending&limit=8", url.Values{"status": {"pending", "failed"}, "limit": {"8"}}},
+		{"status=failed&status=pending", url.Values{"status": {"pending", "failed"}, "limit": {"50"}}},
+		{"status=sent,+failed,sent&limit=7&order=newest", url.Values{"status": {"sent", "failed"}, "limit": {"7"}, "order": {"newest"}}},
+		{"limit=08", url.Values{"limit": {"8"}}},
+		{"id=bad-2&id=new-1&aggregate_type=order&aggregate_id=2&until=1h", url.Values{"id": {"bad-2", "new-1"},
+			"aggregate_type": {"order"}, "aggregate_id": {"2"}, "until": {"1h"}, "limit": {"50"}}},
+	} {
+		code, body := e.get("events?" + c.query)
+		require.Equal(t, http.StatusOK, code, "%s: %s", c.query, body)
+		assert.Equal(t, c.want, nonEmpty(submitted(t, body, `class="filter"`)), c.query)
+	}
+	// The IDs are shown, not only carried: the operator sees them and can
+	// untick one.
+	_, body := e.get("events?id=bad-2&id=new-1")
+	assert.Contains(t, body, `<input type="checkbox" name="id" value="bad-2" checked>`)
+	assert.Contains(t, body, `<input type="checkbox" name="id" value="new-1" checked>`)
+}
+
+// testFormRoundTrip submits the list's form unchanged, as a browser does
+// when the operator presses Filter: the same list comes back, with the
+// same bulk actions acting on the same events.
+func testFormRoundTrip(t *testing.T, b backend) {
+	e := setup(t, b, outboxui.Options{AllowActions: true})
+	seed(e)
+	e.backdate("ok-1", time.Date(2026, 1, 2, 10, 0, 0, 0, time.UTC))
+	for _, q := range []string{
+		"status=failed,pending&limit=8", // the issue's
+		"status=failed,pending&limit=1",
+		"status=failed&status=pending",
+		"status=sent,failed&limit=3",
+		"limit=3",
+		"limit=3&order=newest",
+		"type=order.paid,+fails.mail",
+		"aggregate_type=order&aggregate_id=1",
+		"error=declined",
+		"status=failed&error=550",
+		"since=2026-01-02T10:30",
+		"until=2026-01-03",
+		"since=1h",
+		"id=bad-2&id=new-1",
+		"id=bad-1&status=failed",
+		"status=pending&type=order.created&aggregate_type=order&limit=1&order=newest",
+		"status=sent",
+	} {
+		code, body := e.get("events?" + q)
+		require.Equal(t, http.StatusOK, code, "%s: %s", q, body)
+		sub := submitted(t, body, `class="filter"`)
+		code, again := e.get("events?" + sub.Encode())
+		require.Equal(t, http.StatusOK, code, "%s → %s: %s", q, sub.Encode(), again)
+		assert.Equal(t, ids(body), ids(again), "%s → %s: the same page of events", q, sub.Encode())
+		assert.Equal(t, total(t, body), total(t, again), "%s → %s: the same count", q, sub.Encode())
+		assert.Equal(t, between(body, `<div class="bulk">`, `</div>`), between(again, `<div class="bulk">`, `</div>`),
+			"%s → %s: the same bulk actions", q, sub.Encode())
+		assert.Equal(t, sub, submitted(t, again, `class="filter"`), "%s: the form shows the same filter again", q)
+	}
+}
+
+// nonEmpty leaves out the fields sent empty (the form's blank inputs).
+func nonEmpty(v url.Values) url.Values {
+	out := url.Values{}
+	for k, vs := range v {
+		for _, s := range vs {
+			if s != "" {
+				out.Add(k, s)
+			}
+		}
+	}
+	return out
+}
+
+func total(t testing.TB, body string) string {
+	t.Helper()
+	s := between(body, `<span id="total">`, `</span>`)
+	require.NotEmpty(t, s, "no total on the page")
+	return s
+}
+
+// between returns the text from the first start to the end after it,
+// both included; "" without them.
+func between(s, start, end string) string {
+	i := strings.Index(s, start)
+	if i < 0 {
+		return ""
+	}
+	j := strings.Index(s[i:], end)
+	if j < 0 {
+		return ""
+	}
+	return s[i : i+j+len(end)]
+}
+
+var (
+	controlRE = regexp.MustCompile(`<(/?)(input|select|option|textarea|button)\b([^>]*)>`)
+	attrRE    = regexp.MustCompile(`([a-zA-Z-]+)(?:="([^"]*)")?`)
+	numberRE  = regexp.MustCompile(`^-?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$`)
+)
+
+// submitted returns what a browser sends when the form whose opening tag
+// holds marker is submitted unchanged by a button without a name: HTML's
+// form data set for the controls these pages use. A select with no
+// selected option sends its first option, a checkbox only when ticked,
+// a number input "" for a value that is not a number.
+func submitted(t testing.TB, body, marker string) url.Values {
+	t.Helper()
+	i := strings.Index(body, marker)
+	require.GreaterOrEqual(t, i, 0, "no form %s", marker)
+	start := strings.LastIndex(body[:i], "<form")
+	end := strings.Index(body[start:], "</form>")
+	require.True(t, start >= 0 && end >= 0, "no form %s", marker)
+	src := body[start : start+end]
+
+	v := url.Values{}
+	var sel struct {
+		name, first string
+		multiple    bool
+		chosen      []string
+		options     int
+	}
+	inSelect := false
+	for _, m := range controlRE.FindAllStringSubmatchIndex(src, -1) {
+		closing, tag := src[m[2]:m[3]] == "/", src[m[4]:m[5]]
+		attrs := map[string]string{}
+		for _, a := range attrRE.FindAllStringSubmatch(src[m[6]:m[7]], -1) {
+			attrs[a[1]] = html.UnescapeString(a[2])
+		}
+		_, disabled := attrs["disabled"]
+		switch {
+		case tag == "select" && closing:
+			if sel.name != "" {
+				if !sel.multiple && len(sel.chosen) == 0 && sel.options > 0 {
+					sel.chosen = []string{sel.first}
+				}
+				if !sel.multiple && len(sel.chosen) > 1 {
+					sel.chosen = sel.chosen[len(sel.chosen)-1:]
+				}
+				v[sel.name] = append(v[sel.name], sel.chosen...)
+			}
+			inSelect = false
+		case tag == "select":
+			inSelect = true
+			sel.name, sel.first, sel.chosen, sel.options = attrs["name"], "", nil, 0
+			_, sel.multiple = attrs["multiple"]
+			if disabled {
+				sel.name = ""
+			}
+		case tag == "option" && !closing && inSelect:
+			val, ok := attrs["value"]
+			if !ok { // the text up to the next tag, whitespace collapsed
+				rest := src[m[1]:]
+				val = strings.Join(strings.Fields(html.UnescapeString(rest[:strings.IndexByte(rest, '<')])), " ")
+			}
+			if sel.options == 0 {
+				sel.first = val
+			}
+			sel.options++
+			if _, ok := attrs["selected"]; ok {
+				sel.chosen = append(sel.chosen, val)
+			}
+		case tag == "input" && !closing:
+			name := attrs["name"]
+			if name == "" || disabled {
+				continue
+			}
+			switch typ := strings.ToLower(attrs["type"]); typ {
+			case "checkbox", "radio":
+				if _, ok := attrs["checked"]; ok {
+					v.Add(name, cmp.Or(attrs["value"], "on"))
+				}
+			case "submit", "button", "reset", "image", "file":
+			case "number":
+				val := attrs["value"]
+				if !numberRE.MatchString(val) {
+					val = ""
+				}
+				v.Add(name, val)
+			default:
+				v.Add(name, attrs["value"])
+			}
+		case tag == "textarea":
+			require.Fail(t, "submitted does not read textareas")
+		}
+	}
+	return v
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
@@ -223,6 +420,16 @@ func testBadFilter(t *testing.T, b backend) {
 		assert.Equal(t, http.StatusBadRequest, code, c.query)
 		assert.Contains(t, body, c.msg, c.query)
 		assert.Contains(t, body, `<form class="filter"`, "the form stays, to fix the filter")
+		// showing the value that is wrong, not a default in its place
+		q, err := url.ParseQuery(c.query)
+		require.NoError(t, err)
+		sub := submitted(t, body, `class="filter"`)
+		for k, vs := range q {
+			if k == "after" || k == "before" {
+				continue // the page, not the filter: pressing Filter starts at the first
+			}
+			assert.Equal(t, vs, sub[k], "%s: the form shows %s", c.query, k)
+		}
 	}
 }
 
