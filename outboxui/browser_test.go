@@ -132,6 +132,8 @@ func TestBrowser(t *testing.T) {
 	assert.Contains(t, before, `status=pending&status=failed&`, "the form shows the link's statuses")
 	assert.Contains(t, before, `&limit=4&`, "and its page size")
 	assert.Contains(t, before, `"total":"5"`)
+	assert.Contains(t, before, `"Replay 3 failed events…"`, "replay says what it touches")
+	assert.Contains(t, before, `"Purge 3 failed events…"`, "and so does purge: not the pending ones")
 	click("#f-apply")
 	assert.Equal(t, before, listed(), "pressing Filter changes nothing")
 

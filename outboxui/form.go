@@ -211,6 +211,70 @@ func (f form) describe() []field {
 	return out
 }
 
+// where is the filter's criteria other than status, in words, for the bulk
+// actions to say what they will act on; "" when there are none.
+func (f form) where() string {
+	var out []string
+	oneOf := func(name string, vs []string) {
+		switch len(vs) {
+		case 0:
+		case 1:
+			out = append(out, name+" is "+vs[0])
+		default:
+			out = append(out, name+" is one of "+strings.Join(vs, ", "))
+		}
+	}
+	oneOf("ID", f.IDs)
+	var types []string
+	for t := range strings.SplitSeq(f.Types, ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			types = append(types, t)
+		}
+	}
+	oneOf("type", types)
+	if f.AggregateType != "" {
+		out = append(out, "aggregate type is "+f.AggregateType)
+	}
+	if f.AggregateID != "" {
+		out = append(out, "aggregate ID is "+f.AggregateID)
+	}
+	// An age reads as one ("in the last 24h"), not as the time it stands
+	// for, which the confirmation shows once it is fixed.
+	if f.Since != "" {
+		if _, ok := parseAge(f.Since); ok {
+			out = append(out, "created in the last "+f.Since)
+		} else {
+			out = append(out, "created at or after "+f.Since)
+		}
+	}
+	if f.Until != "" {
+		if _, ok := parseAge(f.Until); ok {
+			out = append(out, "created more than "+f.Until+" ago")
+		} else {
+			out = append(out, "created before "+f.Until)
+		}
+	}
+	if f.Error != "" {
+		out = append(out, "last error contains “"+f.Error+"”")
+	}
+	return strings.Join(out, "; ")
+}
+
+// statusWords names statuses for a count of n events: "failed", "sent and
+// failed events", "sent or failed event".
+func statusWords(statuses []string, n int64) string {
+	st := slices.Clone(statuses)
+	slices.SortStableFunc(st, func(a, b string) int { return statusRank(a) - statusRank(b) })
+	if len(st) < 2 {
+		return strings.Join(st, "")
+	}
+	conj := " and "
+	if n == 1 {
+		conj = " or "
+	}
+	return strings.Join(st[:len(st)-1], ", ") + conj + st[len(st)-1]
+}
+
 // String is the filter for the log: criteria, never event data beyond
 // what the core logs itself (IDs, types, aggregates).
 func (f form) String() string {

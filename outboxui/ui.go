@@ -252,6 +252,93 @@ type listPage struct {
 	First   string // the first page's URL, "" on the first page
 	Hidden  []field
 	Choices []choice
+	Bulk    []bulkAction
+}
+
+// bulkAction is one of the list's bulk buttons.
+type bulkAction struct {
+	Verb string // replay or purge
+	Text string // the button: what it does to which events, how many
+	Why  string // why it cannot run here; "" when it can
+}
+
+// scope is what an action will act on: Count events of Statuses (those
+// of the filter's the action can touch) matching Where.
+type scope struct {
+	Verb     string
+	Count    int64
+	Statuses []string
+	Where    string
+}
+
+func (s scope) Action() string {
+	if s.Verb == "replay" {
+		return "Replay"
+	}
+	return "Purge"
+}
+
+// Events is the statuses and the noun for Count: "failed events".
+func (s scope) Events() string {
+	return statusWords(s.Statuses, s.Count) + " " + plural(int(s.Count), "event", "events")
+}
+
+// Kind is the statuses and the noun for one of them: "sent or failed
+// event".
+func (s scope) Kind() string { return statusWords(s.Statuses, 1) + " event" }
+
+// String is the action in a sentence without its final mark:
+// "Replay 2 failed events where type is order.paid".
+func (s scope) String() string {
+	out := fmt.Sprintf("%s %d %s", s.Action(), s.Count, s.Events())
+	if s.Where != "" {
+		out += " where " + s.Where
+	}
+	return out
+}
+
+// actionStatuses are the statuses an action can touch: replay puts
+// failed events back, purge never deletes pending ones.
+func actionStatuses(verb string) []string {
+	if verb == "replay" {
+		return []string{outbox.StatusFailed}
+	}
+	return []string{outbox.StatusSent, outbox.StatusFailed}
+}
+
+// refusal says why an action has nothing it may touch under a filter
+// whose statuses are asked.
+func refusal(verb string, asked []string) string {
+	return fmt.Sprintf("%s touches only %s events; this filter asks for %s",
+		verb, strings.Join(actionStatuses(verb), " or "), strings.Join(asked, ", "))
+}
+
+// bulk says what a bulk action of the list would act on under the list's
+// filter f: the same filter its form carries.
+func (h *handler) bulk(ctx context.Context, db *gorm.DB, verb string, fm form, f outbox.Filter, total int64) (bulkAction, error) {
+	a := bulkAction{Verb: verb}
+	rf, ok := restrict(f, actionStatuses(verb))
+	if !ok {
+		a.Text = scope{Verb: verb}.Action()
+		a.Why = refusal(verb, fm.Statuses)
+		return a, nil
+	}
+	sc := scope{Verb: verb, Count: total, Statuses: rf.Statuses, Where: fm.where()}
+	// The list's count is the action's when the filter names only statuses
+	// the action touches; otherwise count what it would.
+	if len(f.Statuses) == 0 || len(rf.Statuses) < len(f.Statuses) {
+		var err error
+		if sc.Count, err = h.ob.Count(ctx, db, rf); err != nil {
+			return a, err
+		}
+	}
+	a.Text = sc.String()
+	if sc.Count == 0 {
+		a.Why = "no " + sc.Kind() + " matches this filter"
+		return a, nil
+	}
+	a.Text += "…" // it leads to a confirmation
+	return a, nil
 }
 
 type field struct{ Name, Value string }
@@ -339,6 +426,16 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 			p.Hidden = append(p.Hidden, field{name, v})
 		}
 	}
+	if h.opts.AllowActions && p.Total > 0 {
+		for _, verb := range []string{"replay", "purge"} {
+			a, err := h.bulk(ctx, db, verb, p.Form, f, p.Total)
+			if err != nil {
+				h.dbError(w, r, "count events", err)
+				return
+			}
+			p.Bulk = append(p.Bulk, a)
+		}
+	}
 	h.render(w, r, http.StatusOK, "list.html", p)
 }
 
@@ -402,14 +499,9 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 	}
 	// Narrow the statuses to those the action can touch, so the count shown
 	// is what it will do.
-	allowed := []string{outbox.StatusFailed}
-	if verb == "purge" {
-		allowed = []string{outbox.StatusSent, outbox.StatusFailed}
-	}
-	f, ok := restrict(f, allowed)
+	f, ok := restrict(f, actionStatuses(verb))
 	if !ok {
-		h.fail(w, r, http.StatusBadRequest, fmt.Errorf("%s touches only %s events; this filter asks for %s",
-			verb, strings.Join(allowed, " or "), strings.Join(fm.Statuses, ", ")))
+		h.fail(w, r, http.StatusBadRequest, errors.New(refusal(verb, fm.Statuses)))
 		return
 	}
 	ctx := r.Context()
@@ -441,16 +533,30 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 				hidden = append(hidden, field{name, v})
 			}
 		}
+		// The criteria say which statuses it touches, not which the filter
+		// asked for; Left names those it leaves alone.
+		criteria := []field{{"status", statusWords(f.Statuses, 2)}}
+		for _, c := range frozen.describe() {
+			if c.Name != "status" {
+				criteria = append(criteria, c)
+			}
+		}
+		var left []string
+		for _, s := range fm.Statuses {
+			if !slices.Contains(f.Statuses, s) {
+				left = append(left, s)
+			}
+		}
 		h.render(w, r, http.StatusOK, "confirm.html", struct {
 			base
-			Verb     string
-			Count    int64
+			scope
 			Sample   []outbox.Row
-			Statuses string
 			Criteria []field
+			Left     string
 			Hidden   []field
 			Cancel   string
-		}{h.base(w, r, "events"), verb, n, sample, strings.Join(f.Statuses, " or "), frozen.describe(), hidden, "events?" + fm.values().Encode()})
+		}{h.base(w, r, "events"), scope{verb, n, f.Statuses, frozen.where()}, sample, criteria,
+			strings.Join(left, ", "), hidden, "events?" + fm.values().Encode()})
 		return
 	}
 	var n int

@@ -40,6 +40,7 @@ func TestDashboard(t *testing.T) {
 		"ReplayOne":            testReplayOne,
 		"BulkReplayConfirms":   testBulkReplay,
 		"Purge":                testPurge,
+		"BulkActionsSayScope":  testBulkScope,
 		"MountedWithoutStrip":  testMountedWithoutStrip,
 		"RoutesAndHeaders":     testRoutesAndHeaders,
 		"NilOutboxFindsPlugin": testNilOutbox,
@@ -603,7 +604,7 @@ func testBulkReplay(t *testing.T, b backend) {
 	resp := e.post("replay", form)
 	body = readBody(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
-	assert.Contains(t, body, `Replay <span id="confirm-count">2</span> failed events?`)
+	assert.Contains(t, body, `Replay <span id="confirm-count">2</span> failed events where last error contains “declined”?`)
 	assert.Equal(t, []string{"bad-1", "bad-3"}, ids(body), "the confirmation lists them")
 	assert.Contains(t, body, `<input type="hidden" name="confirm" value="yes">`)
 	assert.Equal(t, outbox.StatusFailed, e.row("bad-1").Status, "nothing done before the confirmation")
@@ -639,7 +640,7 @@ func testPurge(t *testing.T, b backend) {
 	resp = e.post("purge", url.Values{"csrf": {tok}, "id": {"bad-2"}})
 	body := readBody(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
-	assert.Contains(t, body, `Purge <span id="confirm-count">1</span> sent or failed event?`)
+	assert.Contains(t, body, `Purge <span id="confirm-count">1</span> sent or failed event where ID is bad-2?`)
 	resp = e.post("purge", url.Values{"csrf": {tok}, "id": {"bad-2"}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	assert.Equal(t, "events?done=purge&n=1", resp.Header.Get("Location"))
@@ -679,6 +680,127 @@ func testPurge(t *testing.T, b backend) {
 	st, err := e.ob.Stats(t.Context(), e.db)
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, st.Pending)
+}
+
+// testBulkScope checks that each bulk button says what it will act on
+// under the list's filter (statuses it touches, how many, the other
+// terms), is disabled saying why when it can touch nothing, and that its
+// confirmation and the action itself keep to that.
+func testBulkScope(t *testing.T, b backend) {
+	e := setup(t, b, outboxui.Options{AllowActions: true})
+	seed(e)
+	type want struct{ text, why string } // why: "" when the button acts
+	for _, c := range []struct {
+		query          string
+		replay, purge  want
+		replayConfirms string // the confirmation's heading when not the button's
+	}{
+		{"", want{"Replay 2 failed events…", ""}, want{"Purge 4 sent and failed events…", ""}, ""},
+		{"status=failed", want{"Replay 2 failed events…", ""}, want{"Purge 2 failed events…", ""}, ""},
+		{"status=failed,pending&limit=8", want{"Replay 2 failed events…", ""}, want{"Purge 2 failed events…", ""}, ""},
+		{"status=sent", want{"Replay", "replay touches only failed events; this filter asks for sent"},
+			want{"Purge 2 sent events…", ""}, ""},
+		{"status=pending", want{"Replay", "replay touches only failed events; this filter asks for pending"},
+			want{"Purge", "purge touches only sent or failed events; this filter asks for pending"}, ""},
+		{"status=sent,pending", want{"Replay", "replay touches only failed events; this filter asks for pending, sent"},
+			want{"Purge 2 sent events…", ""}, ""},
+		{"error=declined", want{"Replay 1 failed event where last error contains “declined”…", ""},
+			want{"Purge 1 sent or failed event where last error contains “declined”…", ""}, ""},
+		{"type=order.created", want{"Replay 0 failed events where type is order.created", "no failed event matches this filter"},
+			want{"Purge 1 sent or failed event where type is order.created…", ""}, ""},
+		{"type=order.paid,+fails.mail", want{"Replay 1 failed event where type is one of order.paid, fails.mail…", ""},
+			want{"Purge 2 sent and failed events where type is one of order.paid, fails.mail…", ""}, ""},
+		{"id=bad-1&id=ok-1&id=new-1", want{"Replay 1 failed event where ID is one of bad-1, ok-1, new-1…", ""},
+			want{"Purge 2 sent and failed events where ID is one of bad-1, ok-1, new-1…", ""}, ""},
+		{"aggregate_type=payment&aggregate_id=9&since=1h&until=2099-01-02", want{"Replay 1 failed event where aggregate type is payment; " +
+			"aggregate ID is 9; created in the last 1h; created before 2099-01-02…", ""},
+			want{"Purge 1 sent or failed event where aggregate type is payment; aggregate ID is 9; created in the last 1h; created before 2099-01-02…", ""},
+			// the age fixed to the time it counted from
+			`Replay 1 failed event where aggregate type is payment; aggregate ID is 9; created at or after 20\d\d-\d\d-\d\dT[0-9:.]+Z; created before 2099-01-02T00:00:00Z\?`},
+	} {
+		code, body := e.get("events?" + c.query)
+		require.Equal(t, http.StatusOK, code, "%s: %s", c.query, body)
+		for verb, w := range map[string]want{"replay": c.replay, "purge": c.purge} {
+			text, disabled, why := bulkButton(t, body, verb)
+			assert.Equal(t, w.text, text, "%s: the %s button", c.query, verb)
+			assert.Equal(t, w.why != "", disabled, "%s: the %s button is disabled", c.query, verb)
+			assert.Equal(t, w.why, why, "%s: why %s is disabled", c.query, verb)
+			if disabled {
+				assert.NotContains(t, body, `action="`+verb+`"`, "%s: no %s form to submit", c.query, verb)
+				continue
+			}
+			// Its form, sent as the browser would, asks to confirm exactly that.
+			resp := e.post(verb, submitted(t, body, `action="`+verb+`"`))
+			confirm := readBody(t, resp)
+			require.Equal(t, http.StatusOK, resp.StatusCode, confirm)
+			heading := textOf(between(confirm, `<h1 id="confirm-scope">`, `</h1>`))
+			if verb == "replay" && c.replayConfirms != "" {
+				assert.Regexp(t, "^"+c.replayConfirms+"$", heading, c.query)
+			} else if !strings.Contains(c.query, "since=1h") {
+				assert.Equal(t, strings.TrimSuffix(w.text, "…")+"?", heading, "%s: the %s confirmation", c.query, verb)
+			}
+		}
+	}
+
+	// The issue's list: the confirmations say which statuses are left alone.
+	_, body := e.get("events?status=failed,pending&limit=8")
+	resp := e.post("replay", submitted(t, body, `action="replay"`))
+	confirm := readBody(t, resp)
+	assert.Equal(t, "The filter also asks for pending events: only failed events can be replayed, so they are left alone.",
+		textOf(between(confirm, `<p class="note" id="confirm-left">`, `</p>`)))
+	assert.Contains(t, confirm, `<dt>status</dt><dd>failed</dd>`, "the status it touches, not the filter's")
+	assert.Contains(t, confirm, `No other filter: every failed event in the table.`)
+	resp = e.post("purge", submitted(t, body, `action="purge"`))
+	confirm = readBody(t, resp)
+	assert.Equal(t, "The filter also asks for pending events: pending events are never purged, so they are left alone.",
+		textOf(between(confirm, `<p class="note" id="confirm-left">`, `</p>`)))
+
+	// Acting through the forms touches what the button said and no more:
+	// replay from the issue's list, then its purge has nothing left.
+	resp = e.post("replay", submitted(t, body, `action="replay"`))
+	confirm = readBody(t, resp)
+	resp = e.post("replay", submitted(t, confirm, `action="replay"`))
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
+	assert.Contains(t, resp.Header.Get("Location"), "n=2")
+	for id, st := range map[string]string{"bad-1": outbox.StatusPending, "bad-2": outbox.StatusPending,
+		"ok-1": outbox.StatusSent, "ok-2": outbox.StatusSent, "new-1": outbox.StatusPending, "new-2": outbox.StatusPending} {
+		assert.Equal(t, st, e.row(id).Status, id)
+	}
+	_, body = e.get(strings.ReplaceAll(resp.Header.Get("Location"), "&amp;", "&"))
+	text, disabled, why := bulkButton(t, body, "purge")
+	assert.Equal(t, "Purge 0 failed events", text)
+	assert.True(t, disabled)
+	assert.Equal(t, "no failed event matches this filter", why)
+	// Purge of sent events deletes the two the button counted.
+	_, body = e.get("events?status=sent")
+	text, _, _ = bulkButton(t, body, "purge")
+	require.Equal(t, "Purge 2 sent events…", text)
+	resp = e.post("purge", submitted(t, body, `action="purge"`))
+	confirm = readBody(t, resp)
+	resp = e.post("purge", submitted(t, confirm, `action="purge"`))
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
+	assert.Contains(t, resp.Header.Get("Location"), "n=2")
+	n, err := e.ob.Count(t.Context(), e.db, outbox.Filter{})
+	require.NoError(t, err)
+	assert.EqualValues(t, 4, n, "the pending four stay")
+}
+
+// bulkButton reads a bulk button of the list: its text, whether it is
+// disabled, and the reason shown next to it.
+func bulkButton(t testing.TB, body, verb string) (text string, disabled bool, why string) {
+	t.Helper()
+	m := regexp.MustCompile(`<button ([^>]*)id="bulk-` + verb + `"([^>]*)>([^<]*)</button>`).FindStringSubmatch(body)
+	require.NotNil(t, m, "no %s button", verb)
+	disabled = strings.Contains(m[1]+m[2], "disabled")
+	return textOf(m[3]), disabled, textOf(between(body, `<span class="why" id="bulk-`+verb+`-why">`, `</span>`))
+}
+
+var tagsRE = regexp.MustCompile(`<[^>]*>`)
+
+// textOf is markup as the reader sees it: tags dropped, entities decoded,
+// whitespace collapsed.
+func textOf(s string) string {
+	return strings.Join(strings.Fields(html.UnescapeString(tagsRE.ReplaceAllString(s, ""))), " ")
 }
 
 // testMountedWithoutStrip mounts the handler as the issue shows it, with
