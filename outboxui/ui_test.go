@@ -500,7 +500,12 @@ func testEscaping(t *testing.T, b backend) {
 		assert.NotContains(t, body, "<img", page)
 		assert.Contains(t, body, "&lt;script&gt;alert(", page)
 	}
-	_, body := e.get("event?id=" + url.QueryEscape(id))
+	// The form echoes an unknown status back, ticked, next to the 400.
+	code, body := e.get("events?status=" + url.QueryEscape(`"><script>alert(6)</script>`))
+	require.Equal(t, http.StatusBadRequest, code, body)
+	assert.NotContains(t, body, "<script")
+	assert.Contains(t, body, `value="&#34;&gt;&lt;script&gt;alert(6)&lt;/script&gt;"`)
+	_, body = e.get("event?id=" + url.QueryEscape(id))
 	for i := range 6 {
 		assert.Contains(t, body, "alert("+itoa(i)+")", "field %d is shown, as text", i)
 	}
