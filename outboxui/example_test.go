@@ -27,7 +27,7 @@ func ExampleHandler() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+"?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"),
+	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+outbox.SQLiteDSNOptions),
 		&gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		log.Fatal(err)

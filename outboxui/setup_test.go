@@ -45,7 +45,7 @@ func backends(t testing.TB) []backend {
 	bs := []backend{{
 		name: "sqlite",
 		open: func(t testing.TB) *gorm.DB {
-			dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
+			dsn := "file:" + filepath.Join(t.TempDir(), "test.db") + outbox.SQLiteDSNOptions
 			return openDB(t, sqlite.Open(dsn))
 		},
 		timeArg: func(tm time.Time) any { return tm.UTC().Format("2006-01-02 15:04:05.999999999-07:00") },
