@@ -17,7 +17,7 @@ import (
 // db.Use runs.
 func SchemaSQL(dialect, table string) (string, error) {
 	if !validTable(table) {
-		return "", fmt.Errorf("%w: Table %q is not a plain SQL identifier", ErrInvalidConfig, table)
+		return "", fmt.Errorf("%w: Table %q %s", ErrInvalidConfig, table, tableRule(table))
 	}
 	d, err := newDialect(dialect, table)
 	if err != nil {
@@ -33,7 +33,7 @@ func SchemaSQL(dialect, table string) (string, error) {
 // to upgrade.
 func UpgradeSQL(dialect, table string) (string, error) {
 	if !validTable(table) {
-		return "", fmt.Errorf("%w: Table %q is not a plain SQL identifier", ErrInvalidConfig, table)
+		return "", fmt.Errorf("%w: Table %q %s", ErrInvalidConfig, table, tableRule(table))
 	}
 	d, err := newDialect(dialect, table)
 	if err != nil {

@@ -148,6 +148,16 @@ func validTable(name string) bool {
 	return identRE.MatchString(name) && !strings.HasPrefix(strings.ToLower(name)+"_", "sqlite_")
 }
 
+// tableRule says which of Config.Table's rules name breaks.
+func tableRule(name string) string {
+	if identRE.MatchString(name) {
+		// SQLite reserves the prefix; it is refused on every database so
+		// that one configuration works on all of them.
+		return "is reserved by SQLite (names that are \"sqlite\" or start with \"sqlite_\" are refused on every database)"
+	}
+	return "is not a plain SQL identifier (use ASCII letters, digits and underscores, not starting with a digit, at most 40 bytes)"
+}
+
 // Plugin returns the outbox plugin configured by cfg. Install it with
 // db.Use, which validates cfg and, unless disabled, creates the table.
 func Plugin(cfg Config) *Outbox {
@@ -170,7 +180,7 @@ func Plugin(cfg Config) *Outbox {
 	case cfg.Mode != Persistent && cfg.Mode != Memory && cfg.Mode != Logical:
 		o.cfgErr = fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(cfg.Mode))
 	case !validTable(o.table):
-		o.cfgErr = fmt.Errorf("%w: Table %q is not a plain SQL identifier (use ASCII letters, digits and underscores, not starting with a digit or \"sqlite_\", at most 40 bytes, not \"sqlite\")", ErrInvalidConfig, o.table)
+		o.cfgErr = fmt.Errorf("%w: Table %q %s", ErrInvalidConfig, o.table, tableRule(o.table))
 	case cfg.MaxPayloadBytes < 0:
 		o.cfgErr = fmt.Errorf("%w: MaxPayloadBytes is negative (%d); use 0 for the 1 MiB default", ErrInvalidConfig, cfg.MaxPayloadBytes)
 	}

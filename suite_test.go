@@ -566,6 +566,10 @@ func testUnsafeTableName(t *testing.T, b backend) {
 		db := b.open(t, &gorm.Config{})
 		err := db.Use(Plugin(Config{Table: name}))
 		require.ErrorIs(t, err, ErrInvalidConfig, name)
+		// The error names the rule the name breaks, and SQLite only
+		// where its reserved prefix is the reason.
+		reserved := strings.HasPrefix(strings.ToLower(name), "sqlite")
+		assert.Equal(t, reserved, strings.Contains(err.Error(), "sqlite"), "%s: %v", name, err)
 	}
 	// Keywords, capitals and the longest name work: every statement quotes
 	// the name.
