@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -102,6 +103,9 @@ type telemetry struct {
 	tp     *sdktrace.TracerProvider
 	reader *sdkmetric.ManualReader
 	mp     *sdkmetric.MeterProvider
+	// waiting counts the create spans of the outbox install instrumented
+	// that wait for their event's Stored hook.
+	waiting func() int
 }
 
 func newTelemetry(t *testing.T) *telemetry {
@@ -129,7 +133,10 @@ func (tel *telemetry) install(t *testing.T, db *gorm.DB, cfg outbox.Config, extr
 	if cfg.Mode != outbox.Memory {
 		opts = append(opts, outboxotel.WithStats(db))
 	}
-	require.NoError(t, outboxotel.Instrument(ob, opts...))
+	waiting, err := outboxotel.InstrumentCounting(ob, opts...)
+	require.NoError(t, err)
+	tel.waiting = waiting
+	t.Cleanup(func() { assert.Zero(t, waiting(), "create spans still waiting for their Stored hook") })
 	return ob
 }
 

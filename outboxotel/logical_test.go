@@ -1,8 +1,6 @@
 package outboxotel_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"os"
 	"sync"
@@ -49,24 +47,33 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// installLogical opens a database on the logical cluster and installs an
+// instrumented Logical mode outbox on it, with a table and slot of its own
+// that are dropped at cleanup.
+func installLogical(t *testing.T, tel *telemetry, extra ...outboxotel.Option) (*gorm.DB, *outbox.Outbox) {
+	t.Helper()
+	db := logicalDB(t)
+	name := "otel_" + randomName()
+	t.Cleanup(func() {
+		// Cleanups run last in, first out: by now the relay's connections
+		// are closed, but a walsender exits a moment after its connection
+		// does; pg_terminate_backend with a timeout waits until it is gone
+		// (and the slot released) rather than polling.
+		_ = db.Exec("SELECT pg_terminate_backend(active_pid, 10000) FROM pg_replication_slots WHERE slot_name = ? AND active_pid IS NOT NULL", name).Error
+		assert.NoError(t, db.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ?", name).Error)
+		_ = db.Exec(`DROP PUBLICATION IF EXISTS "` + name + `"`).Error
+		_ = db.Exec(`DROP TABLE IF EXISTS "` + name + `"`).Error
+	})
+	ob := tel.install(t, db, outbox.Config{Mode: outbox.Logical, Table: name, Slot: name}, extra...)
+	return db, ob
+}
+
 // TestOneTraceLogical: in Logical mode the trace context travels in the
 // WAL message, and the slot's gauges are reported.
 func TestOneTraceLogical(t *testing.T) {
 	t.Parallel()
-	db := logicalDB(t)
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	slot := "otel_" + hex.EncodeToString(b)
-	t.Cleanup(func() {
-		for range 50 {
-			if db.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = ?", slot).Error == nil {
-				break
-			}
-			time.Sleep(100 * time.Millisecond) // the walsender exits a moment after its connection closes
-		}
-	})
 	tel := newTelemetry(t)
-	ob := tel.install(t, db, outbox.Config{Mode: outbox.Logical, Table: "t_" + hex.EncodeToString(b), Slot: slot}, outboxotel.WithStatsInterval(time.Millisecond))
+	db, ob := installLogical(t, tel, outboxotel.WithStatsInterval(time.Millisecond))
 	adapter := &fakeAdapter{tracer: tel.tp.Tracer("broker-client")}
 	ob.Handle("order.created", adapter.handle)
 
@@ -100,4 +107,14 @@ func TestOneTraceLogical(t *testing.T) {
 	require.Len(t, m.Data.(metricdata.Gauge[int64]).DataPoints, 1)
 	_, ok = findMetric(rm, "outbox.slot.active")
 	assert.True(t, ok, "outbox.slot.active")
+}
+
+// TestCreateSpanOnlyWhenStoredLogical is TestCreateSpanOnlyWhenStored in
+// Logical mode, which tells duplicates apart only at delivery (the core
+// reports them stored).
+func TestCreateSpanOnlyWhenStoredLogical(t *testing.T) {
+	t.Parallel()
+	tel := newTelemetry(t)
+	db, ob := installLogical(t, tel)
+	checkCreateOnlyWhenStored(t, tel, db, ob, false)
 }

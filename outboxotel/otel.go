@@ -12,12 +12,19 @@
 // # Traces
 //
 // Publish, called with a context that carries a span (the request's),
-// starts a short PRODUCER span "create {event type}" and
-// stores its W3C trace context in the event's headers (traceparent,
-// tracestate), unless the event already has a traceparent. Only the W3C
-// trace context is written by default, not the global propagator, which
-// may carry baggage with personal data into the table; [WithPropagator]
-// chooses another.
+// starts a short PRODUCER span "create {event type}" and stores its W3C
+// trace context in the event's headers (traceparent, tracestate), unless
+// the event already has a traceparent. Only the W3C trace context is
+// written by default, not the global propagator, which may carry baggage
+// with personal data into the table; [WithPropagator] chooses another.
+// The span ends once the event is written (an INSERT on the publishing
+// transaction, the Logical mode WAL message, memory mode's queue) and is
+// recorded only then: an event Publish does not store (every event of a
+// call that returns an error, in Persistent mode one whose idempotency
+// key is taken, a dry run in Persistent or Logical mode) has no create
+// span. That span is started and never ended, which the SDK does not
+// export; a span processor that tracks running spans (zpages) sees it
+// start.
 //
 // Every delivery attempt runs in a CONSUMER span "process {event type}",
 // a child of the stored context ([WithLinkOnly]: a new trace linked to it)
@@ -59,6 +66,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -145,6 +153,11 @@ const defaultStatsEvery = 5 * time.Second
 // published or delivered. It returns an error if an instrument cannot be
 // created, or if [WithStats] is used on a memory-mode outbox.
 func Instrument(ob *outbox.Outbox, opts ...Option) error {
+	_, err := instrument(ob, opts...)
+	return err
+}
+
+func instrument(ob *outbox.Outbox, opts ...Option) (*instrumentation, error) {
 	c := config{statsEvery: defaultStatsEvery}
 	for _, o := range opts {
 		o(&c)
@@ -162,7 +175,7 @@ func Instrument(ob *outbox.Outbox, opts ...Option) error {
 		c.statsEvery = defaultStatsEvery
 	}
 	if c.statsDB != nil && ob.Mode() == outbox.Memory {
-		return fmt.Errorf("outboxotel: WithStats on a memory-mode outbox, which has no table: %w", outbox.ErrMemoryMode)
+		return nil, fmt.Errorf("outboxotel: WithStats on a memory-mode outbox, which has no table: %w", outbox.ErrMemoryMode)
 	}
 	in := &instrumentation{
 		cfg:    c,
@@ -171,11 +184,11 @@ func Instrument(ob *outbox.Outbox, opts ...Option) error {
 	}
 	m, err := newMetrics(c.mp.Meter(ScopeName), ob, c.statsDB, c.statsEvery)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	in.metrics = m
-	ob.AddHooks(outbox.Hooks{Publish: in.publish, Deliver: in.deliver, Delivered: m.delivered})
-	return nil
+	ob.AddHooks(outbox.Hooks{Publish: in.publish, Stored: in.stored, Deliver: in.deliver, Delivered: m.delivered})
+	return in, nil
 }
 
 type instrumentation struct {
@@ -183,6 +196,11 @@ type instrumentation struct {
 	tracer  trace.Tracer
 	fields  []string // the header names the propagator writes
 	metrics *metrics
+
+	// creating holds the recording create spans Publish started, by the
+	// event they were started for (the *outbox.Event the Publish and
+	// Stored hooks both get), until the Stored hook ends or drops them.
+	creating sync.Map
 }
 
 // The span kinds' options, built once: each is an allocation per span.
@@ -192,7 +210,7 @@ var (
 )
 
 // publish stores the request's trace context in e's headers, through a
-// short PRODUCER span.
+// short PRODUCER span, which stored ends once e is written.
 func (in *instrumentation) publish(ctx context.Context, e *outbox.Event) {
 	if !trace.SpanContextFromContext(ctx).IsValid() || hasHeader(e.Headers, "traceparent") {
 		return
@@ -210,7 +228,19 @@ func (in *instrumentation) publish(ctx context.Context, e *outbox.Event) {
 		e.Headers = make(map[string]string, 2)
 	}
 	in.cfg.prop.Inject(ctx, propagation.MapCarrier(e.Headers))
-	span.End()
+	if span.IsRecording() { // an unsampled span records nothing to end
+		in.creating.Store(e, span)
+	}
+}
+
+// stored ends e's create span if e was written, and forgets it either way.
+// A span never ended is never exported: the SDK's span processors hand a
+// span to the exporter in OnEnd (the batch and simple processors do
+// nothing in OnStart), and once dropped here it is garbage.
+func (in *instrumentation) stored(_ context.Context, e *outbox.Event, stored bool) {
+	if span, ok := in.creating.LoadAndDelete(e); ok && stored {
+		span.(trace.Span).End()
+	}
 }
 
 // deliver wraps each delivery in a CONSUMER span and hands the handlers

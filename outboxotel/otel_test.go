@@ -352,3 +352,61 @@ func TestStatsCached(t *testing.T) {
 	outboxtest.Publish(t, db2, outbox.Event{Type: "x"})
 	assertGauge(t, fresh.collect(t), outbox.StatusPending, 2)
 }
+
+// TestCreateSpanOnlyWhenStored: Publish records a create span for the
+// events it stores, none for those it does not: a call refused for an
+// invalid event (the valid one beside it included), an event whose
+// idempotency key is taken (Persistent mode skips it), a dry run. On
+// SQLite, PostgreSQL and MariaDB; Logical mode in
+// TestCreateSpanOnlyWhenStoredLogical.
+func TestCreateSpanOnlyWhenStored(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			tel := newTelemetry(t)
+			db := b.open(t)
+			ob := tel.install(t, db, outbox.Config{})
+			checkCreateOnlyWhenStored(t, tel, db, ob, true)
+		})
+	}
+}
+
+// checkCreateOnlyWhenStored publishes stored and unstored events in a
+// traced request and checks which have a create span; duplicates says
+// whether the mode skips an event whose idempotency key is taken at
+// Publish (Persistent) rather than at delivery.
+func checkCreateOnlyWhenStored(t *testing.T, tel *telemetry, db *gorm.DB, ob *outbox.Outbox, duplicates bool) {
+	t.Helper()
+	var delivered []string
+	var mu sync.Mutex
+	ob.Handle("*", func(_ context.Context, e outbox.Event) error {
+		mu.Lock()
+		defer mu.Unlock()
+		delivered = append(delivered, e.Type)
+		return nil
+	})
+	ctx, req := tel.tp.Tracer("app").Start(t.Context(), "request")
+	tx := db.WithContext(ctx)
+	require.NoError(t, outbox.Publish(tx, outbox.Event{Type: "kept", IdempotencyKey: "k"}))
+	if duplicates {
+		require.NoError(t, outbox.Publish(tx, outbox.Event{Type: "duplicate", IdempotencyKey: "k"}))
+	}
+	err := outbox.Publish(tx, outbox.Event{Type: "beside-invalid"}, outbox.Event{Type: "invalid", Payload: make(chan int)})
+	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
+	require.NoError(t, outbox.Publish(tx.Session(&gorm.Session{DryRun: true}), outbox.Event{Type: "dry"}))
+	require.NoError(t, tx.Transaction(func(tx *gorm.DB) error {
+		return outbox.Publish(tx, outbox.Event{Type: "kept-in-tx"}, outbox.Event{Type: "kept-in-tx"})
+	}))
+	req.End()
+	assert.Zero(t, tel.waiting(), "every create span ended or dropped")
+
+	assert.Len(t, tel.spansNamed("create kept"), 1)
+	assert.Len(t, tel.spansNamed("create kept-in-tx"), 2)
+	for _, typ := range []string{"duplicate", "beside-invalid", "invalid", "dry"} {
+		assert.Empty(t, tel.spansNamed("create "+typ), "%s: not stored, no create span", typ)
+	}
+	outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{}))
+	mu.Lock()
+	assert.ElementsMatch(t, []string{"kept", "kept-in-tx", "kept-in-tx"}, delivered, "what was stored")
+	mu.Unlock()
+}
