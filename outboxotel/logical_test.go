@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/trace"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 )
@@ -93,6 +94,7 @@ func TestOneTraceLogical(t *testing.T) {
 	send := tel.span(t, "send order.created")
 	assert.Equal(t, traceID, process.SpanContext().TraceID())
 	assert.Equal(t, create.SpanContext().SpanID(), process.Parent().SpanID(), "the stored context came through the WAL")
+	assert.Equal(t, []trace.SpanID{create.SpanContext().SpanID()}, linkedSpans(process), "process links create too")
 	assert.Equal(t, process.SpanContext().SpanID(), send.Parent().SpanID())
 	adapter.mu.Lock()
 	require.Len(t, adapter.sent, 1)

@@ -26,13 +26,13 @@
 // export; a span processor that tracks running spans (zpages) sees it
 // start.
 //
-// Every delivery attempt runs in a CONSUMER span "process {event type}",
-// a child of the stored context ([WithLinkOnly]: a new trace linked to it)
-// with the messaging attributes of the OpenTelemetry semantic conventions
-// (messaging.system "outbox", messaging.operation.type "process",
-// messaging.message.id, messaging.destination.name = the event type), the
-// attempt (outbox.delivery.attempt) and, on failure, error.type and an
-// error status. The handlers' ctx carries that span, and the event's
+// Every delivery attempt runs in a CONSUMER span "process {event type}", a
+// child of the stored context ([WithLinkOnly]: a new trace) and linked to
+// it either way, with the messaging attributes of the OpenTelemetry
+// semantic conventions (messaging.system "outbox", messaging.operation.type
+// "process", messaging.message.id, messaging.destination.name = the event
+// type), the attempt (outbox.delivery.attempt) and, on failure, error.type
+// and an error status. The handlers' ctx carries that span, and the event's
 // traceparent and tracestate headers are rewritten to it before the
 // handlers run: the broker adapters copy the event's headers into every
 // message they send, so a consumer on NATS, RabbitMQ, Redis, Kafka or a
@@ -266,11 +266,15 @@ func (in *instrumentation) deliver(next outbox.Handler) outbox.Handler {
 			),
 		}
 		parent := ctx
-		switch {
-		case stored.IsValid() && in.cfg.linkOnly:
-			opts = append(opts, trace.WithNewRoot(), trace.WithLinks(trace.Link{SpanContext: stored}))
-		case stored.IsValid():
-			parent = trace.ContextWithRemoteSpanContext(ctx, stored)
+		if stored.IsValid() {
+			// The semantic conventions: a process span SHOULD link to the
+			// message's creation context, also when it is its parent.
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: stored}))
+			if in.cfg.linkOnly {
+				opts = append(opts, trace.WithNewRoot())
+			} else {
+				parent = trace.ContextWithRemoteSpanContext(ctx, stored)
+			}
 		}
 		if current.IsValid() && !current.Equal(stored) {
 			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: current}))

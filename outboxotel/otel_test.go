@@ -46,6 +46,15 @@ func (a *fakeAdapter) handle(ctx context.Context, e outbox.Event) error {
 	return nil
 }
 
+// linkedSpans lists the span IDs s links to, in order.
+func linkedSpans(s sdktrace.ReadOnlySpan) []trace.SpanID {
+	var ids []trace.SpanID
+	for _, l := range s.Links() {
+		ids = append(ids, l.SpanContext.SpanID())
+	}
+	return ids
+}
+
 func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
 	m := map[attribute.Key]attribute.Value{}
 	for _, kv := range s.Attributes() {
@@ -91,6 +100,7 @@ func TestOneTrace(t *testing.T) {
 			assert.Equal(t, trace.SpanKindConsumer, process.SpanKind())
 			assert.Equal(t, traceID, process.SpanContext().TraceID())
 			assert.Equal(t, create.SpanContext().SpanID(), process.Parent().SpanID(), "process is a child of create")
+			assert.Equal(t, []trace.SpanID{create.SpanContext().SpanID()}, linkedSpans(process), "and links it")
 			a := attrs(process)
 			assert.Equal(t, "outbox", a["messaging.system"].AsString())
 			assert.Equal(t, "process", a["messaging.operation.type"].AsString())
@@ -228,8 +238,8 @@ func TestMemoryMode(t *testing.T) {
 	process := tel.span(t, "process order.created")
 	assert.Equal(t, req.SpanContext().TraceID(), process.SpanContext().TraceID())
 	assert.Equal(t, create.SpanContext().SpanID(), process.Parent().SpanID())
-	require.Len(t, process.Links(), 1)
-	assert.Equal(t, req.SpanContext().SpanID(), process.Links()[0].SpanContext.SpanID(), "linked to the committing request")
+	assert.Equal(t, []trace.SpanID{create.SpanContext().SpanID(), req.SpanContext().SpanID()}, linkedSpans(process),
+		"linked to create, its parent, and to the committing request")
 	assert.Equal(t, int64(0), attrs(process)[outboxotel.AttemptKey].AsInt64())
 	assert.Equal(t, process.SpanContext().SpanID(), parentOf(adapter.sent[0]).SpanID())
 
@@ -257,8 +267,7 @@ func TestLinkOnly(t *testing.T) {
 	process := tel.span(t, "process x")
 	assert.NotEqual(t, create.SpanContext().TraceID(), process.SpanContext().TraceID())
 	assert.False(t, process.Parent().IsValid(), "a root")
-	require.Len(t, process.Links(), 1)
-	assert.Equal(t, create.SpanContext().SpanID(), process.Links()[0].SpanContext.SpanID())
+	assert.Equal(t, []trace.SpanID{create.SpanContext().SpanID()}, linkedSpans(process))
 }
 
 // TestNoActiveSpan: without a span at Publish nothing is stored; the
@@ -297,6 +306,8 @@ func TestExistingTraceparent(t *testing.T) {
 	process := tel.span(t, "process x")
 	assert.Equal(t, "0af7651916cd43dd8448eb211c80319c", process.SpanContext().TraceID().String())
 	assert.Equal(t, "b7ad6b7169203331", process.Parent().SpanID().String())
+	require.Len(t, process.Links(), 1, "the stored context is linked too")
+	assert.Equal(t, process.Parent(), process.Links()[0].SpanContext)
 }
 
 // TestBaggageOnlyWhenAsked: the default propagator stores no baggage.
