@@ -120,3 +120,12 @@ func TestCreateSpanOnlyWhenStoredLogical(t *testing.T) {
 	db, ob := installLogical(t, tel)
 	checkCreateOnlyWhenStored(t, tel, db, ob, false)
 }
+
+// TestFailedOnLastAttemptLogical is TestFailedOnLastAttempt in Logical
+// mode: the first attempts come from the stream, the last from the table.
+func TestFailedOnLastAttemptLogical(t *testing.T) {
+	t.Parallel()
+	tel := newTelemetry(t)
+	db, ob := installLogical(t, tel)
+	checkFailedOnLastAttempt(t, tel, db, ob)
+}

@@ -20,7 +20,9 @@ import (
 // Attribute keys of the metrics that the semantic conventions do not name.
 const (
 	// OutcomeKey is the outcome of a delivery attempt: sent, retry,
-	// failed, no_handler or unavailable.
+	// failed, no_handler or unavailable. Each attempt counts exactly one;
+	// failed is the attempt after which the event is failed for good,
+	// whatever the cause (no handler included).
 	OutcomeKey = attribute.Key("outbox.outcome")
 	// StatusKey is a row's status in the outbox.events gauge.
 	StatusKey = attribute.Key("outbox.status")
@@ -30,8 +32,8 @@ const (
 const (
 	OutcomeSent        = "sent"        // delivered
 	OutcomeRetry       = "retry"       // failed; a retry is scheduled
-	OutcomeFailed      = "failed"      // failed for good (or, in memory mode, dropped)
-	OutcomeNoHandler   = "no_handler"  // no handler is registered for the event's type
+	OutcomeFailed      = "failed"      // failed for good, whatever the cause (in memory mode, dropped)
+	OutcomeNoHandler   = "no_handler"  // no handler is registered for the event's type; a retry is scheduled
 	OutcomeUnavailable = "unavailable" // the destination was down; handed back, attempt not counted
 )
 
@@ -126,14 +128,17 @@ func (ms *metrics) attrs(eventType, outcome, errType string) *attrSets {
 	return v.(*attrSets)
 }
 
+// outcome classifies one attempt. The attempt that fails an event for
+// good is failed whatever the cause, so that counting failed counts every
+// such event; no_handler marks the attempts before it.
 func outcome(d outbox.Delivery) string {
 	switch {
 	case d.Err == nil:
 		return OutcomeSent
-	case errors.Is(d.Err, outbox.ErrNoHandler):
-		return OutcomeNoHandler
 	case d.Status == outbox.StatusFailed:
 		return OutcomeFailed
+	case errors.Is(d.Err, outbox.ErrNoHandler):
+		return OutcomeNoHandler
 	case outbox.IsUnavailable(d.Err) && !outbox.IsPermanent(d.Err):
 		return OutcomeUnavailable
 	}

@@ -45,9 +45,14 @@
 // attribute.
 //
 //   - outbox.deliveries ({delivery}): delivery attempts by
-//     messaging.destination.name (the event type) and outbox.outcome:
-//     sent, retry, failed, no_handler, or unavailable (the destination
-//     was down: handed back, no attempt counted).
+//     messaging.destination.name (the event type) and outbox.outcome, one
+//     per attempt: sent; failed, the attempt after which the event is
+//     failed for good whatever the cause (a permanent error, the last
+//     attempt, no handler on the last attempt; in memory mode, which does
+//     not retry, every failure); otherwise retry, or no_handler when no
+//     handler matches the event's type (a retry is scheduled), or
+//     unavailable (the destination was down: handed back, no attempt
+//     counted). The cause stays in the process span's error.type.
 //   - messaging.process.duration (s): how long the handlers of one
 //     attempt ran, by messaging.destination.name and error.type.
 //   - outbox.delivery.wait (s): from the event's INSERT to the start of

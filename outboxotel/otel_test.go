@@ -421,3 +421,56 @@ func checkCreateOnlyWhenStored(t *testing.T, tel *telemetry, db *gorm.DB, ob *ou
 	assert.ElementsMatch(t, []string{"kept", "kept-in-tx", "kept-in-tx"}, delivered, "what was stored")
 	mu.Unlock()
 }
+
+// TestFailedOnLastAttempt: the attempt after which an event is failed for
+// good counts outcome failed whatever the cause, no handler included;
+// the attempts before it count retry, or no_handler. Every span keeps the
+// cause as error.type. On SQLite, PostgreSQL and MariaDB; Logical mode in
+// TestFailedOnLastAttemptLogical; memory mode, which does not retry,
+// counts an event no handler matches as failed at once.
+func TestFailedOnLastAttempt(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			tel := newTelemetry(t)
+			db := b.open(t)
+			ob := tel.install(t, db, outbox.Config{})
+			checkFailedOnLastAttempt(t, tel, db, ob)
+		})
+	}
+	t.Run("Memory", func(t *testing.T) {
+		t.Parallel()
+		tel := newTelemetry(t)
+		db := backends(t)[0].open(t)
+		tel.install(t, db, outbox.Config{Mode: outbox.Memory})
+		require.NoError(t, outbox.Publish(db, outbox.Event{Type: "orphan"}))
+		rm := tel.collect(t)
+		assertCount(t, rm, "outbox.deliveries", "orphan", outboxotel.OutcomeFailed, 1)
+		assertCount(t, rm, "outbox.deliveries", "orphan", outboxotel.OutcomeNoHandler, 0)
+		assert.Equal(t, "no_handler", attrs(tel.span(t, "process orphan"))["error.type"].AsString())
+	})
+}
+
+// checkFailedOnLastAttempt delivers an event no handler matches and one
+// whose handler fails, with two attempts each.
+func checkFailedOnLastAttempt(t *testing.T, tel *telemetry, db *gorm.DB, ob *outbox.Outbox) {
+	t.Helper()
+	ob.Handle("flaky", func(context.Context, outbox.Event) error { return errors.New("try later") })
+	outboxtest.Publish(t, db, outbox.Event{Type: "orphan"}, outbox.Event{Type: "flaky"})
+	r := ob.Relay(db, outbox.RelayConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 }})
+	require.Equal(t, 4, outboxtest.Drain(t, r), "two attempts each")
+
+	rm := tel.collect(t)
+	assertCount(t, rm, "outbox.deliveries", "orphan", outboxotel.OutcomeNoHandler, 1)
+	assertCount(t, rm, "outbox.deliveries", "orphan", outboxotel.OutcomeFailed, 1)
+	assertCount(t, rm, "outbox.deliveries", "flaky", outboxotel.OutcomeRetry, 1)
+	assertCount(t, rm, "outbox.deliveries", "flaky", outboxotel.OutcomeFailed, 1)
+	assertHistCount(t, rm, "outbox.delivery.wait", 2) // the attempts that failed them for good
+	for typ, want := range map[string]string{"orphan": "no_handler", "flaky": "_OTHER"} {
+		spans := tel.spansNamed("process " + typ)
+		require.Len(t, spans, 2, typ)
+		for _, s := range spans {
+			assert.Equal(t, want, attrs(s)["error.type"].AsString(), typ)
+		}
+	}
+}
