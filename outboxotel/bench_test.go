@@ -15,13 +15,18 @@ import (
 )
 
 // The overhead of the instrumentation, measured as BENCHMARKS.md records
-// it (SQLite always; PostgreSQL when OUTBOX_TEST_POSTGRES_DSN is set):
+// it, in Persistent mode on SQLite and on PostgreSQL (when
+// OUTBOX_TEST_POSTGRES_DSN is set), and in Logical mode on a PostgreSQL
+// cluster of the test binary's own with wal_level=logical (as
+// logical_test.go starts it; skipped without the server binaries unless
+// CI is set):
 //
 //	go test -run '^$' -bench . -benchtime=20000x ./outboxotel
 //
-// Besides the throughput, the relay benchmark reports the process's CPU
-// time per event (µs-cpu/event, user and system, the exporter's goroutine
-// included), which the load of other processes sways far less.
+// Besides the throughput, the relay and publish benchmarks report the
+// process's CPU time per event (µs-cpu/event, µs-cpu/op: user and system,
+// the exporter's goroutine included, the database server's not), which the
+// load of other processes sways far less.
 //
 // "plain" is the outbox alone; "otel" is the same with Instrument on an SDK
 // that samples every span and exports them to a discarding exporter
@@ -43,9 +48,30 @@ type benchSetup struct {
 	tracer trace.Tracer
 }
 
-func benchOutbox(b *testing.B, bk backend, instrumented, sampled bool) benchSetup {
-	db := bk.open(b)
-	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
+// benchBackend opens a database and gives the Config of the outbox to
+// install on it.
+type benchBackend struct {
+	name string
+	open func(testing.TB) (*gorm.DB, outbox.Config)
+}
+
+// benchBackends: Persistent mode on SQLite and PostgreSQL, Logical mode on
+// the logical cluster.
+func benchBackends(b *testing.B) []benchBackend {
+	var bs []benchBackend
+	for _, bk := range backends(b)[:2] {
+		bs = append(bs, benchBackend{bk.name, func(tb testing.TB) (*gorm.DB, outbox.Config) { return bk.open(tb), outbox.Config{} }})
+	}
+	return append(bs, benchBackend{"Logical", func(tb testing.TB) (*gorm.DB, outbox.Config) {
+		db := logicalDB(tb)
+		return db, logicalConfig(tb, db)
+	}})
+}
+
+func benchOutbox(b *testing.B, bk benchBackend, instrumented, sampled bool) benchSetup {
+	db, cfg := bk.open(b)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	ob := outbox.Plugin(cfg)
 	if err := db.Use(ob); err != nil {
 		b.Fatal(err)
 	}
@@ -69,8 +95,6 @@ func benchOutbox(b *testing.B, bk backend, instrumented, sampled bool) benchSetu
 	return benchSetup{db: db, ob: ob, tracer: tp.Tracer("app")}
 }
 
-func benchBackends(b *testing.B) []backend { return backends(b)[:2] } // SQLite, PostgreSQL
-
 var benchVariants = []struct {
 	name                  string
 	instrumented, sampled bool
@@ -79,7 +103,8 @@ var benchVariants = []struct {
 // BenchmarkRelayThroughput drains b.N pending events (published in a
 // traced request beforehand) with one relay, batch 100, 4 workers, a
 // handler that does nothing: the relay's own cost, where the
-// instrumentation's share is largest.
+// instrumentation's share is largest. In Logical mode the relay streams
+// them from the slot (ProcessOnce delivers what was committed before it).
 func BenchmarkRelayThroughput(b *testing.B) {
 	for _, bk := range benchBackends(b) {
 		for _, v := range benchVariants {
@@ -124,7 +149,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 }
 
 // BenchmarkPublish is one business transaction publishing one event in a
-// traced request.
+// traced request (in Logical mode: emitting its WAL message).
 func BenchmarkPublish(b *testing.B) {
 	for _, bk := range benchBackends(b) {
 		for _, v := range benchVariants {
@@ -132,6 +157,7 @@ func BenchmarkPublish(b *testing.B) {
 				s := benchOutbox(b, bk, v.instrumented, v.sampled)
 				b.ReportAllocs()
 				b.ResetTimer()
+				cpu0 := cpuTime()
 				for i := range b.N {
 					ctx, span := s.tracer.Start(context.Background(), "request")
 					err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -142,6 +168,8 @@ func BenchmarkPublish(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
+				b.StopTimer()
+				b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(b.N), "µs-cpu/op")
 			})
 		}
 	}

@@ -26,7 +26,7 @@ var logicalServer struct {
 
 // logicalDB opens a database on a cluster this test binary owns, with
 // wal_level=logical (the shared server has replica).
-func logicalDB(t *testing.T) *gorm.DB {
+func logicalDB(t testing.TB) *gorm.DB {
 	t.Helper()
 	logicalServer.once.Do(func() {
 		logicalServer.s, logicalServer.err = pgtest.Start("wal_level=logical")
@@ -54,6 +54,14 @@ func TestMain(m *testing.M) {
 func installLogical(t *testing.T, tel *telemetry, extra ...outboxotel.Option) (*gorm.DB, *outbox.Outbox) {
 	t.Helper()
 	db := logicalDB(t)
+	ob := tel.install(t, db, logicalConfig(t, db), extra...)
+	return db, ob
+}
+
+// logicalConfig is the Config of a Logical mode outbox on db with a table
+// and slot of its own, dropped at cleanup.
+func logicalConfig(t testing.TB, db *gorm.DB) outbox.Config {
+	t.Helper()
 	name := "otel_" + randomName()
 	t.Cleanup(func() {
 		// Cleanups run last in, first out: by now the relay's connections
@@ -65,8 +73,7 @@ func installLogical(t *testing.T, tel *telemetry, extra ...outboxotel.Option) (*
 		_ = db.Exec(`DROP PUBLICATION IF EXISTS "` + name + `"`).Error
 		_ = db.Exec(`DROP TABLE IF EXISTS "` + name + `"`).Error
 	})
-	ob := tel.install(t, db, outbox.Config{Mode: outbox.Logical, Table: name, Slot: name}, extra...)
-	return db, ob
+	return outbox.Config{Mode: outbox.Logical, Table: name, Slot: name}
 }
 
 // TestOneTraceLogical: in Logical mode the trace context travels in the
