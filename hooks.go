@@ -29,11 +29,11 @@ type Hooks struct {
 	// INSERT on the publishing transaction (committed or rolled back with
 	// it); in [Logical] mode, the message emitted into its WAL; in
 	// [Memory] mode, the event queued for after the commit. stored is
-	// false for every event of a Publish call that returns an error, and,
+	// false for every event of a Publish call that returns an error (or
+	// that a panic ends), on a dry run (gorm.Session{DryRun: true}), and,
 	// in Persistent mode, for an event skipped as a duplicate of one the
-	// table holds (its idempotency key is taken) and on a dry run
-	// (gorm.Session{DryRun: true}). Logical and Memory mode tell duplicates
-	// apart only when they deliver. e must not be changed.
+	// table holds (its idempotency key is taken). Logical and Memory mode
+	// tell duplicates apart only when they deliver. e must not be changed.
 	Stored func(ctx context.Context, e *Event, stored bool)
 
 	// Deliver wraps the delivery of one event, in every mode (a relay's
@@ -100,15 +100,17 @@ func (o *Outbox) AddHooks(h Hooks) {
 }
 
 // publishHooks runs the Publish hooks on copies of events and returns the
-// copies, or events itself when no hook looks at them. generated reports,
-// per event, that its ID and key were both left to the outbox: an ID
-// assigned here so that the hooks see the one stored is still a
-// generated one, unless a hook changed it or set a key.
-func (o *Outbox) publishHooks(ctx context.Context, hs *hookSet, events []Event) (out []Event, generated []bool, err error) {
+// copies, or events itself when no hook looks at them. The copies are
+// appended to *seen as each is handed to the hooks, which a panic in one
+// leaves as far as it got. generated reports, per event, that its ID and
+// key were both left to the outbox: an ID assigned here so that the hooks
+// see the one stored is still a generated one, unless a hook changed it
+// or set a key.
+func (o *Outbox) publishHooks(ctx context.Context, hs *hookSet, events []Event, seen *[]Event) (out []Event, generated []bool, err error) {
 	if hs == nil || len(hs.publish)+len(hs.stored) == 0 {
 		return events, nil, nil
 	}
-	out = make([]Event, len(events))
+	*seen = make([]Event, 0, len(events)) // never grown: the hooks keep pointers into it
 	generated = make([]bool, len(events))
 	for i, e := range events {
 		gen := e.ID == "" && e.IdempotencyKey == ""
@@ -121,13 +123,13 @@ func (o *Outbox) publishHooks(ctx context.Context, hs *hookSet, events []Event) 
 		}
 		assigned := e.ID
 		e.Headers = maps.Clone(e.Headers)
-		out[i] = e
+		*seen = append(*seen, e)
 		for _, f := range hs.publish {
-			f(ctx, &out[i])
+			f(ctx, &(*seen)[i])
 		}
-		generated[i] = gen && out[i].ID == assigned && out[i].IdempotencyKey == ""
+		generated[i] = gen && (*seen)[i].ID == assigned && (*seen)[i].IdempotencyKey == ""
 	}
-	return out, generated, nil
+	return *seen, generated, nil
 }
 
 // storedHooks reports to the Stored hooks which of events were written:

@@ -61,18 +61,28 @@ func Publish(tx *gorm.DB, events ...Event) error {
 		ctx = context.Background()
 	}
 	hs := o.hooks.Load()
-	events, generated, err := o.publishHooks(ctx, hs, events)
-	if err != nil {
+	var (
+		seen    []Event // the copies the Publish hooks were given
+		skipped map[string]bool
+		err     = errAborted // what Stored hears if a panic ends Publish
+	)
+	// Every event a Publish hook saw reaches the Stored hooks, whatever
+	// ends Publish: a hook keeping state per event must be able to drop it.
+	defer func() { o.storedHooks(ctx, hs, seen, skipped, err) }()
+	var generated []bool
+	if events, generated, err = o.publishHooks(ctx, hs, events, &seen); err != nil {
 		return err
 	}
-	var skipped map[string]bool
-	enc, err := o.encodeAll(events, generated)
-	if err == nil {
-		skipped, err = o.publishEncoded(tx, enc, hs != nil && len(hs.stored) > 0)
+	var enc []encoded
+	if enc, err = o.encodeAll(events, generated); err != nil {
+		return err
 	}
-	o.storedHooks(ctx, hs, events, skipped, err)
+	skipped, err = o.publishEncoded(tx, enc, hs != nil && len(hs.stored) > 0)
 	return err
 }
+
+// errAborted stands for the outcome of a Publish that a panic ended.
+var errAborted = errors.New("outbox: publish aborted")
 
 // encoded is an event after validation: every default filled in, payload
 // and headers in their stored JSON form.
@@ -348,6 +358,18 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 	}
 	pool := tx.Statement.ConnPool
 	t, inTx := trackedTx(pool)
+	if tell {
+		skipped = map[string]bool{}
+	}
+	if tx.DryRun {
+		// As GORM: build, do not execute (nor dispatch).
+		for i := range enc {
+			if tell {
+				skipped[enc[i].ID] = true
+			}
+		}
+		return skipped, nil
+	}
 
 	if o.mode == Memory {
 		switch {
@@ -361,18 +383,6 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 			o.dispatchMemory(ctx, enc)
 		}
 		return nil, nil
-	}
-	if tell {
-		skipped = map[string]bool{}
-	}
-	if tx.DryRun {
-		// As GORM: build, do not execute.
-		for i := range enc {
-			if tell {
-				skipped[enc[i].ID] = true
-			}
-		}
-		return skipped, nil
 	}
 	if len(enc) > insertChunk && !inTx {
 		// Several statements must commit together: give them a transaction.

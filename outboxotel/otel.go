@@ -21,7 +21,7 @@
 // transaction, the Logical mode WAL message, memory mode's queue) and is
 // recorded only then: an event Publish does not store (every event of a
 // call that returns an error, in Persistent mode one whose idempotency
-// key is taken, a dry run in Persistent or Logical mode) has no create
+// key is taken, a dry run) has no create
 // span. That span is started and never ended, which the SDK does not
 // export; a span processor that tracks running spans (zpages) sees it
 // start.
