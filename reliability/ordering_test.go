@@ -37,9 +37,10 @@ import (
 )
 
 const (
-	orderingEventsEnv = "OUTBOX_ORDERING_EVENTS" // committed events per scenario; default per scenario (ordScenario.events)
-	orderingOutageEnv = "OUTBOX_ORDERING_OUTAGE" // length of the destination outage; default 2s
-	orderingSeedEnv   = "OUTBOX_ORDERING_SEED"   // seed of the workload and the kill moments; default random
+	orderingEventsEnv = "OUTBOX_ORDERING_EVENTS"     // committed events per scenario; default per scenario (ordScenario.events)
+	orderingOutageEnv = "OUTBOX_ORDERING_OUTAGE"     // length of the destination outage; default 2s
+	orderingSeedEnv   = "OUTBOX_ORDERING_SEED"       // seed of the workload and the kill moments; default random
+	orderingFailEnv   = "OUTBOX_ORDERING_FAIL_EVERY" // the handler fails the first attempt at one event in this many; default 8, 0 for none
 
 	// The relay child's settings.
 	ordServerEnv     = "OUTBOX_ORDERING_SERVER" // "postgres" or "mysql" (see servers)
@@ -108,12 +109,15 @@ type ordPayload struct {
 func (p ordPayload) key() string { return p.Tx + "/" + strconv.Itoa(p.I) }
 
 // ordFailsOnce reports whether the handler fails the first attempt at the
-// event: one in eight, chosen by its identity, so that it goes through the
-// retry path (the table, in Logical mode).
-func ordFailsOnce(p ordPayload) bool {
+// event: one in every (0: none), chosen by its identity, so that it goes
+// through the retry path (the table, in Logical mode).
+func ordFailsOnce(p ordPayload, every int) bool {
+	if every <= 0 {
+		return false
+	}
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(p.key()))
-	return h.Sum32()%8 == 0
+	return h.Sum32()%uint32(every) == 0
 }
 
 // ordSQL is what the tables and the handler's tickets look like on a
@@ -165,7 +169,8 @@ func ordSQLFor(server string) ordSQL {
 // (outbox.Recorder); the others publish events with a generated ID, with
 // Event.ID set, or with an IdempotencyKey set, in one Publish call or one
 // call per event. One transaction in ten rolls back on purpose. The
-// handler fails the first attempt at one event in eight.
+// handler fails the first attempt at one event in eight (chosen by the
+// event's identity), which then goes through the retry path.
 //
 // Four relays (Run, BatchSize 20, Workers 4, OrderByAggregate) run in child
 // processes (this test binary re-executed). With kills, one is SIGKILLed
@@ -192,8 +197,11 @@ func ordSQLFor(server string) ordSQL {
 //
 // OUTBOX_ORDERING_EVENTS sets the committed events per scenario (the
 // defaults keep each scenario to seconds), OUTBOX_ORDERING_OUTAGE the
-// outage's length (default 2s), OUTBOX_ORDERING_SEED the workload's and
-// the kills' random choices. The mysql scenarios need MariaDB (sequences).
+// outage's length (default 2s), OUTBOX_ORDERING_FAIL_EVERY how many events
+// per failing first attempt (default 8; 0: no planned failure, to tell
+// the violations failures cause from those kills or an outage cause), and
+// OUTBOX_ORDERING_SEED the workload's and the kills' random choices. The
+// mysql scenarios need MariaDB (sequences).
 func TestOrdering(t *testing.T) {
 	t.Parallel()
 	groups := []struct {
@@ -238,6 +246,11 @@ func TestOrdering(t *testing.T) {
 
 func runOrdering(t *testing.T, name string, sc ordScenario) {
 	events := envInt(t, orderingEventsEnv, sc.events)
+	failEvery := envInt(t, orderingFailEnv, 8)
+	planned := "none"
+	if failEvery > 0 {
+		planned = "1/" + strconv.Itoa(failEvery)
+	}
 	outageFor := 2 * time.Second
 	if v := os.Getenv(orderingOutageEnv); v != "" {
 		d, err := time.ParseDuration(v)
@@ -246,7 +259,7 @@ func runOrdering(t *testing.T, name string, sc ordScenario) {
 	}
 	seed := uint64(envInt(t, orderingSeedEnv, int(rand.Int32())))
 	rng := rand.New(rand.NewPCG(seed, 0))
-	t.Logf("ordering %s: %d events, seed %d (%s=%d reproduces the workload and the kills' choices)", name, events, seed, orderingSeedEnv, seed)
+	t.Logf("ordering %s: %d events, first attempts failing: %s, seed %d (%s=%d reproduces the workload and the kills' choices)", name, events, planned, seed, orderingSeedEnv, seed)
 
 	// The database, the outbox (the writers publish through it) and the
 	// test's tables.
@@ -304,7 +317,7 @@ func runOrdering(t *testing.T, name string, sc ordScenario) {
 	outageFile := filepath.Join(t.TempDir(), "destination-down")
 	rs := &ordRelaySet{t: t, dsnFor: dsnFor, env: []string{
 		childRoleEnv + "=ordering", ordServerEnv + "=" + sc.server, ordLogicalEnv + "=" + strconv.FormatBool(sc.logical),
-		ordOutageFileEnv + "=" + outageFile,
+		ordOutageFileEnv + "=" + outageFile, orderingFailEnv + "=" + strconv.Itoa(failEvery),
 	}}
 	for range ordRelays {
 		rs.start()
@@ -407,9 +420,9 @@ func runOrdering(t *testing.T, name string, sc ordScenario) {
 	if sc.outage {
 		outage = fmt.Sprintf(" outage=%v", outageTook.Round(time.Millisecond))
 	}
-	t.Logf("ORDERING-RESULT scenario=%s events=%d txs=%d rolled_back=%d delivered=%d distinct=%d violations_overlap=%d violations_order=%d violating_events=%d violating_by_kind=%s lost=%d phantom=%d duplicates=%d kills=%d failed_attempts=%d%s aggregates=%d relays=%d workers=%d batch=%d write_phase=%v total=%v seed=%d",
+	t.Logf("ORDERING-RESULT scenario=%s events=%d txs=%d rolled_back=%d delivered=%d distinct=%d violations_overlap=%d violations_order=%d violating_events=%d violating_by_kind=%s lost=%d phantom=%d duplicates=%d kills=%d failed_attempts=%d planned_failures=%s%s aggregates=%d relays=%d workers=%d batch=%d write_phase=%v total=%v seed=%d",
 		name, rep.committed, w.txs.Load(), w.rolledBack.Load(), rep.delivered, rep.distinct, rep.overlap, rep.order, rep.violating, rep.byKind(),
-		rep.lost, rep.phantom, rep.duplicates, rs.kills, rep.failedCalls, outage, len(aggs), ordRelays, ordWorkers, ordBatch,
+		rep.lost, rep.phantom, rep.duplicates, rs.kills, rep.failedCalls, planned, outage, len(aggs), ordRelays, ordWorkers, ordBatch,
 		wrote.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), seed)
 }
 
@@ -678,7 +691,7 @@ func ordRetryable(err error) bool {
 // fails the first attempt at the events ordFailsOnce picks (recorded with
 // ok false), and while outageFile exists reports its destination down
 // without recording anything.
-func ordHandler(db *gorm.DB, q ordSQL, relay int, outageFile string) outbox.Handler {
+func ordHandler(db *gorm.DB, q ordSQL, relay, failEvery int, outageFile string) outbox.Handler {
 	return func(ctx context.Context, e outbox.Event) error {
 		var p ordPayload
 		if err := e.DecodePayload(&p); err != nil || p.Tx == "" {
@@ -699,7 +712,7 @@ func ordHandler(db *gorm.DB, q ordSQL, relay int, outageFile string) outbox.Hand
 		case <-latency.C:
 		}
 		attempt := outbox.Attempt(ctx)
-		ok := attempt > 1 || !ordFailsOnce(p)
+		ok := attempt > 1 || !ordFailsOnce(p, failEvery)
 		if err := db.WithContext(ctx).Exec(`INSERT INTO ord_deliveries (tx, i, agg, n, event_id, agg_type, agg_id, relay, attempt, ok, started, ended)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, `+q.tick+`)`,
 			p.Tx, p.I, p.Agg, p.N, e.ID, e.AggregateType, e.AggregateID, relay, attempt, ok, started).Error; err != nil {
@@ -754,7 +767,11 @@ func TestOrderingRelayChild(t *testing.T) {
 	if err := db.Use(ob); err != nil {
 		fail("use: %v", err)
 	}
-	ob.Handle(ordEventType, ordHandler(db, ordSQLFor(server), relay, os.Getenv(ordOutageFileEnv)))
+	failEvery, err := strconv.Atoi(os.Getenv(orderingFailEnv))
+	if err != nil {
+		fail("%s: %v", orderingFailEnv, err)
+	}
+	ob.Handle(ordEventType, ordHandler(db, ordSQLFor(server), relay, failEvery, os.Getenv(ordOutageFileEnv)))
 	go func() {
 		if err := ob.Relay(db, ordRelayConfig()).Run(context.Background()); err != nil {
 			fail("relay: %v", err)
