@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,18 +61,42 @@ func (r *Relay) replicationConfig() (*pgconn.Config, error) {
 		return nil, fmt.Errorf("%w: the replication DSN does not parse (%T)", ErrInvalidConfig, err)
 	}
 	cfg.RuntimeParams["replication"] = "database"
+	if !setsWalSenderTimeout(cfg.RuntimeParams) {
+		cfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(replicationTimeout.Milliseconds(), 10)
+	}
 	return cfg, nil
+}
+
+// replicationTimeout is the wal_sender_timeout the relay sets on its
+// replication connection (the server's default is 60 s). The server ends a
+// replication session it has heard nothing from for this long, which frees
+// the slot for a standby: a relay that froze, was partitioned away or lost
+// its host is replaced within seconds rather than a minute. The reader
+// reports ten times in that window (streamLimits).
+const replicationTimeout = 5 * time.Second
+
+// setsWalSenderTimeout reports whether the replication DSN chose its own
+// wal_sender_timeout, as a parameter of its own or in options (-c ...);
+// the relay keeps it, and derives its limits from it.
+func setsWalSenderTimeout(params map[string]string) bool {
+	_, ok := params["wal_sender_timeout"]
+	return ok || strings.Contains(params["options"], "wal_sender_timeout")
 }
 
 // errSlotBusy: another connection streams the slot.
 var errSlotBusy = errors.New("outbox: another relay streams the replication slot")
 
 // startStream opens a replication connection and starts streaming the
-// slot from its confirmed position.
-func (r *Relay) startStream(ctx context.Context) (*pgconn.PgConn, error) {
-	conn, err := pgconn.ConnectConfig(ctx, r.repl)
+// slot from its confirmed position. timeout is the wal_sender_timeout the
+// server applies to the session (0: none).
+func (r *Relay) startStream(ctx context.Context) (conn *pgconn.PgConn, timeout time.Duration, err error) {
+	conn, err = pgconn.ConnectConfig(ctx, r.repl)
 	if err != nil {
-		return nil, fmt.Errorf("outbox: open the replication connection: %w", err)
+		return nil, 0, fmt.Errorf("outbox: open the replication connection: %w", err)
+	}
+	if timeout, err = walSenderTimeout(ctx, conn); err != nil {
+		_ = conn.Close(context.Background())
+		return nil, 0, err
 	}
 	err = pglogrepl.StartReplication(ctx, conn, r.o.slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
 		"proto_version '1'", "publication_names '" + r.o.slot + "'", "messages 'true'",
@@ -78,14 +104,32 @@ func (r *Relay) startStream(ctx context.Context) (*pgconn.PgConn, error) {
 	if err != nil {
 		_ = conn.Close(context.Background())
 		if isSQLState(err, "55006") { // object_in_use: the slot is active for another PID
-			return nil, errSlotBusy
+			return nil, 0, errSlotBusy
 		}
 		if isSQLState(err, "42704") { // undefined_object
-			return nil, fmt.Errorf("%w: slot %s: %w", ErrNoSlot, r.o.slot, err)
+			return nil, 0, fmt.Errorf("%w: slot %s: %w", ErrNoSlot, r.o.slot, err)
 		}
-		return nil, fmt.Errorf("outbox: start streaming slot %s: %w", r.o.slot, err)
+		return nil, 0, fmt.Errorf("outbox: start streaming slot %s: %w", r.o.slot, err)
 	}
-	return conn, nil
+	return conn, timeout, nil
+}
+
+// walSenderTimeout asks the server which wal_sender_timeout it applies to
+// the session: the relay's, the DSN's, or one set on the role, the
+// database or the server.
+func walSenderTimeout(ctx context.Context, conn *pgconn.PgConn) (time.Duration, error) {
+	rs, err := conn.Exec(ctx, "SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'").ReadAll()
+	if err != nil {
+		return 0, fmt.Errorf("outbox: read wal_sender_timeout on the replication connection: %w", err)
+	}
+	if len(rs) != 1 || len(rs[0].Rows) != 1 || len(rs[0].Rows[0]) != 1 {
+		return 0, errors.New("outbox: read wal_sender_timeout on the replication connection: no such setting")
+	}
+	ms, err := strconv.ParseInt(string(rs[0].Rows[0][0]), 10, 64)
+	if err != nil || ms < 0 {
+		return 0, fmt.Errorf("outbox: read wal_sender_timeout on the replication connection: %q is not a number of milliseconds", rs[0].Rows[0][0])
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // streamer is one streaming session on one replication connection.
@@ -93,12 +137,42 @@ type streamer struct {
 	r    *Relay
 	conn *pgconn.PgConn
 	txns chan walTxn
+	lim  streamLimits
 
 	handed pglogrepl.LSN // reader only: end of the last transaction handed over
 	done   atomic.Uint64 // end of the last transaction whose outcomes are durable
 	kick   chan struct{} // the dispatcher confirmed something: report it soon
 	until  pglogrepl.LSN // ProcessOnce: stop once the stream has passed it
 	failed atomic.Bool   // the reader stopped on an error: the connection is gone
+
+	// The session's clocks, in nanoseconds since base, read with now
+	// (time.Now; tests move it): when the last successful position report
+	// began, when the last message known to be fresh arrived from the
+	// server, and when the server last said, asked through the pool, that
+	// the session held the slot.
+	now       func() time.Time
+	base      time.Time
+	lastSent  atomic.Int64
+	lastHeard atomic.Int64
+	vouched   atomic.Int64
+
+	// holdsSlot asks the server, through the pool, whether this session's
+	// walsender still streams the slot.
+	holdsSlot func(context.Context) (bool, error)
+}
+
+func (r *Relay) newStreamer(conn *pgconn.PgConn, timeout time.Duration, until pglogrepl.LSN) *streamer {
+	s := &streamer{r: r, conn: conn, txns: make(chan walTxn, 64), kick: make(chan struct{}, 1), until: until,
+		lim: limitsFor(timeout), now: time.Now}
+	s.base = s.now() // both clocks at 0: the server has just answered START_REPLICATION
+	s.holdsSlot = func(ctx context.Context) (bool, error) { return r.slotHeldBy(ctx, conn.PID()) }
+	return s
+}
+
+func (s *streamer) stamp(clock *atomic.Int64, t time.Time) { clock.Store(int64(t.Sub(s.base))) }
+
+func (s *streamer) since(clock *atomic.Int64, now time.Time) time.Duration {
+	return now.Sub(s.base) - time.Duration(clock.Load())
 }
 
 // status reports the position up to which the slot may be freed: the
@@ -119,20 +193,103 @@ func (s *streamer) sendStatus(ctx context.Context, pos pglogrepl.LSN, reply bool
 	})
 }
 
-// standbyStatusInterval is how often the reader reports its position, well
-// inside PostgreSQL's wal_sender_timeout (60 s by default).
-const standbyStatusInterval = time.Second
-
+// streamLimits are a session's timing, derived from the wal_sender_timeout
+// T the server applies to it. The server ends the session once nothing
+// has arrived from the relay for T (any standby status update restarts
+// its clock), which frees the slot for a standby; it asks for a reply
+// once T/2 has passed, and while it replays a large transaction it reads
+// the relay's messages only then, so it may be silent for about T/2.
+//
 // A stream that has gone silent (a network partition, a NAT or load
 // balancer that dropped the flow, a host that vanished without resetting
 // its connections) looks like an idle one: writes still succeed into the
-// socket's buffer. The reader asks the server for a reply every
-// streamPingInterval, and gives the stream up, to reconnect, once nothing
-// at all has arrived for streamSilenceLimit.
-const (
-	streamPingInterval = 3 * time.Second
-	streamSilenceLimit = 15 * time.Second
-)
+// socket's buffer. And a relay that was frozen (SIGSTOP, a suspended VM,
+// a starved process) for longer than T finds, when it resumes, an open
+// socket holding what the server streamed to it before giving it up:
+// transactions that a standby has since received again and delivered.
+// Hence the two clocks of the session: the relay delivers a batch only
+// while its last successful report is recent enough that the server
+// cannot have timed the session out, and while it has heard from the
+// server recently or the server says, through the pool, that the session
+// still holds the slot. Reads alone cannot tell: after a freeze they
+// return old data at once.
+type streamLimits struct {
+	timeout time.Duration // T; 0: the server has none
+	// status is how often the reader reports its position, each time
+	// asking the server for a reply: ten times per T, at most once a
+	// second.
+	status time.Duration
+	// unreported is how long the relay may go without a successful
+	// report before it presumes the session over on the server's side
+	// (T/2; 0 when T is): the reader reports no more, the dispatcher
+	// delivers nothing more, and the stream is given up.
+	unreported time.Duration
+	// silence is how long the server may say nothing (3T/4, above the
+	// T/2 of a large transaction; 15 s without T): past it, the reader
+	// gives the stream up to reconnect, and the dispatcher asks whether
+	// the session still holds the slot before delivering.
+	silence time.Duration
+}
+
+func limitsFor(timeout time.Duration) streamLimits {
+	if timeout <= 0 {
+		return streamLimits{status: time.Second, silence: 15 * time.Second}
+	}
+	return streamLimits{
+		timeout:    timeout,
+		status:     min(time.Second, timeout/10),
+		unreported: timeout / 2,
+		silence:    timeout * 3 / 4,
+	}
+}
+
+// errSessionStale: the session may already be over on the server's side.
+var errSessionStale = errors.New("outbox: the replication session may be over on the server's side")
+
+// expired reports whether the relay has gone without a successful report
+// for longer than the session allows (the server may have ended it).
+func (s *streamer) expired(now time.Time) error {
+	if s.lim.unreported <= 0 {
+		return nil
+	}
+	if d := s.since(&s.lastSent, now); d > s.lim.unreported {
+		return fmt.Errorf("%w: the relay sent no position report for %v (frozen or starved?) and the server ends a session after %v without one (wal_sender_timeout): another relay may have taken the slot over and delivered what this session holds; giving the stream up without delivering it",
+			errSessionStale, d.Round(100*time.Millisecond), s.lim.timeout)
+	}
+	return nil
+}
+
+// deliverable reports whether the dispatcher may deliver a batch now: nil,
+// or why not. Checked right before each batch; a batch refused is neither
+// delivered nor confirmed, so the next session, or the relay that took the
+// slot over, receives it again.
+func (s *streamer) deliverable(ctx context.Context) error {
+	now := s.now()
+	if err := s.expired(now); err != nil {
+		return err
+	}
+	silent := s.since(&s.lastHeard, now)
+	if silent <= s.lim.silence || s.since(&s.vouched, now) <= s.lim.silence {
+		return nil
+	}
+	// Nothing fresh from the server for a while: a partition, or only a
+	// dispatcher too busy to take what the reader held (the reader reads
+	// nothing while it waits, and then what it finds may be old). The
+	// server knows; its answer counts as word from it.
+	held, err := s.holdsSlot(ctx)
+	if err == nil && held {
+		s.stamp(&s.vouched, now)
+	}
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: nothing heard from the server for %v, and whether the session still holds the slot cannot be read: %w; giving the stream up without delivering what it holds",
+			errSessionStale, silent.Round(100*time.Millisecond), err)
+	case !held:
+		return fmt.Errorf("%w: nothing heard from the server for %v, and the session no longer holds the slot; giving the stream up without delivering what it holds",
+			errSessionStale, silent.Round(100*time.Millisecond))
+	}
+	return nil
+}
 
 // read owns the connection: it receives the stream, hands each committed
 // transaction that carries outbox events to the dispatcher (in commit
@@ -155,18 +312,27 @@ func (s *streamer) receive(ctx context.Context) error {
 		commitTime time.Time
 		nextStatus = time.Now()
 		prefix     = logicalPrefix(s.r.o.slot)
-		lastHeard  = time.Now()
-		lastPing   = time.Now()
+		// catchingUp: the reader stopped reading for a while (it waited
+		// on the dispatcher, or the process did not run), so what the
+		// socket holds may be old and says nothing of the server now.
+		// Set until a receive finds the socket empty.
+		catchingUp  bool
+		lastLoop    = time.Now()
+		heldUp      = max(s.lim.status, 200*time.Millisecond) // a turn of the loop takes 100 ms at most, unless held up
+		listenSince time.Time                                 // the silence limit counts from here too
 	)
-	report := func(reply bool) error {
-		if time.Since(lastPing) >= streamPingInterval {
-			reply, lastPing = true, time.Now()
+	report := func() error {
+		began := s.now()
+		if err := s.expired(began); err != nil {
+			// The server may have ended the session: a report now would
+			// restart the clock the dispatcher reads.
+			return err
 		}
-		pos := s.confirmable(received, cur != nil)
-		if err := s.sendStatus(ctx, pos, reply); err != nil {
+		if err := s.sendStatus(ctx, s.confirmable(received, cur != nil), true); err != nil {
 			return fmt.Errorf("outbox: report the stream's position: %w", err)
 		}
-		interval := standbyStatusInterval
+		s.stamp(&s.lastSent, began) // when it began: a freeze inside the write counts
+		interval := s.lim.status
 		if s.until != 0 {
 			// ProcessOnce asks for the server's position until it has
 			// caught up: an idle server would not say otherwise.
@@ -175,17 +341,51 @@ func (s *streamer) receive(ctx context.Context) error {
 		nextStatus = time.Now().Add(interval)
 		return nil
 	}
+	// handOver gives the dispatcher a transaction, reporting meanwhile
+	// while it is busy: the server counts the relay's silence, however
+	// long the dispatcher takes.
+	handOver := func(t walTxn) (ok bool, err error) {
+		select {
+		case s.txns <- t:
+			return true, nil
+		default:
+		}
+		timer := time.NewTimer(time.Until(nextStatus))
+		defer timer.Stop()
+		for {
+			select {
+			case s.txns <- t:
+				return true, nil
+			case <-ctx.Done():
+				return false, nil
+			case <-s.kick:
+				nextStatus = time.Now()
+			case <-timer.C:
+			}
+			if !time.Now().Before(nextStatus) {
+				if err := report(); err != nil {
+					return false, err
+				}
+			}
+			timer.Reset(time.Until(nextStatus))
+		}
+	}
 	for {
 		if s.until != 0 && cur == nil && received >= s.until {
 			return nil // everything committed before ProcessOnce is handed over
 		}
+		now := time.Now()
+		if now.Sub(lastLoop) > heldUp {
+			catchingUp = true
+		}
+		lastLoop = now
 		select {
 		case <-s.kick:
 			nextStatus = time.Now()
 		default:
 		}
 		if !time.Now().Before(nextStatus) {
-			if err := report(s.until != 0); err != nil {
+			if err := report(); err != nil {
 				return err
 			}
 		}
@@ -201,14 +401,29 @@ func (s *streamer) receive(ctx context.Context) error {
 				return nil
 			}
 			if pgconn.Timeout(err) {
-				if silent := time.Since(lastHeard); silent > streamSilenceLimit {
-					return fmt.Errorf("outbox: the replication stream has been silent for %v, though asked to reply; reconnecting", silent.Round(time.Second))
+				now := s.now()
+				if err := s.expired(now); err != nil {
+					return err // the process did not run (a receive waits 100 ms at most): not the server's silence
+				}
+				if catchingUp {
+					// The socket is drained: whatever arrives now is
+					// fresh, and the server has been asked to reply.
+					catchingUp, listenSince = false, now
+					continue
+				}
+				if silent := min(s.since(&s.lastHeard, now), now.Sub(listenSince)); silent > s.lim.silence {
+					return fmt.Errorf("outbox: the replication stream has been silent for %v, though asked to reply; reconnecting", silent.Round(100*time.Millisecond))
 				}
 				continue
 			}
 			return fmt.Errorf("outbox: receive from the replication stream: %w", err)
 		}
-		lastHeard = time.Now()
+		if time.Since(lastLoop) > heldUp {
+			catchingUp = true // the process did not run while it received
+		}
+		if !catchingUp {
+			s.stamp(&s.lastHeard, s.now())
+		}
 		switch m := raw.(type) {
 		case *pgproto3.ErrorResponse:
 			return fmt.Errorf("outbox: replication stream: %w", pgconn.ErrorResponseToPgError(m))
@@ -260,10 +475,8 @@ func (s *streamer) receive(ctx context.Context) error {
 				case *pglogrepl.CommitMessage:
 					if cur != nil && len(cur.items) > 0 {
 						cur.end = msg.TransactionEndLSN
-						select {
-						case s.txns <- *cur:
-						case <-ctx.Done():
-							return nil
+						if ok, err := handOver(*cur); !ok {
+							return err // nil: ctx ended
 						}
 						s.handed = msg.TransactionEndLSN
 					}
@@ -320,7 +533,7 @@ func (r *Relay) streamRun(ctx context.Context) {
 		retry    = r.cfg.PollInterval
 	)
 	for ctx.Err() == nil {
-		conn, err := r.startStream(ctx)
+		conn, timeout, err := r.startStream(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -344,7 +557,7 @@ func (r *Relay) streamRun(ctx context.Context) {
 			r.o.logger.InfoContext(ctx, "outbox: streaming the replication slot", slog.String("slot", r.o.slot))
 		}
 		standing, failing, retry = false, false, r.cfg.PollInterval
-		if _, err := r.stream(ctx, conn, 0); err != nil && ctx.Err() == nil {
+		if _, err := r.stream(ctx, conn, timeout, 0); err != nil && ctx.Err() == nil {
 			r.o.logger.ErrorContext(ctx, "outbox: the replication stream broke; reconnecting", slog.Any("error", err))
 			failing = true
 			sleepCtx(ctx, retry)
@@ -372,21 +585,22 @@ func (r *Relay) streamOnce(ctx context.Context) (int, error) {
 	if err := sqlDB.QueryRowContext(ctx, "SELECT pg_current_wal_flush_lsn()").Scan(&until); err != nil {
 		return 0, fmt.Errorf("outbox: read the WAL position: %w", err)
 	}
-	conn, err := r.startStream(ctx)
+	conn, timeout, err := r.startStream(ctx)
 	if errors.Is(err, errSlotBusy) {
 		return 0, nil // the relay streaming it delivers these events
 	}
 	if err != nil {
 		return 0, err
 	}
-	return r.stream(ctx, conn, until)
+	return r.stream(ctx, conn, timeout, until)
 }
 
-// stream runs one session on conn: the reader and the dispatcher, until
-// ctx ends, the stream breaks, or (until != 0) it has passed until. It
+// stream runs one session on conn, whose wal_sender_timeout is timeout:
+// the reader and the dispatcher, until ctx ends, the stream breaks or may
+// be over on the server's side, or (until != 0) it has passed until. It
 // closes conn and returns how many events it handled.
-func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl.LSN) (int, error) {
-	s := &streamer{r: r, conn: conn, txns: make(chan walTxn, 64), kick: make(chan struct{}, 1), until: until}
+func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, timeout time.Duration, until pglogrepl.LSN) (int, error) {
+	s := r.newStreamer(conn, timeout, until)
 	rctx, stopReader := context.WithCancel(ctx)
 	var (
 		wg      sync.WaitGroup
@@ -395,18 +609,52 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 	wg.Add(1)
 	go func() { defer wg.Done(); readErr = s.read(rctx) }()
 
-	var (
-		n       int
-		err     error
-		probeIn = destProbeMin
-	)
+	n, err := s.dispatch(ctx, r.handleStream)
+	stopReader()
+	for range s.txns { // unblock the reader; these were not handled and are not confirmed
+	}
+	wg.Wait()
+	// The final report: what this session confirmed. Not on a connection
+	// the reader saw break: pgconn is closing it from a goroutine of its
+	// own, and pglogrepl writes to it without pgconn's lock; the server
+	// keeps the last position reported before, and replays from there.
+	if done := pglogrepl.LSN(s.done.Load()); done > 0 && readErr == nil && !conn.IsClosed() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
+		if serr := s.sendStatus(fctx, done, false); serr != nil && err == nil && readErr == nil {
+			err = fmt.Errorf("outbox: report the stream's position: %w", serr)
+		}
+		_, _ = pglogrepl.SendStandbyCopyDone(fctx, conn)
+		cancel()
+	}
+	pid := conn.PID()
+	_ = conn.Close(context.Background())
+	r.awaitRelease(ctx, pid)
+	if err == nil && ctx.Err() == nil {
+		err = readErr
+	}
+	return n, err
+}
+
+// dispatch is the session's dispatcher: it hands the reader's transactions
+// to handle (Relay.handleStream) in batches, and records what is done for
+// the reader to confirm. It returns once the reader has stopped, a batch's
+// outcomes are not durable, the session may be over on the server's side
+// (deliverable), or, in ProcessOnce, after one batch.
+func (s *streamer) dispatch(ctx context.Context, handle func(context.Context, []walItem) (int, error, error)) (n int, err error) {
+	r, until := s.r, s.until
+	probeIn := destProbeMin
 	for {
 		batch, ok := s.nextBatch(r.cfg.BatchSize, until != 0)
 		if !ok || s.failed.Load() {
 			// A broken connection cannot confirm anything any more: what
 			// the reader had buffered is left to the next session, which
 			// receives it again, rather than delivered twice.
-			break
+			return n, nil
+		}
+		if err := s.deliverable(ctx); err != nil {
+			// Nor can a session the server may have ended: a standby may
+			// hold the slot, and have delivered this batch already.
+			return n, err
 		}
 		var end pglogrepl.LSN
 		var items []walItem
@@ -414,12 +662,11 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 			items = append(items, t.items...)
 			end = t.end
 		}
-		handled, down, werr := r.handleStream(ctx, items)
+		handled, down, werr := handle(ctx, items)
 		if werr != nil {
 			// Outcomes not durable: stop without confirming; the next
 			// session delivers the batch again.
-			err = werr
-			break
+			return n, werr
 		}
 		n += handled
 		s.done.Store(uint64(end))
@@ -448,32 +695,23 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 			probeIn = destProbeMin
 		}
 		if until != 0 {
-			break // ProcessOnce: one batch, as from the table
+			return n, err // ProcessOnce: one batch, as from the table
 		}
 	}
-	stopReader()
-	for range s.txns { // unblock the reader; these were not handled and are not confirmed
+}
+
+// slotHeldBy reports whether the walsender with this PID streams the slot.
+func (r *Relay) slotHeldBy(ctx context.Context, pid uint32) (bool, error) {
+	sqlDB, err := rawDB(r.db)
+	if err != nil {
+		return false, err
 	}
-	wg.Wait()
-	// The final report: what this session confirmed. Not on a connection
-	// the reader saw break: pgconn is closing it from a goroutine of its
-	// own, and pglogrepl writes to it without pgconn's lock; the server
-	// keeps the last position reported before, and replays from there.
-	if done := pglogrepl.LSN(s.done.Load()); done > 0 && readErr == nil && !conn.IsClosed() {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
-		if serr := s.sendStatus(fctx, done, false); serr != nil && err == nil && readErr == nil {
-			err = fmt.Errorf("outbox: report the stream's position: %w", serr)
-		}
-		_, _ = pglogrepl.SendStandbyCopyDone(fctx, conn)
-		cancel()
-	}
-	pid := conn.PID()
-	_ = conn.Close(context.Background())
-	r.awaitRelease(ctx, pid)
-	if err == nil && ctx.Err() == nil {
-		err = readErr
-	}
-	return n, err
+	qctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	defer cancel()
+	var held bool
+	err = sqlDB.QueryRowContext(qctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)",
+		r.o.slot, int64(pid)).Scan(&held)
+	return held, err
 }
 
 // awaitRelease waits, briefly, until the walsender that served a closed
@@ -482,16 +720,10 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, until pglogrepl
 // ProcessOnce (of this relay or another in this process) would find the
 // slot busy and take this session's own shadow for another relay.
 func (r *Relay) awaitRelease(ctx context.Context, pid uint32) {
-	sqlDB, err := rawDB(r.db)
-	if err != nil {
-		return
-	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	for {
-		var held bool
-		err := sqlDB.QueryRowContext(wctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)",
-			r.o.slot, int64(pid)).Scan(&held)
+		held, err := r.slotHeldBy(wctx, pid)
 		if err != nil || !held {
 			return
 		}

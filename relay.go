@@ -90,7 +90,11 @@ type RelayConfig struct {
 	// a relay streams through in Logical mode. Defaults to the DSN the
 	// *gorm.DB was opened with (gorm.io/driver/postgres's Config.DSN); set it
 	// when db was opened from an existing *sql.DB, or to stream through
-	// another role or host. Ignored in other modes.
+	// another role or host. The relay sets wal_sender_timeout=5s on the
+	// replication connection, so that PostgreSQL ends the session of a
+	// relay that froze or vanished, and a standby takes over, within
+	// seconds; a wal_sender_timeout in the DSN (a parameter of its own or
+	// in options) is kept instead. Ignored in other modes.
 	ReplicationDSN string
 
 	// OnDelivery, if set, is called after every delivery attempt with its
