@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -27,8 +28,12 @@ type aggKey struct{ typ, id string }
 
 // handleStream handles one batch. down is a handler's Unavailable error,
 // if one said its destination is down; err means the outcomes are not
-// durable and the batch must not be confirmed.
-func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int, down error, err error) {
+// durable and the batch must not be confirmed. stale, checked before each
+// delivery, says when the session may be over on the server's side (a
+// relay that froze): the rest of the batch is then neither delivered nor
+// written to the table, since the relay that took the slot over streams
+// it, and the batch ends with that error.
+func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() error) (handled int, down error, err error) {
 	pg := r.o.dialect.(*postgresDialect)
 	start := time.Now()
 	now := r.o.now()
@@ -115,7 +120,27 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem) (handled int,
 	}
 
 	handled = len(items) - dups
-	down = r.deliverStreamed(ctx, start, items, states, outs)
+	down, gone := r.deliverStreamed(ctx, start, items, states, outs, stale)
+	if gone != nil {
+		// Only the leased rows of events delivered are worth writing: the
+		// stream's new owner skips them as already in the table, and the
+		// table's relay would deliver them again once the lease passed.
+		var sent []string
+		for i := range items {
+			if leased[i] && states[i] == stSent {
+				sent = append(sent, items[i].c.ev.ID)
+			}
+		}
+		if len(sent) > 0 {
+			sctx, cancel := context.WithTimeout(wctx, r.cfg.StatementTimeout)
+			err := r.markSent(sctx, sent, lease)
+			cancel()
+			if err != nil {
+				gone = errors.Join(gone, fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err))
+			}
+		}
+		return handled, nil, gone
+	}
 	return handled, down, r.recordStreamed(wctx, pg, items, leased, states, outs, now, lease)
 }
 
@@ -129,7 +154,7 @@ func (r *Relay) parkDeferred(it *walItem, now time.Time) parkRow {
 // Workers goroutines. With OrderByAggregate the events of one aggregate go
 // to one goroutine, in stream order, and once one of them fails the rest
 // are deferred behind it.
-func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []walItem, states []streamState, outs []outcome) error {
+func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []walItem, states []streamState, outs []outcome, stale func() error) (down, gone error) {
 	budget := r.cfg.Lease - min(r.cfg.Lease/5, 5*time.Second)
 	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(budget))
 	defer cancel()
@@ -153,8 +178,9 @@ func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []wa
 		groups = append(groups, []int{i})
 	}
 	var (
-		next atomic.Int64
-		down atomic.Pointer[error]
+		next     atomic.Int64
+		downErr  atomic.Pointer[error]
+		staleErr atomic.Pointer[error]
 	)
 	work := func() {
 		for {
@@ -164,24 +190,32 @@ func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []wa
 			}
 			held := false
 			for _, i := range groups[g] {
-				if held || ctx.Err() != nil || bctx.Err() != nil || down.Load() != nil {
+				if staleErr.Load() == nil {
+					if err := stale(); err != nil {
+						staleErr.CompareAndSwap(nil, &err)
+					}
+				}
+				if held || ctx.Err() != nil || bctx.Err() != nil || downErr.Load() != nil || staleErr.Load() != nil {
 					states[i] = stDeferred
 					continue
 				}
 				state, out, err := r.deliverStreamedOne(bctx, &items[i])
 				states[i], outs[i] = state, out
 				if state == stDeferred && err != nil {
-					down.CompareAndSwap(nil, &err)
+					downErr.CompareAndSwap(nil, &err)
 				}
 				held = state != stSent
 			}
 		}
 	}
 	runWorkers(min(r.cfg.Workers, len(groups)), work)
-	if p := down.Load(); p != nil {
-		return *p
+	if p := staleErr.Load(); p != nil {
+		gone = *p
 	}
-	return nil
+	if p := downErr.Load(); p != nil {
+		down = *p
+	}
+	return down, gone
 }
 
 // deliverStreamedOne delivers one event; an Unavailable error defers it

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -262,4 +263,39 @@ func TestLogicalBusyDispatcherKeepsSession(t *testing.T) {
 	}
 	assert.NotContains(t, logs.String(), "replication stream broke")
 	assert.NotContains(t, logs.String(), errSessionStale.Error())
+}
+
+// TestLogicalFreezeMidBatchDeliversNoMore: a session that goes stale in
+// the middle of a batch (the relay froze while handlers ran) delivers no
+// more of it and writes none of the rest to the table: the relay that took
+// the slot over streams those events itself. What it did deliver with a
+// row in the table is marked sent, so the table's relay does not deliver
+// it again; and the batch is not confirmed.
+func TestLogicalFreezeMidBatchDeliversNoMore(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var got collector
+	e.ob.Handle(AnyEvent, got.handle)
+	r := e.relay(RelayConfig{Workers: 1})
+	msg, err := json.Marshal([]walEvent{
+		{ID: "c1", Type: "x", Payload: json.RawMessage(`1`), Checked: true},
+		{ID: "g2", Type: "x", Payload: json.RawMessage(`2`)},
+		{ID: "g3", Type: "x", Payload: json.RawMessage(`3`)},
+	})
+	require.NoError(t, err)
+	items, err := decodeWAL(msg, time.Now())
+	require.NoError(t, err)
+	checks := 0
+	stale := func() error {
+		if checks++; checks > 1 {
+			return errSessionStale
+		}
+		return nil
+	}
+	_, down, err := r.handleStream(t.Context(), items, stale)
+	require.ErrorIs(t, err, errSessionStale, "the batch must not be confirmed")
+	assert.NoError(t, down)
+	assert.Equal(t, []string{"c1"}, got.ids(), "nothing delivered once the session is stale")
+	assert.EqualValues(t, 1, e.count(""), "the rest is not written to the table")
+	assert.Equal(t, StatusSent, e.record("c1").Status)
 }

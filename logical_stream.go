@@ -609,7 +609,13 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, timeout time.Du
 	wg.Add(1)
 	go func() { defer wg.Done(); readErr = s.read(rctx) }()
 
-	n, err := s.dispatch(ctx, r.handleStream)
+	// The session's freshness is checked before each event too: a relay
+	// frozen mid-batch must not deliver the rest once a standby may hold
+	// the slot.
+	stale := func() error { return s.expired(s.now()) }
+	n, err := s.dispatch(ctx, func(ctx context.Context, items []walItem) (int, error, error) {
+		return r.handleStream(ctx, items, stale)
+	})
 	stopReader()
 	for range s.txns { // unblock the reader; these were not handled and are not confirmed
 	}
