@@ -1,6 +1,7 @@
 package outboxotel_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/pgtest"
 	"github.com/gorm-outbox/outbox/outboxotel"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -135,4 +137,23 @@ func TestFailedOnLastAttemptLogical(t *testing.T) {
 	tel := newTelemetry(t)
 	db, ob := installLogical(t, tel)
 	checkFailedOnLastAttempt(t, tel, db, ob)
+}
+
+// TestDroppedLogical: an event Logical mode drops because another event
+// took its ID first is counted by outbox.events.dropped.
+func TestDroppedLogical(t *testing.T) {
+	t.Parallel()
+	tel := newTelemetry(t)
+	db, ob := installLogical(t, tel, outboxotel.WithStatsInterval(time.Nanosecond))
+	ob.Handle("x", func(context.Context, outbox.Event) error { return nil })
+	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "same", Type: "x", IdempotencyKey: "k1"}))
+	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "same", Type: "x", IdempotencyKey: "k2"}))
+	outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{}))
+
+	m, ok := findMetric(tel.collect(t), "outbox.events.dropped")
+	require.True(t, ok, "outbox.events.dropped")
+	sum := m.Data.(metricdata.Sum[int64])
+	assert.True(t, sum.IsMonotonic)
+	require.Len(t, sum.DataPoints, 1)
+	assert.EqualValues(t, 1, sum.DataPoints[0].Value)
 }

@@ -162,7 +162,15 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 	}
 	instruments := []metric.Observable{events, oldest}
 	var lag, active metric.Int64ObservableGauge
+	var dropped metric.Int64ObservableCounter
 	if ob.Mode() == outbox.Logical {
+		// The mode's one way to lose an event (an ID reused by another
+		// event), counted by this process's relays: alert on any increase.
+		if dropped, err = m.Int64ObservableCounter("outbox.events.dropped",
+			metric.WithDescription("Committed events this process's Logical mode relays dropped because another event took their ID first."),
+			metric.WithUnit("{event}")); err != nil {
+			return err
+		}
 		// The slot's risk is WAL kept on disk while no relay confirms it.
 		if lag, err = m.Int64ObservableGauge("outbox.slot.lag",
 			metric.WithDescription("WAL the Logical mode replication slot keeps because no relay has confirmed it yet."),
@@ -174,7 +182,7 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 			metric.WithUnit("1")); err != nil {
 			return err
 		}
-		instruments = append(instruments, lag, active)
+		instruments = append(instruments, lag, active, dropped)
 	}
 	c := &statsCache{ob: ob, db: db, every: every}
 	pending := metric.WithAttributes(system, StatusKey.String(outbox.StatusPending))
@@ -197,6 +205,7 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 				on = 1
 			}
 			o.ObserveInt64(active, on, sys)
+			o.ObserveInt64(dropped, st.Dropped, sys)
 		}
 		return nil
 	}, instruments...)
