@@ -2,13 +2,12 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
 )
 
@@ -69,14 +68,6 @@ type ListParams struct {
 const (
 	defaultListLimit = 50
 	maxListLimit     = 1000
-	// adminBatch bounds the rows one statement of ReplayFilter or Purge
-	// touches, so that neither holds many row locks at once.
-	adminBatch = 1000
-	// adminScan is how many IDs one SELECT of ReplayFilter or Purge reads
-	// for its batches: the SELECT may scan the table (PostgreSQL has no
-	// index on seq, nor on most filter columns), so it runs once per ten
-	// batches rather than once per batch.
-	adminScan = 10 * adminBatch
 )
 
 // validate checks the values a filter holds.
@@ -97,95 +88,41 @@ func (o *Outbox) usable(db *gorm.DB) error {
 	if o.mode == Memory {
 		return ErrMemoryMode
 	}
-	if o.dialect == nil || fromDB(db) != o {
+	if o.store == nil || fromDB(db) != o {
 		return ErrNotInstalled
 	}
 	return nil
 }
 
-// where writes the WHERE clause of f (and of the extra conditions, which
-// come first); it writes nothing when nothing is selected.
-func (s *sqlSyntax) where(b *builder, f Filter, extra ...string) {
-	conds := append([]string(nil), extra...)
-	add := func(c string) { conds = append(conds, c) }
-	if len(f.IDs) > 0 {
-		add(b.ids("id", f.IDs))
-	}
-	if len(f.Statuses) > 0 {
-		add(b.ids("status", f.Statuses))
-	}
-	if len(f.Types) > 0 {
-		add(b.ids("event_type", f.Types))
-	}
-	if f.AggregateType != "" {
-		add("aggregate_type = " + b.arg(f.AggregateType))
-	}
-	if f.AggregateID != "" {
-		add("aggregate_id = " + b.arg(f.AggregateID))
-	}
-	if !f.CreatedSince.IsZero() {
-		add("created_at >= " + b.time(f.CreatedSince))
-	}
-	if !f.CreatedUntil.IsZero() {
-		add("created_at < " + b.time(f.CreatedUntil))
-	}
-	if f.ErrorContains != "" {
-		// '!' escapes, not backslash: MySQL reads a backslash in a
-		// literal as an escape itself, unless NO_BACKSLASH_ESCAPES is set.
-		add("LOWER(last_error) LIKE LOWER(" + b.arg(likeContains(f.ErrorContains)) + ") ESCAPE '!'")
-	}
-	if len(conds) > 0 {
-		b.w(" WHERE ", strings.Join(conds, " AND "))
+// filter is f as the store takes it.
+func (f *Filter) filter() store.Filter {
+	return store.Filter{
+		IDs: f.IDs, Statuses: f.Statuses, Types: f.Types,
+		AggregateType: f.AggregateType, AggregateID: f.AggregateID,
+		CreatedSince: f.CreatedSince, CreatedUntil: f.CreatedUntil, ErrorContains: f.ErrorContains,
 	}
 }
 
-// likeContains is the LIKE pattern matching text anywhere, with LIKE's
-// wildcards in text taken literally.
-func likeContains(text string) string {
-	r := strings.NewReplacer("!", "!!", "%", "!%", "_", "!_")
-	return "%" + r.Replace(text) + "%"
-}
-
-// rowColumns are the columns scanRows reads, in its order.
-func (s *sqlSyntax) rowColumns() string {
-	return "seq, id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, last_error, " +
-		s.timeCol("available_at") + ", " + s.timeCol("locked_until") + ", " + s.timeCol("occurred_at") + ", " +
-		s.timeCol("created_at") + ", " + s.timeCol("updated_at") + ", " + s.timeCol("sent_at")
-}
-
-func scanRows(rows *sql.Rows) ([]Row, error) {
-	defer rows.Close()
-	var out []Row
-	for rows.Next() {
-		var (
-			r                                 Row
-			payload                           []byte
-			headers, lastErr                  sql.NullString
-			avail, locked, occ, added, upd, s dbTime
-		)
-		if err := rows.Scan(&r.Seq, &r.ID, &r.EventType, &r.AggregateType, &r.AggregateID, &r.IdempotencyKey,
-			&payload, &headers, &r.Status, &r.Attempts, &lastErr, &avail, &locked, &occ, &added, &upd, &s); err != nil {
-			return nil, err
+// queryRows runs a query of rows in the store's row order.
+func queryRows(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]Row, error) {
+	rows, err := pool.QueryContext(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, err
+	}
+	got, err := store.ScanRows(rows)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Row, len(got))
+	for i, r := range got {
+		out[i] = Row{
+			ID: r.ID, Seq: r.Seq, EventType: r.EventType, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
+			IdempotencyKey: r.Key, Payload: r.Payload, Headers: r.Headers, Status: r.Status, Attempts: r.Attempts,
+			LastError: r.LastError, AvailableAt: r.AvailableAt, LockedUntil: r.LockedUntil, OccurredAt: r.OccurredAt,
+			CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, SentAt: r.SentAt,
 		}
-		r.Payload = string(payload)
-		if headers.Valid {
-			r.Headers = &headers.String
-		}
-		if lastErr.Valid {
-			r.LastError = &lastErr.String
-		}
-		r.AvailableAt, r.OccurredAt, r.CreatedAt, r.UpdatedAt = avail.t, occ.t, added.t, upd.t
-		r.LockedUntil, r.SentAt = optTime(locked.t), optTime(s.t)
-		out = append(out, r)
 	}
-	return out, rows.Err()
-}
-
-func optTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	return &t
+	return out, nil
 }
 
 // List returns one page of the rows matching p.Filter, oldest first (or
@@ -206,28 +143,8 @@ func (o *Outbox) List(ctx context.Context, db *gorm.DB, p ListParams) ([]Row, er
 	if limit == 0 {
 		limit = defaultListLimit
 	}
-	s := o.dialect.syntax()
-	b := s.build()
-	b.w("SELECT ", s.rowColumns(), " FROM ", s.table)
-	var page []string
-	if p.AfterSeq > 0 {
-		page = append(page, "seq > "+b.arg(p.AfterSeq))
-	}
-	if p.BeforeSeq > 0 {
-		page = append(page, "seq < "+b.arg(p.BeforeSeq))
-	}
-	s.where(b, p.Filter, page...)
-	order := " ORDER BY seq"
-	if p.Newest {
-		order += " DESC"
-	}
-	b.w(order, " LIMIT ", b.arg(limit))
-	q := b.query()
-	rows, err := db.Statement.ConnPool.QueryContext(ctx, q.sql, q.args...)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: list events: %w", err)
-	}
-	out, err := scanRows(rows)
+	q := o.store.List(store.Page{Filter: p.filter(), Limit: limit, AfterSeq: p.AfterSeq, BeforeSeq: p.BeforeSeq, Newest: p.Newest})
+	out, err := queryRows(ctx, db.Statement.ConnPool, q)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list events: %w", err)
 	}
@@ -240,14 +157,7 @@ func (o *Outbox) Get(ctx context.Context, db *gorm.DB, id string) (Row, error) {
 	if err := o.usable(db); err != nil {
 		return Row{}, err
 	}
-	s := o.dialect.syntax()
-	b := s.build()
-	q := b.w("SELECT ", s.rowColumns(), " FROM ", s.table, " WHERE id = ", b.arg(id)).query()
-	rows, err := db.Statement.ConnPool.QueryContext(ctx, q.sql, q.args...)
-	if err != nil {
-		return Row{}, fmt.Errorf("outbox: get event %s: %w", id, err)
-	}
-	out, err := scanRows(rows)
+	out, err := queryRows(ctx, db.Statement.ConnPool, o.store.Get(id))
 	if err != nil {
 		return Row{}, fmt.Errorf("outbox: get event %s: %w", id, err)
 	}
@@ -268,13 +178,9 @@ func (o *Outbox) Count(ctx context.Context, db *gorm.DB, f Filter) (int64, error
 	if err := f.validate(); err != nil {
 		return 0, err
 	}
-	s := o.dialect.syntax()
-	b := s.build()
-	b.w("SELECT COUNT(*) FROM ", s.table)
-	s.where(b, f)
-	q := b.query()
+	q := o.store.Count(f.filter())
 	var n int64
-	if err := db.Statement.ConnPool.QueryRowContext(ctx, q.sql, q.args...).Scan(&n); err != nil {
+	if err := db.Statement.ConnPool.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&n); err != nil {
 		return 0, fmt.Errorf("outbox: count events: %w", err)
 	}
 	return n, nil
@@ -300,32 +206,24 @@ func (o *Outbox) ReplayFilter(ctx context.Context, db *gorm.DB, f Filter) (int, 
 		return 0, fmt.Errorf("%w: replay changes only failed rows; statuses %v leave them out", ErrInvalidFilter, f.Statuses)
 	}
 	f.Statuses = []string{StatusFailed}
-	s := o.dialect.syntax()
+	sf := f.filter()
 	pool := db.Statement.ConnPool
+	lim := o.limits
 	total := 0
 	var after int64
 	for {
-		b := s.build()
-		b.w("SELECT seq, id FROM ", s.table)
-		s.where(b, f, "seq > "+b.arg(after))
-		b.w(" ORDER BY seq LIMIT ", b.arg(adminScan))
-		ids, last, err := selectIDs(ctx, pool, b.query())
+		ids, last, err := selectIDs(ctx, pool, o.store.ReplaySelect(sf, after, lim.AdminScan))
 		if err != nil {
 			return total, fmt.Errorf("outbox: replay events: %w", err)
 		}
-		for batch := range slices.Chunk(ids, adminBatch) {
-			now := o.now()
-			u := s.build()
-			u.w("UPDATE ", s.table, " SET status = 'pending', attempts = 0, available_at = ", u.time(now),
-				", updated_at = ", u.time(now), ", locked_until = NULL")
-			s.where(u, f, u.ids("id", batch))
-			n, err := execCount(ctx, pool, u.query())
+		for batch := range slices.Chunk(ids, lim.AdminBatch) {
+			n, err := execCount(ctx, pool, o.store.ReplayUpdate(sf, batch, o.now()))
 			if err != nil {
 				return total, fmt.Errorf("outbox: replay %d events: %w", len(batch), err)
 			}
 			total += n
 		}
-		if len(ids) < adminScan {
+		if len(ids) < lim.AdminScan {
 			return total, nil
 		}
 		after = last
@@ -354,27 +252,18 @@ func (o *Outbox) Purge(ctx context.Context, db *gorm.DB, f Filter) (int, error) 
 	if len(f.Statuses) == 0 {
 		f.Statuses = []string{StatusSent, StatusFailed}
 	}
-	s := o.dialect.syntax()
+	sf := f.filter()
 	pool := db.Statement.ConnPool
+	lim := o.limits
 	total := 0
 	for {
-		// No ORDER BY: deleted rows leave the selection, so each round
-		// takes whichever matching rows the database finds first (through
-		// the sent index, on PostgreSQL and SQLite, for sent rows).
-		b := s.build()
-		b.w("SELECT seq, id FROM ", s.table)
-		s.where(b, f)
-		b.w(" LIMIT ", b.arg(adminScan))
-		ids, _, err := selectIDs(ctx, pool, b.query())
+		ids, _, err := selectIDs(ctx, pool, o.store.PurgeSelect(sf, lim.AdminScan))
 		if err != nil {
 			return total, fmt.Errorf("outbox: purge events: %w", err)
 		}
 		deleted := 0
-		for batch := range slices.Chunk(ids, adminBatch) {
-			d := s.build()
-			d.w("DELETE FROM ", s.table)
-			s.where(d, f, d.ids("id", batch))
-			n, err := execCount(ctx, pool, d.query())
+		for batch := range slices.Chunk(ids, lim.AdminBatch) {
+			n, err := execCount(ctx, pool, o.store.PurgeDelete(sf, batch))
 			if err != nil {
 				return total, fmt.Errorf("outbox: purge %d events: %w", len(batch), err)
 			}
@@ -383,15 +272,15 @@ func (o *Outbox) Purge(ctx context.Context, db *gorm.DB, f Filter) (int, error) 
 		total += deleted
 		// deleted == 0: every row selected changed under us; stop rather
 		// than select them again.
-		if len(ids) < adminScan || deleted == 0 {
+		if len(ids) < lim.AdminScan || deleted == 0 {
 			return total, nil
 		}
 	}
 }
 
 // selectIDs runs a SELECT seq, id and returns the IDs and the last seq.
-func selectIDs(ctx context.Context, pool gorm.ConnPool, q query) ([]string, int64, error) {
-	rows, err := pool.QueryContext(ctx, q.sql, q.args...)
+func selectIDs(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]string, int64, error) {
+	rows, err := pool.QueryContext(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -410,22 +299,11 @@ func selectIDs(ctx context.Context, pool gorm.ConnPool, q query) ([]string, int6
 	return ids, last, rows.Err()
 }
 
-func execCount(ctx context.Context, pool gorm.ConnPool, q query) (int, error) {
-	res, err := pool.ExecContext(ctx, q.sql, q.args...)
+func execCount(ctx context.Context, pool gorm.ConnPool, q store.Query) (int, error) {
+	res, err := pool.ExecContext(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return 0, err
 	}
 	n, err := res.RowsAffected()
 	return int(n), err
 }
-
-// failedSince counts the rows marked failed at or after since (a failed
-// row's updated_at is when it failed, or was last touched by an operator).
-func (s *sqlSyntax) failedSince(since time.Time) query {
-	b := s.build()
-	return b.w("SELECT COUNT(*) FROM ", s.table, " WHERE status = 'failed' AND updated_at >= ", b.time(since)).query()
-}
-
-// syntax returns the statement syntax the operating functions build with;
-// every dialect embeds one.
-func (s *sqlSyntax) syntax() *sqlSyntax { return s }

@@ -275,14 +275,15 @@ func failRows(t *testing.T, e *testEnv, typ, msg string) {
 func testAdminReplayFilterBatches(t *testing.T, b backend) {
 	e := b.setup(t)
 	skipPureGo(t, e)
-	publishN(t, e.db, "bulk", adminScan+adminBatch+5)
+	lim := e.ob.limits
+	publishN(t, e.db, "bulk", lim.AdminScan+lim.AdminBatch+5)
 	publishN(t, e.db, "other", 3)
 	failRows(t, e, "bulk", "boom")
 	failRows(t, e, "other", "boom")
 	n, err := e.ob.ReplayFilter(t.Context(), e.db, Filter{Types: []string{"bulk"}, Statuses: []string{StatusFailed}})
 	require.NoError(t, err)
-	assert.Equal(t, adminScan+adminBatch+5, n)
-	assert.EqualValues(t, adminScan+adminBatch+5, e.count("status = ? AND attempts = 0", StatusPending))
+	assert.Equal(t, lim.AdminScan+lim.AdminBatch+5, n)
+	assert.EqualValues(t, lim.AdminScan+lim.AdminBatch+5, e.count("status = ? AND attempts = 0", StatusPending))
 	assert.EqualValues(t, 3, e.count("status = ?", StatusFailed))
 }
 
@@ -324,13 +325,13 @@ func testAdminPurge(t *testing.T, b backend) {
 func testAdminPurgeBatches(t *testing.T, b backend) {
 	e := b.setup(t)
 	skipPureGo(t, e)
-	publishN(t, e.db, "bulk", adminScan+adminBatch+7)
+	publishN(t, e.db, "bulk", e.ob.limits.AdminScan+e.ob.limits.AdminBatch+7)
 	publishN(t, e.db, "keep", 2)
 	require.NoError(t, e.db.Table(e.ob.Table()).Where("event_type = ?", "bulk").
 		Updates(map[string]any{"status": StatusSent}).Error)
 	n, err := e.ob.Purge(t.Context(), e.db, Filter{Types: []string{"bulk", "keep"}})
 	require.NoError(t, err)
-	assert.Equal(t, adminScan+adminBatch+7, n)
+	assert.Equal(t, e.ob.limits.AdminScan+e.ob.limits.AdminBatch+7, n)
 	assert.EqualValues(t, 2, e.count(""))
 }
 
@@ -459,9 +460,7 @@ func testRetentionDeletesOnlySent(t *testing.T, b backend) {
 	publishN(t, e.db, "unclaimed", 2) // no handler, never claimed
 	// A pending row that carries a sent time (as one replayed by hand
 	// would): only its status keeps it.
-	s := e.ob.dialect.syntax()
-	require.NoError(t, e.db.Exec("UPDATE "+s.table+" SET sent_at = ? WHERE id = ?", s.timeArg(e.ob.now()), "later-00000").Error)
-	require.NoError(t, e.db.Exec("UPDATE "+s.table+" SET sent_at = ? WHERE id = ?", s.timeArg(e.ob.now()), "bad-00000").Error)
+	require.NoError(t, e.db.Table(e.ob.Table()).Where("id IN ?", []string{"later-00000", "bad-00000"}).Update("sent_at", e.timeArg(e.ob.now())).Error)
 
 	e.clock.Advance(48 * time.Hour)
 	n, err := e.ob.DeleteSent(ctx, e.db, time.Hour)

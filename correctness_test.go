@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
@@ -207,7 +208,7 @@ func testHugeFailedBatch(t *testing.T, b backend) {
 	require.Len(t, batch, n)
 	outs := make([]outcome, n)
 	for i, c := range batch {
-		outs[i] = outcome{id: c.ev.ID, status: StatusPending, err: "down", due: now.Add(time.Hour)}
+		outs[i] = outcome{ID: c.ev.ID, Status: StatusPending, Err: "down", Due: now.Add(time.Hour)}
 	}
 	// One batch's failures, recorded at once (the relay records them in
 	// one go when its handlers fail fast).
@@ -411,9 +412,9 @@ func testDryRun(t *testing.T, b backend) {
 	require.NotPanics(t, func() { require.NoError(t, db.Use(Plugin(Config{Table: "dry_outbox"}))) })
 	sqlDB, err := db.DB()
 	require.NoError(t, err)
-	d, err := newDialect(b.name, "dry_outbox")
+	d, err := store.Open(t.Context(), b.name, nil, "dry_outbox")
 	require.NoError(t, err)
-	created, err := d.exists(t.Context(), sqlDB, "dry_outbox")
+	created, err := d.Exists(t.Context(), sqlDB, "dry_outbox")
 	require.NoError(t, err)
 	assert.False(t, created, "no DDL under DryRun")
 }
@@ -657,9 +658,9 @@ func testSchemaUpgrade(t *testing.T, b backend) {
 	ob := obs[0]
 	sqlDB, err := db.DB()
 	require.NoError(t, err)
-	v, err := ob.dialect.version(t.Context(), sqlDB)
+	v, err := ob.store.Version(t.Context(), sqlDB)
 	require.NoError(t, err)
-	assert.Equal(t, schemaVersionCurrent, v)
+	assert.Equal(t, store.SchemaVersion, v)
 
 	c := &collector{}
 	ob.Handle("x", c.handle)

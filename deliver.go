@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/gorm-outbox/outbox/internal/store"
 )
 
 // One relay cycle: claim a batch under a lease, deliver it with Workers
@@ -26,11 +29,23 @@ type claimed struct {
 	bad       error // the row could not be decoded; it fails without delivery
 }
 
-type outcome struct {
-	id     string
-	status string
-	err    string
-	due    time.Time
+type outcome = store.Outcome
+
+// fromStore is a claimed row as the relay delivers it.
+func fromStore(sc *store.Claimed) claimed {
+	c := claimed{
+		seq: sc.Seq, attempts: sc.Attempts, createdAt: sc.CreatedAt,
+		ev: Event{
+			ID: sc.ID, Type: sc.Type, AggregateType: sc.AggregateType, AggregateID: sc.AggregateID,
+			IdempotencyKey: sc.Key, Payload: json.RawMessage(sc.Payload), OccurredAt: sc.OccurredAt,
+		},
+	}
+	if len(sc.Headers) > 0 {
+		if err := json.Unmarshal(sc.Headers, &c.ev.Headers); err != nil {
+			c.bad = fmt.Errorf("outbox: decode headers of event %s: %w", c.ev.ID, err)
+		}
+	}
+	return c
 }
 
 // ProcessOnce claims one batch of due events, delivers them and records the
@@ -172,7 +187,7 @@ func (r *Relay) deliverOne(bctx context.Context, c *claimed, w *outcomeWriter) (
 		w.handBack(c.ev.ID)
 	default:
 		out := r.failure(c, err)
-		status = out.status
+		status = out.Status
 		w.failed(out)
 	}
 	r.report(c, status, err, took)
@@ -222,10 +237,10 @@ func Attempt(ctx context.Context) int {
 }
 
 func (r *Relay) failure(c *claimed, err error) outcome {
-	out := outcome{id: c.ev.ID, status: StatusPending, err: lastError(err)}
+	out := outcome{ID: c.ev.ID, Status: StatusPending, Err: lastError(err)}
 	now := r.o.now()
 	if IsPermanent(err) || c.attempts >= r.cfg.MaxAttempts {
-		out.status, out.due = StatusFailed, now
+		out.Status, out.Due = StatusFailed, now
 		r.o.logger.Error("outbox: event failed for good; it stays in the table until replayed",
 			append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts))...)
 		return out
@@ -234,9 +249,9 @@ func (r *Relay) failure(c *claimed, err error) outcome {
 	if !ok {
 		delay = r.cfg.Backoff(c.attempts)
 	}
-	out.due = now.Add(delay).Truncate(time.Microsecond)
+	out.Due = now.Add(delay).Truncate(time.Microsecond)
 	r.o.logger.Warn("outbox: delivery failed; will retry",
-		append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts), slog.Time("retry_at", out.due))...)
+		append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts), slog.Time("retry_at", out.Due))...)
 	return out
 }
 
@@ -312,7 +327,7 @@ func (w *outcomeWriter) add(f func()) {
 	if w.oldest.IsZero() {
 		w.oldest = time.Now()
 	}
-	full := len(w.sentID)+len(w.fails)+len(w.back) >= outcomeChunk
+	full := len(w.sentID)+len(w.fails)+len(w.back) >= w.r.o.limits.OutcomeRows
 	w.mu.Unlock()
 	if full {
 		w.flush()
@@ -402,8 +417,12 @@ func (r *Relay) ensureOrdering(ctx context.Context) error {
 	if r.orderingDone {
 		return nil
 	}
-	name, ddl := r.o.dialect.orderingIndex()
-	if err := ensure(ctx, r.db, r.o.dialect, name, ddl...); err != nil {
+	sqlDB, err := rawDB(r.db)
+	if err != nil {
+		return err
+	}
+	name, ddl := r.o.store.OrderingIndex()
+	if err := store.Ensure(ctx, sqlDB, r.o.store, name, ddl...); err != nil {
 		return fmt.Errorf("outbox: create the per-aggregate ordering index: %w", err)
 	}
 	r.orderingDone = true
@@ -417,11 +436,15 @@ func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, l
 	if err != nil {
 		return nil, err
 	}
-	batch, err := r.o.dialect.claim(ctx, db, claimSpec{
-		now: now, lease: lease, limit: limit, ids: ids, ordered: r.cfg.OrderByAggregate,
+	rows, err := r.o.store.Claim(ctx, db, store.ClaimSpec{
+		Now: now, Lease: lease, Limit: limit, IDs: ids, Ordered: r.cfg.OrderByAggregate,
 	})
 	if err != nil {
 		return nil, err
+	}
+	batch := make([]claimed, len(rows))
+	for i := range rows {
+		batch[i] = fromStore(&rows[i])
 	}
 	// RETURNING has no order; deliver in write order.
 	slices.SortFunc(batch, func(a, b claimed) int { return cmp.Compare(a.seq, b.seq) })
@@ -430,33 +453,30 @@ func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, l
 
 func (r *Relay) markSent(ctx context.Context, ids []string, lease time.Time) error {
 	now := r.o.now()
-	return r.execChunks(ctx, len(ids), func(i, j int) query { return r.o.dialect.markSent(ids[i:j], now, lease) })
+	return r.execChunks(ctx, len(ids), func(i, j int) store.Query { return r.o.store.MarkSent(ids[i:j], now, lease) })
 }
 
 func (r *Relay) release(ctx context.Context, ids []string, lease time.Time) error {
 	now := r.o.now()
-	return r.execChunks(ctx, len(ids), func(i, j int) query { return r.o.dialect.release(ids[i:j], now, lease) })
+	return r.execChunks(ctx, len(ids), func(i, j int) store.Query { return r.o.store.Release(ids[i:j], now, lease) })
 }
 
 func (r *Relay) markFailed(ctx context.Context, outs []outcome, lease time.Time) error {
 	now := r.o.now()
-	return r.execChunks(ctx, len(outs), func(i, j int) query { return r.o.dialect.markFailed(outs[i:j], now, lease) })
+	return r.execChunks(ctx, len(outs), func(i, j int) store.Query { return r.o.store.MarkFailed(outs[i:j], now, lease) })
 }
 
-// outcomeChunk bounds the rows of one outcome statement, keeping its
-// arguments far below every database's limit (SQLite allows 32766).
-const outcomeChunk = 1000
-
-// execChunks runs the statements build returns for n rows, outcomeChunk
-// rows at a time.
-func (r *Relay) execChunks(ctx context.Context, n int, build func(i, j int) query) error {
+// execChunks runs the statements build returns for n rows, as many rows
+// at a time as the store's outcome statements take.
+func (r *Relay) execChunks(ctx context.Context, n int, build func(i, j int) store.Query) error {
 	db, err := rawDB(r.db)
 	if err != nil {
 		return err
 	}
-	for i := 0; i < n; i += outcomeChunk {
-		q := build(i, min(i+outcomeChunk, n))
-		if _, err := db.ExecContext(ctx, q.sql, q.args...); err != nil {
+	chunk := r.o.limits.OutcomeRows
+	for i := 0; i < n; i += chunk {
+		q := build(i, min(i+chunk, n))
+		if _, err := db.ExecContext(ctx, q.SQL, q.Args...); err != nil {
 			return err
 		}
 	}

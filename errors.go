@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/gorm-outbox/outbox/internal/errs"
 )
 
 // Sentinel errors. Callers test for them with [errors.Is]; the errors this
@@ -12,17 +14,17 @@ var (
 	// ErrInvalidEvent is wrapped by every validation or encoding failure of an
 	// [Event]. Such an event is rejected before the database is touched, so the
 	// caller's transaction is still usable and can roll back cleanly.
-	ErrInvalidEvent = errors.New("outbox: invalid event")
+	ErrInvalidEvent = errs.ErrInvalidEvent
 
 	// ErrIDConflict is wrapped, with [ErrInvalidEvent], by the error of
 	// [Publish] for an event whose ID the table already holds for another
 	// event (one with a different idempotency key): the first write keeps
 	// the ID, and the later event is refused rather than lost.
-	ErrIDConflict = errors.New("outbox: event ID taken by another event")
+	ErrIDConflict = errs.ErrIDConflict
 
 	// ErrInvalidConfig is wrapped by errors about a [Config] or [RelayConfig]
 	// value, such as an unsafe table name or a negative batch size.
-	ErrInvalidConfig = errors.New("outbox: invalid config")
+	ErrInvalidConfig = errs.ErrInvalidConfig
 
 	// ErrNotInstalled is returned by [Publish] when the *gorm.DB it is given
 	// has no outbox plugin: install it with db.Use(outbox.Plugin(...)).
@@ -39,7 +41,7 @@ var (
 	// mode), or for a server version or setting the outbox cannot work with
 	// (in Logical mode: before PostgreSQL 14, wal_level other than logical,
 	// a role that may not replicate). Memory mode works on any database.
-	ErrUnsupportedDialect = errors.New("outbox: unsupported database dialect")
+	ErrUnsupportedDialect = errs.ErrUnsupportedDialect
 
 	// ErrMemoryMode is returned by relay operations on an outbox in [Memory]
 	// mode, which keeps no table.

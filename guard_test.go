@@ -27,7 +27,7 @@ func testOutcomeGuards(t *testing.T, b backend) {
 	}
 	fail := func(status string) func(ctx context.Context, id string, lease time.Time) error {
 		return func(ctx context.Context, id string, lease time.Time) error {
-			return r.markFailed(ctx, []outcome{{id: id, status: status, err: "boom", due: e.ob.now().Add(time.Hour)}}, lease)
+			return r.markFailed(ctx, []outcome{{ID: id, Status: status, Err: "boom", Due: e.ob.now().Add(time.Hour)}}, lease)
 		}
 	}
 	steps := []step{

@@ -13,6 +13,8 @@ import (
 
 	puresqlite "github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
+	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
+	sqlitestore "github.com/gorm-outbox/outbox/internal/store/sqlite"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
@@ -49,7 +51,7 @@ type sqliteDriver struct {
 var cgoSQLite = &sqliteDriver{
 	open:     sqlite.Open,
 	conn:     func(c gorm.ConnPool) gorm.Dialector { return sqlite.Dialector{Conn: c} },
-	settings: cgoSQLiteDSN.recommended,
+	settings: sqlitestore.CgoDSN.Recommended,
 }
 
 // pureSQLite is github.com/glebarez/sqlite (modernc.org SQLite, no cgo),
@@ -57,7 +59,7 @@ var cgoSQLite = &sqliteDriver{
 var pureSQLite = &sqliteDriver{
 	open:     puresqlite.Open,
 	conn:     func(c gorm.ConnPool) gorm.Dialector { return puresqlite.Dialector{Conn: c} },
-	settings: pragmaSQLiteDSN.recommended,
+	settings: sqlitestore.PragmaDSN.Recommended,
 }
 
 // openSQLite opens a file in t's temporary directory through d with its
@@ -206,6 +208,18 @@ func (e *testEnv) reopen(t *testing.T) *gorm.DB {
 		}
 	})
 	return db
+}
+
+// timeArg is t as the test's database stores it, for writing a time
+// column with plain SQL.
+func (e *testEnv) timeArg(t time.Time) any {
+	switch e.name {
+	case "mysql":
+		return mysqlstore.Time(t)
+	case "sqlite":
+		return sqlitestore.Time(t)
+	}
+	return t
 }
 
 // asUTC reads t's wall clock as UTC.

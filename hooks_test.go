@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -54,15 +55,15 @@ func testHooksStoredAfterPanic(t *testing.T, b backend) {
 
 // insertRecorder wraps a dialect to keep the INSERTs Publish builds.
 type insertRecorder struct {
-	dialect
+	store.Store
 	mu      sync.Mutex
 	inserts []string
 }
 
-func (d *insertRecorder) insert(rows []encoded, now time.Time) query {
-	q := d.dialect.insert(rows, now)
+func (d *insertRecorder) Insert(rows []store.Event, now time.Time) store.Query {
+	q := d.Store.Insert(rows, now)
 	d.mu.Lock()
-	d.inserts = append(d.inserts, q.sql)
+	d.inserts = append(d.inserts, q.SQL)
 	d.mu.Unlock()
 	return q
 }
@@ -89,8 +90,8 @@ func testHooksKeepGenerated(t *testing.T, b backend) {
 		assert.EqualValues(t, 0, e.count(""), "generated events delivered from the stream leave no row")
 		return
 	}
-	rec := &insertRecorder{dialect: e.ob.dialect}
-	e.ob.dialect = rec
+	rec := &insertRecorder{Store: e.ob.store}
+	e.ob.store = rec
 	require.NoError(t, Publish(e.db, Event{Type: "x"}))
 	require.NoError(t, Publish(e.db, Event{Type: "x", IdempotencyKey: "named"}))
 	require.Len(t, rec.inserts, 2)

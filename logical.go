@@ -2,12 +2,13 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/errs"
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
@@ -22,82 +23,12 @@ import (
 // event written then would never be decoded. Return it from the
 // transaction function so that the business writes roll back with it;
 // db.Use (or a restart of the service) creates the slot again.
-var ErrNoSlot = errors.New("outbox: the replication slot does not exist; the event would be lost")
+var ErrNoSlot = errs.ErrNoSlot
 
-// minLogicalVersion is PostgreSQL 14, whose pgoutput can stream logical
-// decoding messages (its "messages" option).
-const minLogicalVersion = 140000
-
-// checkLogical refuses a server that cannot carry the outbox in its WAL,
-// naming the setting to change.
-func (o *Outbox) checkLogical(ctx context.Context, db *gorm.DB) error {
-	sqlDB, err := rawDB(db)
-	if err != nil {
-		return err
-	}
-	var (
-		version  int
-		walLevel string
-		role     string
-		canRepl  bool
-	)
-	err = sqlDB.QueryRowContext(ctx, `SELECT current_setting('server_version_num')::int, current_setting('wal_level'), current_user,
-		COALESCE((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false)`).
-		Scan(&version, &walLevel, &role, &canRepl)
-	if err != nil {
-		return fmt.Errorf("outbox: check the server for Logical mode: %w", err)
-	}
-	switch {
-	case version < minLogicalVersion:
-		return fmt.Errorf("%w: Logical mode needs PostgreSQL 14 or later (pgoutput's messages option); this server is %d", ErrUnsupportedDialect, version)
-	case walLevel != "logical":
-		return fmt.Errorf("%w: Logical mode needs wal_level = logical, the server has %s: set it (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL", ErrUnsupportedDialect, walLevel)
-	case !canRepl:
-		return fmt.Errorf("%w: Logical mode streams from a replication slot and role %q may not: ALTER ROLE %q REPLICATION (or use a role that has it)", ErrUnsupportedDialect, role, role)
-	}
-	return nil
-}
-
-// createSlot creates the publication pgoutput reads through (one with no
-// tables: only the messages matter) and the slot, when missing. A slot
-// created by another process meanwhile is fine; one of another plugin or
-// database is not.
-func (o *Outbox) createSlot(ctx context.Context, db *gorm.DB) error {
-	sqlDB, err := rawDB(db)
-	if err != nil {
-		return err
-	}
-	var hasPub bool
-	if err := sqlDB.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", o.slot).Scan(&hasPub); err != nil {
-		return fmt.Errorf("outbox: look for publication %s: %w", o.slot, err)
-	}
-	if !hasPub {
-		if _, err := sqlDB.ExecContext(ctx, `CREATE PUBLICATION "`+o.slot+`"`); err != nil && !isSQLState(err, "42710") {
-			return fmt.Errorf("outbox: create publication %s: %w", o.slot, err)
-		}
-	}
-	for range 2 {
-		var plugin, database, current string
-		err := sqlDB.QueryRowContext(ctx, "SELECT COALESCE(plugin, ''), COALESCE(database::text, ''), current_database() FROM pg_replication_slots WHERE slot_name = $1", o.slot).
-			Scan(&plugin, &database, &current)
-		switch {
-		case err == nil && (plugin != "pgoutput" || database != current):
-			return fmt.Errorf("%w: replication slot %s exists but is not a pgoutput slot of database %s (plugin %q, database %q): set Config.Slot to another name", ErrInvalidConfig, o.slot, current, plugin, database)
-		case err == nil:
-			return nil
-		case !errors.Is(err, sql.ErrNoRows):
-			return fmt.Errorf("outbox: look for replication slot %s: %w", o.slot, err)
-		}
-		_, err = sqlDB.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", o.slot)
-		if err == nil {
-			o.logger.InfoContext(ctx, "outbox: created the logical replication slot; it keeps WAL until a relay confirms it", "slot", o.slot)
-			return nil
-		}
-		if !isSQLState(err, "42710") { // created by another process meanwhile: look again
-			return fmt.Errorf("outbox: create replication slot %s: %w", o.slot, err)
-		}
-	}
-	return fmt.Errorf("outbox: replication slot %s: created and dropped concurrently", o.slot)
+// logical returns the store's Logical mode statements.
+func (o *Outbox) logical() store.Logical {
+	l, _ := o.store.(store.Logical)
+	return l
 }
 
 // isSQLState reports whether err is a PostgreSQL error with that SQLSTATE.
@@ -146,20 +77,15 @@ func (o *Outbox) emit(ctx context.Context, pool gorm.ConnPool, enc []encoded) er
 	if err != nil {
 		return fmt.Errorf("outbox: encode %d events for the WAL: %w", len(enc), err)
 	}
-	// pg_get_replication_slots() rather than the pg_replication_slots view:
-	// the same rows without the view's join to pg_database, which every
-	// business transaction would pay for.
-	res, err := pool.ExecContext(ctx, "SELECT pg_logical_emit_message(true, $1, $2::text) FROM pg_get_replication_slots() s"+
-		" WHERE s.slot_name = $3 AND s.confirmed_flush_lsn IS NOT NULL AND s.wal_status IS DISTINCT FROM 'lost'",
-		logicalPrefix(o.slot), string(content), o.slot)
+	emitted, err := o.logical().Emit(ctx, pool, o.slot, logicalPrefix(o.slot), content)
 	if err != nil {
 		if len(enc) == 1 {
 			return fmt.Errorf("outbox: emit event %s (%s): %w", enc[0].ID, enc[0].Type, err)
 		}
 		return fmt.Errorf("outbox: emit %d events: %w", len(enc), err)
 	}
-	if n, err := res.RowsAffected(); err != nil || n != 1 {
-		return fmt.Errorf("%w: slot %s (emitted %d messages, %v)", ErrNoSlot, o.slot, n, err)
+	if !emitted {
+		return fmt.Errorf("%w: slot %s", ErrNoSlot, o.slot)
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/gorm-outbox/outbox/internal/store"
 )
 
 // One streamed batch: route each event (deliver now, check its key in the
@@ -34,7 +36,7 @@ type aggKey struct{ typ, id string }
 // written to the table, since the relay that took the slot over streams
 // it, and the batch ends with that error.
 func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() error) (handled int, down error, err error) {
-	pg := r.o.dialect.(*postgresDialect)
+	lg := r.o.logical()
 	start := time.Now()
 	now := r.o.now()
 	lease := now.Add(r.cfg.Lease)
@@ -47,7 +49,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 		if err := r.ensureOrdering(ctx); err != nil {
 			return 0, nil, err
 		}
-		if blocked, err = r.blockedAggregates(wctx, pg, items); err != nil {
+		if blocked, err = r.blockedAggregates(wctx, lg, items); err != nil {
 			return 0, nil, err
 		}
 	}
@@ -67,7 +69,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 			}
 		}
 	}
-	var park []parkRow
+	var park []store.ParkRow
 	var parkIdx []int
 	var dups int                    // duplicates dropped: not counted as handled
 	batchIDs := map[string]string{} // ID to idempotency key
@@ -94,13 +96,13 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 			if it.checked {
 				batchIDs[e.ID] = e.IdempotencyKey
 			}
-			park = append(park, parkRow{e: &it.enc, status: StatusPending, attempts: 1, due: lease, lease: lease, created: it.c.createdAt})
+			park = append(park, store.ParkRow{Event: it.enc.row(), Status: StatusPending, Attempts: 1, Due: lease, Lease: lease, Created: it.c.createdAt})
 			parkIdx = append(parkIdx, i)
 			states[i], leased[i] = stLeased, true
 		}
 	}
 	if len(park) > 0 {
-		inserted, err := r.park(wctx, pg, park, now)
+		inserted, err := r.park(wctx, lg, park, now)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -141,13 +143,13 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 		}
 		return handled, nil, gone
 	}
-	return handled, down, r.recordStreamed(wctx, pg, items, leased, states, outs, now, lease)
+	return handled, down, r.recordStreamed(wctx, lg, items, leased, states, outs, now, lease)
 }
 
 // parkDeferred is an event written to the table undelivered: due now, no
 // attempt counted.
-func (r *Relay) parkDeferred(it *walItem, now time.Time) parkRow {
-	return parkRow{e: &it.enc, status: StatusPending, due: now, created: it.c.createdAt}
+func (r *Relay) parkDeferred(it *walItem, now time.Time) store.ParkRow {
+	return store.ParkRow{Event: it.enc.row(), Status: StatusPending, Due: now, Created: it.c.createdAt}
 }
 
 // deliverStreamed delivers the events in state stDirect or stLeased with
@@ -235,7 +237,7 @@ func (r *Relay) deliverStreamedOne(bctx context.Context, it *walItem) (streamSta
 		state, status, downErr = stDeferred, StatusPending, err
 	default:
 		out = r.failure(c, err)
-		state, status = stFailed, out.status
+		state, status = stFailed, out.Status
 	}
 	r.report(c, status, err, took)
 	return state, out, downErr
@@ -245,9 +247,9 @@ func (r *Relay) deliverStreamedOne(bctx context.Context, it *walItem) (streamSta
 // deferred events of the stream go to the table in one INSERT, in stream
 // order; the leased rows get the outcome statements of the table path.
 // It retries until it succeeds or ctx ends.
-func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items []walItem, leased []bool, states []streamState, outs []outcome, now, lease time.Time) error {
+func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []walItem, leased []bool, states []streamState, outs []outcome, now, lease time.Time) error {
 	var (
-		park       []parkRow
+		park       []store.ParkRow
 		sent, back []string
 		fails      []outcome
 	)
@@ -265,7 +267,7 @@ func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items [
 				continue
 			}
 			o := outs[i]
-			park = append(park, parkRow{e: &it.enc, status: o.status, attempts: 1, lastErr: o.err, due: o.due, created: it.c.createdAt})
+			park = append(park, store.ParkRow{Event: it.enc.row(), Status: o.Status, Attempts: 1, LastErr: o.Err, Due: o.Due, Created: it.c.createdAt})
 		case stDeferred, stLeased, stDirect:
 			if inTable {
 				back = append(back, it.c.ev.ID)
@@ -283,7 +285,7 @@ func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items [
 	}
 	write := func() error {
 		if len(park) > 0 {
-			if _, err := r.park(ctx, pg, park, now); err != nil {
+			if _, err := r.park(ctx, lg, park, now); err != nil {
 				return err
 			}
 			park = nil
@@ -323,17 +325,17 @@ func (r *Relay) recordStreamed(ctx context.Context, pg *postgresDialect, items [
 }
 
 // park writes rows, in chunks, and returns the IDs it inserted.
-func (r *Relay) park(ctx context.Context, pg *postgresDialect, rows []parkRow, now time.Time) (map[string]bool, error) {
+func (r *Relay) park(ctx context.Context, lg store.Logical, rows []store.ParkRow, now time.Time) (map[string]bool, error) {
 	sqlDB, err := rawDB(r.db)
 	if err != nil {
 		return nil, err
 	}
 	inserted := make(map[string]bool, len(rows))
-	for chunk := range slices.Chunk(rows, insertChunk) {
-		q := pg.park(chunk, now)
+	for chunk := range slices.Chunk(rows, r.o.limits.InsertRows) {
+		q := lg.Park(chunk, now)
 		sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
 		err := func() error {
-			rs, err := sqlDB.QueryContext(sctx, q.sql, q.args...)
+			rs, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
 			if err != nil {
 				return err
 			}
@@ -357,7 +359,7 @@ func (r *Relay) park(ctx context.Context, pg *postgresDialect, rows []parkRow, n
 
 // blockedAggregates returns the batch's aggregates that have an unsent
 // row in the table.
-func (r *Relay) blockedAggregates(ctx context.Context, pg *postgresDialect, items []walItem) (map[aggKey]bool, error) {
+func (r *Relay) blockedAggregates(ctx context.Context, lg store.Logical, items []walItem) (map[aggKey]bool, error) {
 	var types, ids []string
 	seen := map[aggKey]bool{}
 	for i := range items {
@@ -378,8 +380,8 @@ func (r *Relay) blockedAggregates(ctx context.Context, pg *postgresDialect, item
 	}
 	sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
 	defer cancel()
-	q := pg.blocked(types, ids)
-	rs, err := sqlDB.QueryContext(sctx, q.sql, q.args...)
+	q := lg.Blocked(types, ids)
+	rs, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: look for held-back aggregates: %w", err)
 	}
@@ -412,10 +414,10 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	if err != nil {
 		return
 	}
-	q := r.o.dialect.keysOf(ids)
+	q := r.o.store.KeysOf(ids)
 	sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
 	defer cancel()
-	rows, err := sqlDB.QueryContext(sctx, q.sql, q.args...)
+	rows, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
 	if err != nil {
 		return // a diagnostic only: the outcome does not depend on it
 	}
@@ -424,7 +426,7 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	for rows.Next() {
 		var (
 			id, key string
-			added   dbTime
+			added   store.DBTime
 		)
 		if rows.Scan(&id, &key, &added) == nil {
 			keys[id] = key

@@ -215,7 +215,7 @@ func TestLogicalReplicationConnectionTimeout(t *testing.T) {
 		r := e.relay(RelayConfig{ReplicationDSN: c.dsn})
 		conn, err := pgconn.ConnectConfig(t.Context(), r.repl)
 		require.NoError(t, err)
-		got, err := walSenderTimeout(t.Context(), conn)
+		got, err := walSenderTimeout(t.Context(), conn, e.ob.logical())
 		_ = conn.Close(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, c.want, got, "%s", c.dsn)

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -94,7 +95,7 @@ func (r *Relay) startStream(ctx context.Context) (conn *pgconn.PgConn, timeout t
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: open the replication connection: %w", err)
 	}
-	if timeout, err = walSenderTimeout(ctx, conn); err != nil {
+	if timeout, err = walSenderTimeout(ctx, conn, r.o.logical()); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, 0, err
 	}
@@ -117,8 +118,8 @@ func (r *Relay) startStream(ctx context.Context) (conn *pgconn.PgConn, timeout t
 // walSenderTimeout asks the server which wal_sender_timeout it applies to
 // the session: the relay's, the DSN's, or one set on the role, the
 // database or the server.
-func walSenderTimeout(ctx context.Context, conn *pgconn.PgConn) (time.Duration, error) {
-	rs, err := conn.Exec(ctx, "SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'").ReadAll()
+func walSenderTimeout(ctx context.Context, conn *pgconn.PgConn, lg store.Logical) (time.Duration, error) {
+	rs, err := conn.Exec(ctx, lg.SessionTimeout()).ReadAll()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: read wal_sender_timeout on the replication connection: %w", err)
 	}
@@ -582,7 +583,8 @@ func (r *Relay) streamOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if err := sqlDB.QueryRowContext(ctx, "SELECT pg_current_wal_flush_lsn()").Scan(&until); err != nil {
+	q := r.o.logical().WALPosition()
+	if err := sqlDB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&until); err != nil {
 		return 0, fmt.Errorf("outbox: read the WAL position: %w", err)
 	}
 	conn, timeout, err := r.startStream(ctx)
@@ -715,8 +717,8 @@ func (r *Relay) slotHeldBy(ctx context.Context, pid uint32) (bool, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
 	defer cancel()
 	var held bool
-	err = sqlDB.QueryRowContext(qctx, "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)",
-		r.o.slot, int64(pid)).Scan(&held)
+	q := r.o.logical().SlotHeldBy(r.o.slot, pid)
+	err = sqlDB.QueryRowContext(qctx, q.SQL, q.Args...).Scan(&held)
 	return held, err
 }
 

@@ -192,7 +192,9 @@ func TestLogicalNoSlotFailsClosed(t *testing.T) {
 	assert.Zero(t, orders, "the business write rolled back with the event")
 
 	// db.Use creates it again.
-	require.NoError(t, e.ob.createSlot(t.Context(), e.db))
+	sqlDB, err := e.db.DB()
+	require.NoError(t, err)
+	require.NoError(t, e.ob.logical().CreateSlot(t.Context(), sqlDB, e.slot, e.ob.logger))
 	require.NoError(t, Publish(e.db, Event{Type: "order.created"}))
 }
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/gorm-outbox/outbox/internal/store"
+	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
@@ -258,20 +260,20 @@ func TestMySQLOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	r := e.relay(RelayConfig{OrderByAggregate: true})
 	require.NoError(t, r.ensureOrdering(t.Context()))
 	require.NoError(t, Publish(e.db, Event{ID: "first", Type: "x", AggregateType: "a", AggregateID: "other"}))
-	d := e.ob.dialect.(*mysqlDialect)
-	d.scanDelay = time.Second
+	d := e.ob.store.(*mysqlstore.Store)
+	d.ScanDelay = time.Second
 
 	sqlDB, err := e.db.DB()
 	require.NoError(t, err)
 	type result struct {
-		batch []claimed
+		batch []store.Claimed
 		err   error
 	}
 	done := make(chan result, 1)
 	e.clock.Advance(time.Second) // "first" and the two below are all due
 	go func() {
 		now := e.ob.now()
-		b, err := d.claim(context.Background(), sqlDB, claimSpec{now: now.Add(time.Hour), lease: now.Add(2 * time.Hour), limit: 10, ordered: true})
+		b, err := d.Claim(context.Background(), sqlDB, store.ClaimSpec{Now: now.Add(time.Hour), Lease: now.Add(2 * time.Hour), Limit: 10, Ordered: true})
 		done <- result{b, err}
 	}()
 	// The claim is sleeping on its first row: its snapshot is taken.
@@ -292,7 +294,7 @@ func TestMySQLOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	require.NoError(t, res.err)
 	var ids []string
 	for _, c := range res.batch {
-		ids = append(ids, c.ev.ID)
+		ids = append(ids, c.ID)
 	}
 	assert.Contains(t, ids, "first")
 	assert.NotContains(t, ids, "n+1", "the claim handed out an event while an older event of its aggregate (n) was unsent")

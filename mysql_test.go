@@ -8,6 +8,7 @@ import (
 	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
+	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
@@ -78,7 +79,7 @@ func TestMySQLTimeZones(t *testing.T) {
 	// The stored times are UTC, as a reader on loc=UTC sees them.
 	var due, created string
 	require.NoError(t, base.Raw("SELECT CAST(available_at AS CHAR), CAST(created_at AS CHAR) FROM outbox_events WHERE id = 'tz'").Row().Scan(&due, &created))
-	dueAt, err := time.Parse(mysqlTimeFormat, due)
+	dueAt, err := time.Parse("2006-01-02 15:04:05.000000", due)
 	require.NoError(t, err)
 	assert.WithinDuration(t, clock.Now().Add(time.Hour), dueAt, time.Second, "retry due in an hour, stored as UTC")
 
@@ -108,7 +109,7 @@ func TestMySQLChecks(t *testing.T) {
 		{"11.4.2-MariaDB", true}, {"8.0.36", true}, {"8.0.1", true}, {"8.0.0-dmr", false},
 		{"5.7.44-log", false}, {"9.1.0", true},
 	} {
-		err := checkMySQLVersion(c.version)
+		err := mysqlstore.CheckVersion(c.version)
 		if c.ok {
 			assert.NoError(t, err, c.version)
 		} else {
@@ -116,10 +117,10 @@ func TestMySQLChecks(t *testing.T) {
 			assert.ErrorContains(t, err, "SKIP LOCKED", c.version)
 		}
 	}
-	assert.NoError(t, checkBinlog(false, "STATEMENT"), "no binary log, no restriction")
-	assert.NoError(t, checkBinlog(true, "ROW"))
-	assert.NoError(t, checkBinlog(true, "MIXED"))
-	err := checkBinlog(true, "STATEMENT")
+	assert.NoError(t, mysqlstore.CheckBinlog(false, "STATEMENT"), "no binary log, no restriction")
+	assert.NoError(t, mysqlstore.CheckBinlog(true, "ROW"))
+	assert.NoError(t, mysqlstore.CheckBinlog(true, "MIXED"))
+	err := mysqlstore.CheckBinlog(true, "STATEMENT")
 	assert.ErrorIs(t, err, ErrUnsupportedDialect)
 	assert.ErrorContains(t, err, "binlog_format")
 

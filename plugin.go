@@ -3,6 +3,7 @@ package outbox
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -11,6 +12,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
+	_ "github.com/gorm-outbox/outbox/internal/store/mysql"    // registers the MySQL/MariaDB store
+	_ "github.com/gorm-outbox/outbox/internal/store/postgres" // registers the PostgreSQL store
+	_ "github.com/gorm-outbox/outbox/internal/store/sqlite"   // registers the SQLite store
 	"gorm.io/gorm"
 )
 
@@ -120,9 +125,10 @@ type Outbox struct {
 	maxPayload int
 	cfgErr     error
 
-	mu          sync.Mutex // serialises Handle and Initialize
-	dialectName string     // GORM's dialector name, fixed by the first persistent Initialize
-	dialect     dialect    // nil in Memory mode, which needs no SQL
+	mu          sync.Mutex  // serialises Handle and Initialize
+	dialectName string      // GORM's dialector name, fixed by the first persistent Initialize
+	store       store.Store // nil in Memory mode, which needs no SQL
+	limits      store.Limits
 
 	handlers atomic.Pointer[[]route] // copy-on-write, read without locks
 	hooks    atomic.Pointer[hookSet] // copy-on-write; nil until AddHooks
@@ -225,7 +231,7 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 		if err := o.bindDialect(db); err != nil {
 			return err
 		}
-		if o.mode == Logical && o.dialectName != "postgres" {
+		if o.mode == Logical && o.logical() == nil {
 			return fmt.Errorf("%w: Logical mode needs PostgreSQL, not %s", ErrUnsupportedDialect, o.dialectName)
 		}
 	}
@@ -240,13 +246,17 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if err := o.dialect.check(ctx, db, o); err != nil {
+	if err := o.store.Check(ctx, db, o.logger); err != nil {
 		return err
 	}
 	if o.mode == Logical {
 		// Before anything is created: a server that cannot do logical
 		// decoding is refused as it is.
-		if err := o.checkLogical(ctx, db); err != nil {
+		sqlDB, err := rawDB(db)
+		if err != nil {
+			return err
+		}
+		if err := o.logical().CheckLogical(ctx, sqlDB); err != nil {
 			return err
 		}
 	}
@@ -254,7 +264,11 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 		return err
 	}
 	if o.mode == Logical {
-		return o.createSlot(ctx, db)
+		sqlDB, err := rawDB(db)
+		if err != nil {
+			return err
+		}
+		return o.logical().CreateSlot(ctx, sqlDB, o.slot, o.logger)
 	}
 	return nil
 }
@@ -269,33 +283,37 @@ func (o *Outbox) initTable(ctx context.Context, db *gorm.DB) error {
 	if err != nil {
 		return err
 	}
-	if v, err := o.dialect.version(ctx, sqlDB); err == nil && v > 0 && v < schemaVersionCurrent {
+	if v, err := o.store.Version(ctx, sqlDB); err == nil && v > 0 && v < store.SchemaVersion {
 		return fmt.Errorf("%w: table %s has schema version %d and Config.DisableAutoMigrate is set: apply outbox.UpgradeSQL(%q, %q) (schema/%s-upgrade-%d.sql) first",
-			ErrInvalidConfig, o.table, v, o.dialectName, o.table, o.dialectName, schemaVersionCurrent)
+			ErrInvalidConfig, o.table, v, o.store.Name(), o.table, o.store.Name(), store.SchemaVersion)
 	}
 	return nil
 }
 
-// bindDialect fixes the database the outbox writes to; one Outbox serves
-// one database.
+// bindDialect fixes the database the outbox writes to, and its store; one
+// Outbox serves one database.
 func (o *Outbox) bindDialect(db *gorm.DB) error {
 	name := db.Dialector.Name()
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	switch {
-	case o.dialect == nil:
-		d, err := newDialect(name, o.table)
+	case o.store == nil:
+		sqlDB, err := rawDB(db)
 		if err != nil {
 			return err
 		}
-		if d.notifies() && o.notify {
-			sqlDB, err := rawDB(db)
-			if err != nil {
-				return err
-			}
-			o.notifier = newNotifier(o, sqlDB)
+		ctx := db.Statement.Context
+		if ctx == nil {
+			ctx = context.Background()
 		}
-		o.dialect, o.dialectName = d, name
+		s, err := store.Open(ctx, name, sqlDB, o.table)
+		if err != nil {
+			return err
+		}
+		if n, ok := s.(store.Notifier); ok && o.notify {
+			o.notifier = newNotifier(o, n, sqlDB)
+		}
+		o.store, o.limits, o.dialectName = s, s.Limits(), name
 	case o.dialectName != name:
 		return fmt.Errorf("%w: this Outbox is already installed on a %s database; create one Outbox per database", ErrInvalidConfig, o.dialectName)
 	}
@@ -315,4 +333,13 @@ func fromDB(db *gorm.DB) *Outbox {
 	}
 	o, _ := p.(*Outbox)
 	return o
+}
+
+// rawDB returns the *sql.DB behind db.
+func rawDB(db *gorm.DB) (*sql.DB, error) {
+	d, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	return d, nil
 }

@@ -3,13 +3,12 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/gorm-outbox/outbox/internal/store"
 )
 
 // PostgreSQL carries wake-ups between processes: the writing process sends
@@ -36,25 +35,15 @@ const (
 // while there is something to send and exits after a second idle.
 type notifier struct {
 	o       *Outbox
+	n       store.Notifier
 	db      *sql.DB
-	channel string
 	poke    chan struct{}
 	running atomic.Bool
 	failing atomic.Bool
 }
 
-func newNotifier(o *Outbox, db *sql.DB) *notifier {
-	return &notifier{o: o, db: db, channel: channelName(o.table), poke: make(chan struct{}, 1)}
-}
-
-// channelName derives the NOTIFY channel from the table, within
-// PostgreSQL's 63-byte identifier limit.
-func channelName(table string) string {
-	const suffix = "_outbox_wakeup"
-	if len(table)+len(suffix) > 63 {
-		table = table[:63-len(suffix)]
-	}
-	return table + suffix
+func newNotifier(o *Outbox, n store.Notifier, db *sql.DB) *notifier {
+	return &notifier{o: o, n: n, db: db, poke: make(chan struct{}, 1)}
 }
 
 func (n *notifier) signal() {
@@ -123,8 +112,7 @@ func (n *notifier) send(conn *sql.Conn) *sql.Conn {
 		conn, err = n.db.Conn(ctx)
 	}
 	if err == nil {
-		_, err = conn.ExecContext(ctx, "SELECT pg_notify($1, '')", n.channel)
-		if err != nil {
+		if err = n.n.Notify(ctx, conn); err != nil {
 			_ = conn.Close()
 			conn = nil
 		}
@@ -139,16 +127,14 @@ func (n *notifier) send(conn *sql.Conn) *sql.Conn {
 	return conn
 }
 
-var errListenUnsupported = errors.New("the database driver is not pgx (github.com/jackc/pgx/v5/stdlib)")
-
 // listen keeps a LISTEN connection open and pokes w on every notification.
 // It reconnects with backoff; if LISTEN cannot work at all it logs that once
 // and returns, leaving the relay to poll.
-func (r *Relay) listen(ctx context.Context, w *waker) {
+func (r *Relay) listen(ctx context.Context, n store.Notifier, w *waker) {
 	retry := r.cfg.PollInterval
 	failing := false
 	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, w, func() {
+		err := r.listenOnce(ctx, n, w, func() {
 			if failing {
 				r.o.logger.InfoContext(ctx, "outbox: relay listening for notifications again")
 			}
@@ -157,7 +143,7 @@ func (r *Relay) listen(ctx context.Context, w *waker) {
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errListenUnsupported) {
+		if errors.Is(err, store.ErrListenUnsupported) {
 			r.o.logger.WarnContext(ctx, "outbox: LISTEN unavailable; the relay polls every PollInterval", slog.Any("error", err))
 			return
 		}
@@ -175,7 +161,7 @@ func (r *Relay) listen(ctx context.Context, w *waker) {
 	}
 }
 
-func (r *Relay) listenOnce(ctx context.Context, w *waker, listening func()) error {
+func (r *Relay) listenOnce(ctx context.Context, n store.Notifier, w *waker, listening func()) error {
 	sqlDB, err := r.db.DB()
 	if err != nil {
 		return err
@@ -185,26 +171,10 @@ func (r *Relay) listenOnce(ctx context.Context, w *waker, listening func()) erro
 		return err
 	}
 	defer conn.Close()
-	return conn.Raw(func(dc any) error {
-		sc, ok := dc.(*stdlib.Conn)
-		if !ok {
-			return errListenUnsupported
-		}
-		pc := sc.Conn()
-		if _, err := pc.Exec(ctx, `LISTEN "`+channelName(r.o.table)+`"`); err != nil {
-			return err
-		}
+	defer r.listening.Store(false)
+	return n.Listen(ctx, conn, func() {
 		listening()
 		r.listening.Store(true)
-		defer r.listening.Store(false)
 		w.poke() // events committed before LISTEN took effect
-		for {
-			if _, err := pc.WaitForNotification(ctx); err != nil {
-				// The connection carries a LISTEN and may be mid-read: never
-				// hand it back to the pool.
-				return errors.Join(err, driver.ErrBadConn)
-			}
-			w.poke()
-		}
-	})
+	}, w.poke)
 }

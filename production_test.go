@@ -13,6 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
+	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
+	pgstore "github.com/gorm-outbox/outbox/internal/store/postgres"
+	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
+	sqlitestore "github.com/gorm-outbox/outbox/internal/store/sqlite"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/assert"
@@ -373,7 +378,7 @@ func testClaimPlan(t *testing.T, b backend) {
 			SELECT 's' || g, 'x', 's' || g, '{}', 'sent', 1, ?, ?, ?, ?, ? FROM generate_series(1, ?) g`, now, now, now, now, now, sent).Error)
 		require.NoError(t, e.db.Exec("ANALYZE outbox_events").Error)
 	case "mysql":
-		ts := mysqlTime(now)
+		ts := mysqlstore.Time(now)
 		require.NoError(t, e.db.Exec(`INSERT INTO outbox_events (id, event_type, idempotency_key, payload, status, attempts, available_at, occurred_at, created_at, updated_at, sent_at)
 			SELECT CONCAT('s', seq), 'x', CONCAT('s', seq), '{}', 'sent', 1, ?, ?, ?, ?, ? FROM seq_1_to_50000`, ts, ts, ts, ts, ts).Error)
 		require.NoError(t, e.db.Exec("ANALYZE TABLE outbox_events").Error)
@@ -386,31 +391,31 @@ func testClaimPlan(t *testing.T, b backend) {
 	publishN(t, e.db, "x", 5)
 
 	for _, ordered := range []bool{false, true} {
-		c := claimSpec{now: now, lease: now.Add(time.Minute), limit: 100, ordered: ordered}
+		c := store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 100, Ordered: ordered}
 		var plan []string
-		explain := func(prefix string, q query, scan func(*sql.Rows) string) {
-			rows, err := e.db.Raw(prefix+q.sql, q.args...).Rows()
+		explain := func(prefix string, q store.Query, scan func(*sql.Rows) string) {
+			rows, err := e.db.Raw(prefix+q.SQL, q.Args...).Rows()
 			require.NoError(t, err)
 			for rows.Next() {
 				plan = append(plan, scan(rows))
 			}
 			require.NoError(t, rows.Close())
 		}
-		switch d := e.ob.dialect.(type) {
-		case *postgresDialect:
-			explain("EXPLAIN ", d.claimUpdate(c, skipLocked), func(rows *sql.Rows) string {
+		switch d := e.ob.store.(type) {
+		case *pgstore.Store:
+			explain("EXPLAIN ", d.ClaimUpdate(c, sqlbuild.SkipLocked), func(rows *sql.Rows) string {
 				var line string
 				require.NoError(t, rows.Scan(&line))
 				return line
 			})
-		case *sqliteDialect:
-			explain("EXPLAIN QUERY PLAN ", d.claimUpdate(c, ""), func(rows *sql.Rows) string {
+		case *sqlitestore.Store:
+			explain("EXPLAIN QUERY PLAN ", d.ClaimUpdate(c, ""), func(rows *sql.Rows) string {
 				var id, parent, notused int
 				var detail string
 				require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
 				return detail
 			})
-		case *mysqlDialect:
+		case *mysqlstore.Store:
 			mysqlPlan := func(rows *sql.Rows) string {
 				cols, err := rows.Columns()
 				require.NoError(t, err)
@@ -426,11 +431,11 @@ func testClaimPlan(t *testing.T, b backend) {
 				}
 				return strings.Join(line, " ")
 			}
-			explain("EXPLAIN ", d.selectDue(c), mysqlPlan)
+			explain("EXPLAIN ", d.SelectDue(c), mysqlPlan)
 			if ordered {
 				// The second step of an ordered claim (dropOvertaking).
 				require.NoError(t, e.relay(RelayConfig{OrderByAggregate: true}).ensureOrdering(t.Context()))
-				explain("EXPLAIN ", d.overtaking([]int64{1, 2, 3}), mysqlPlan)
+				explain("EXPLAIN ", d.Overtaking([]int64{1, 2, 3}), mysqlPlan)
 				joined := strings.Join(plan, "\n")
 				assert.Contains(t, joined, "outbox_events_aggregate_idx", "the predecessor probe must read the ordering index:\n%s", joined)
 			}
@@ -588,14 +593,14 @@ func (s *syncBuffer) String() string {
 // any event the caller named keeps it, and its duplicate is still a no-op.
 func testGeneratedEventsInsertPlainly(t *testing.T, b backend) {
 	e := b.setup(t)
-	conflict := func(q query) bool {
-		return strings.Contains(q.sql, "ON CONFLICT") || strings.Contains(q.sql, "ON DUPLICATE KEY")
+	conflict := func(q store.Query) bool {
+		return strings.Contains(q.SQL, "ON CONFLICT") || strings.Contains(q.SQL, "ON DUPLICATE KEY")
 	}
 	now := e.ob.now()
-	gen := encoded{Event: Event{ID: "g", Type: "x", IdempotencyKey: "g"}, payload: []byte("{}"), generated: true}
-	named := encoded{Event: Event{ID: "n", Type: "x", IdempotencyKey: "k"}, payload: []byte("{}")}
-	assert.False(t, conflict(e.ob.dialect.insert([]encoded{gen, gen}, now)), "generated events only: no conflict clause")
-	assert.True(t, conflict(e.ob.dialect.insert([]encoded{gen, named}, now)), "a named event keeps the conflict clause")
+	gen := store.Event{ID: "g", Type: "x", Key: "g", Payload: []byte("{}"), Generated: true}
+	named := store.Event{ID: "n", Type: "x", Key: "k", Payload: []byte("{}")}
+	assert.False(t, conflict(e.ob.store.Insert([]store.Event{gen, gen}, now)), "generated events only: no conflict clause")
+	assert.True(t, conflict(e.ob.store.Insert([]store.Event{gen, named}, now)), "a named event keeps the conflict clause")
 
 	require.NoError(t, Publish(e.db, Event{Type: "x", IdempotencyKey: "once"}))
 	require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x", IdempotencyKey: "once"}, Event{Type: "x"}),

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
 )
 
@@ -93,6 +94,14 @@ type encoded struct {
 	// generated: the publisher set neither the ID nor the key, so the key
 	// is a fresh UUID no other event can have.
 	generated bool
+}
+
+// row is the event as the store writes it.
+func (e *encoded) row() store.Event {
+	return store.Event{
+		ID: e.ID, Type: e.Type, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Key: e.IdempotencyKey,
+		Payload: e.payload, Headers: e.headers, OccurredAt: e.OccurredAt, Generated: e.generated,
+	}
 }
 
 // event returns what a handler receives: the payload as json.RawMessage and
@@ -275,17 +284,17 @@ const (
 	maxNumericExponent = 1<<30 - 1
 )
 
-// insertChunk bounds the rows of one INSERT, keeping its arguments (11 a
-// row) under SQLite's 32766 and PostgreSQL's and MySQL's 65535.
-const insertChunk = 1000
-
 // insert writes enc with one statement. It goes straight to the
 // transaction's connection, not through GORM's logger, which would print the
 // payload arguments of a slow statement. With tell, it adds the IDs of the
 // events it skipped as duplicates to skipped.
 func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped map[string]bool) error {
-	q := o.dialect.insert(enc, now)
-	res, err := pool.ExecContext(ctx, q.sql, q.args...)
+	rows := make([]store.Event, len(enc))
+	for i := range enc {
+		rows[i] = enc[i].row()
+	}
+	q := o.store.Insert(rows, now)
+	res, err := pool.ExecContext(ctx, q.SQL, q.Args...)
 	if err != nil {
 		if len(enc) == 1 {
 			return fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
@@ -311,8 +320,8 @@ func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []enc
 	for i := range enc {
 		ids[i] = enc[i].ID
 	}
-	q := o.dialect.keysOf(ids)
-	rows, err := pool.QueryContext(ctx, q.sql, q.args...)
+	q := o.store.KeysOf(ids)
+	rows, err := pool.QueryContext(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return fmt.Errorf("outbox: check skipped events: %w", err)
 	}
@@ -325,12 +334,12 @@ func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []enc
 	for rows.Next() {
 		var (
 			id, key string
-			added   dbTime
+			added   store.DBTime
 		)
 		if err := rows.Scan(&id, &key, &added); err != nil {
 			return fmt.Errorf("outbox: check skipped events: %w", err)
 		}
-		held[id] = stored{key, added.t}
+		held[id] = stored{key, added.T}
 	}
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("outbox: check skipped events: %w", err)
@@ -384,7 +393,7 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 		}
 		return nil, nil
 	}
-	if len(enc) > insertChunk && !inTx {
+	if len(enc) > o.limits.InsertRows && !inTx {
 		// Several statements must commit together: give them a transaction.
 		err := tx.Transaction(func(tx *gorm.DB) error {
 			var err error
@@ -399,7 +408,7 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 		return skipped, o.emit(ctx, pool, enc)
 	}
 	now := o.now()
-	for chunk := range slices.Chunk(enc, insertChunk) {
+	for chunk := range slices.Chunk(enc, o.limits.InsertRows) {
 		if err := o.insert(ctx, pool, chunk, now, skipped); err != nil {
 			return nil, err
 		}

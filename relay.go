@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
@@ -272,9 +273,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer bg.Wait()
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer stopBG()
-	if r.o.dialect.notifies() && !r.cfg.DisableListen {
+	if n, ok := r.o.store.(store.Notifier); ok && !r.cfg.DisableListen {
 		bg.Add(1)
-		go func() { defer bg.Done(); r.listen(bgCtx, w) }()
+		go func() { defer bg.Done(); r.listen(bgCtx, n, w) }()
 	}
 	if r.cfg.RetainSent != RetainForever {
 		bg.Add(1)

@@ -15,14 +15,14 @@ func (o *Outbox) Replay(ctx context.Context, db *gorm.DB, ids ...string) (int, e
 	if o.mode == Memory {
 		return 0, ErrMemoryMode
 	}
-	if o.dialect == nil {
+	if o.store == nil {
 		return 0, ErrNotInstalled
 	}
 	total := 0
 	now := o.now()
-	for chunk := range slices.Chunk(ids, outcomeChunk) {
-		q := o.dialect.replay(chunk, now)
-		res, err := db.Statement.ConnPool.ExecContext(ctx, q.sql, q.args...)
+	for chunk := range slices.Chunk(ids, o.limits.OutcomeRows) {
+		q := o.store.Replay(chunk, now)
+		res, err := db.Statement.ConnPool.ExecContext(ctx, q.SQL, q.Args...)
 		if err != nil {
 			return total, fmt.Errorf("outbox: replay %d events: %w", len(ids), err)
 		}

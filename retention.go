@@ -13,10 +13,6 @@ import (
 // none.
 const RetainForever time.Duration = -1
 
-// retentionBatch is how many sent rows one DELETE removes: small enough to
-// hold locks briefly, large enough to keep up with a busy relay.
-const retentionBatch = 1000
-
 // retain deletes sent rows older than RetainSent, in small batches, until
 // ctx is done. Failed rows are never deleted.
 func (r *Relay) retain(ctx context.Context) {
@@ -52,7 +48,7 @@ func (o *Outbox) DeleteSent(ctx context.Context, db *gorm.DB, olderThan time.Dur
 	if o.mode == Memory {
 		return 0, ErrMemoryMode
 	}
-	if o.dialect == nil || fromDB(db) != o {
+	if o.store == nil || fromDB(db) != o {
 		return 0, ErrNotInstalled
 	}
 	if olderThan < 0 {
@@ -67,10 +63,11 @@ func (o *Outbox) deleteSent(ctx context.Context, db *gorm.DB, olderThan, stmtTim
 		return 0, err
 	}
 	total := 0
+	batch := o.limits.RetentionBatch
 	for ctx.Err() == nil {
-		q := o.dialect.deleteSent(o.now().Add(-olderThan), retentionBatch)
+		q := o.store.DeleteSent(o.now().Add(-olderThan), batch)
 		sctx, cancel := context.WithTimeout(ctx, stmtTimeout)
-		res, err := sqlDB.ExecContext(sctx, q.sql, q.args...)
+		res, err := sqlDB.ExecContext(sctx, q.SQL, q.Args...)
 		cancel()
 		if err != nil {
 			return total, fmt.Errorf("outbox: delete sent events: %w", err)
@@ -80,7 +77,7 @@ func (o *Outbox) deleteSent(ctx context.Context, db *gorm.DB, olderThan, stmtTim
 			return total, fmt.Errorf("outbox: delete sent events: %w", err)
 		}
 		total += int(n)
-		if n < retentionBatch {
+		if n < int64(batch) {
 			break
 		}
 	}

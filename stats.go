@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
 )
 
@@ -48,11 +49,11 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 		return st, ErrMemoryMode
 	}
 	st.Dropped = o.dropped.Load()
-	if o.dialect == nil {
+	if o.store == nil {
 		return st, ErrNotInstalled
 	}
-	q := o.dialect.stats()
-	rows, err := db.Statement.ConnPool.QueryContext(ctx, q.sql, q.args...)
+	q := o.store.Stats()
+	rows, err := db.Statement.ConnPool.QueryContext(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return st, fmt.Errorf("outbox: stats: %w", err)
 	}
@@ -61,7 +62,7 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 		var (
 			status string
 			n      int64
-			oldest dbTime
+			oldest store.DBTime
 		)
 		if err := rows.Scan(&status, &n, &oldest); err != nil {
 			return st, fmt.Errorf("outbox: stats: %w", err)
@@ -69,8 +70,8 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 		switch status {
 		case StatusPending:
 			st.Pending = n
-			if !oldest.t.IsZero() {
-				st.OldestPending = max(o.now().Sub(oldest.t), 0)
+			if !oldest.T.IsZero() {
+				st.OldestPending = max(o.now().Sub(oldest.T), 0)
 			}
 		case StatusSent:
 			st.Sent = n
@@ -82,14 +83,14 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 		return st, fmt.Errorf("outbox: stats: %w", err)
 	}
 	if st.Failed > 0 {
-		q := o.dialect.syntax().failedSince(o.now().Add(-time.Hour))
-		if err := db.Statement.ConnPool.QueryRowContext(ctx, q.sql, q.args...).Scan(&st.FailedLastHour); err != nil {
+		q := o.store.FailedSince(o.now().Add(-time.Hour))
+		if err := db.Statement.ConnPool.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&st.FailedLastHour); err != nil {
 			return st, fmt.Errorf("outbox: stats: %w", err)
 		}
 	}
 	if o.mode == Logical {
-		q := slotStatsQuery(o.slot)
-		err := db.Statement.ConnPool.QueryRowContext(ctx, q.sql, q.args...).Scan(&st.SlotActive, &st.SlotLagBytes)
+		q := o.logical().SlotStats(o.slot)
+		err := db.Statement.ConnPool.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&st.SlotActive, &st.SlotLagBytes)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
 			return st, fmt.Errorf("outbox: stats: %w: slot %s", ErrNoSlot, o.slot)

@@ -1,0 +1,15 @@
+// Package errs holds the sentinel errors the internal packages wrap and
+// the root package exports under the same values, so that errors.Is on an
+// error from any layer matches the public sentinel. Their documentation is
+// the root package's (errors.go).
+package errs
+
+import "errors"
+
+var (
+	ErrInvalidEvent       = errors.New("outbox: invalid event")
+	ErrIDConflict         = errors.New("outbox: event ID taken by another event")
+	ErrInvalidConfig      = errors.New("outbox: invalid config")
+	ErrUnsupportedDialect = errors.New("outbox: unsupported database dialect")
+	ErrNoSlot             = errors.New("outbox: the replication slot does not exist; the event would be lost")
+)

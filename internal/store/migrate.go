@@ -1,0 +1,132 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// SchemaVersion is the schema version this code reads and writes.
+const SchemaVersion = 2
+
+// DefaultTable is the table name the shipped schema files use.
+const DefaultTable = "outbox_events"
+
+// VersionOf is the schema version of a table that exists or not and has
+// the seq column (version 2) or not.
+func VersionOf(table, seq bool) int {
+	switch {
+	case !table:
+		return 0
+	case !seq:
+		return 1
+	}
+	return SchemaVersion
+}
+
+// Rename renames the shipped schema's table (and the index and
+// constraint names derived from it).
+func Rename(ddl, table string) string { return strings.ReplaceAll(ddl, DefaultTable, table) }
+
+// Ensure runs ddl unless the object name already exists.
+func Ensure(ctx context.Context, db *sql.DB, s Schema, name string, ddl ...string) error {
+	if ok, err := s.Exists(ctx, db, name); err != nil || ok {
+		return err
+	}
+	for _, stmt := range ddl {
+		if _, err := db.ExecContext(ctx, stmt); err != nil {
+			// Another process may have created it in the meantime.
+			if ok, _ := s.Exists(ctx, db, name); ok {
+				return nil
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// Create runs the schema's statements for whatever is missing. It reads
+// the catalog first: even CREATE ... IF NOT EXISTS takes a lock that would
+// queue behind open publishing transactions on PostgreSQL.
+func Create(ctx context.Context, db *sql.DB, s Schema) error {
+	for _, st := range SplitDDL(s.Schema()) {
+		if err := Ensure(ctx, db, s, st.Name, st.SQL); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Upgrade runs the store's upgrade script in one transaction. Its first
+// statement takes a write lock (PostgreSQL: LOCK TABLE; SQLite: the
+// database's write lock, which its first write takes); the version is read
+// again under that lock, so that of several instances starting at once one
+// upgrades and the others find the work done.
+func Upgrade(ctx context.Context, db *sql.DB, s Schema) error {
+	script := s.Upgrade()
+	if script == "" {
+		return errors.New("this database has no upgrade from that version (the table was created by a pre-release build: drop it once it holds no pending events)")
+	}
+	var stmts []string
+	for _, st := range strings.Split(stripSQLComments(script), ";") {
+		st = strings.TrimSpace(st)
+		switch u := strings.ToUpper(st); {
+		case st == "", strings.HasPrefix(u, "BEGIN"), u == "COMMIT":
+			continue
+		}
+		stmts = append(stmts, st)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.ExecContext(ctx, stmts[0]); err != nil {
+		return err
+	}
+	if v, err := s.Version(ctx, tx); err != nil || v == SchemaVersion {
+		return err
+	}
+	for _, st := range stmts[1:] {
+		if _, err := tx.ExecContext(ctx, st); err != nil {
+			return fmt.Errorf("%w (in: %.80s)", err, st)
+		}
+	}
+	return tx.Commit()
+}
+
+// DDL is one statement of a schema and the name of what it creates.
+type DDL struct{ Name, SQL string }
+
+var createdRE = regexp.MustCompile("(?i)\\bCREATE\\s+(?:UNIQUE\\s+)?(?:TABLE|INDEX)\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?[\"`]?(\\w+)")
+
+// SplitDDL splits a schema into its statements (the shipped files hold no
+// "--" or ";" inside a literal), one at a time because PostgreSQL refuses
+// several commands in one prepared statement, each with the name of the
+// object it creates.
+func SplitDDL(ddl string) []DDL {
+	var out []DDL
+	for _, stmt := range strings.Split(stripSQLComments(ddl), ";") {
+		m := createdRE.FindStringSubmatch(stmt)
+		if m == nil {
+			continue
+		}
+		out = append(out, DDL{Name: m[1], SQL: strings.TrimSpace(stmt)})
+	}
+	return out
+}
+
+func stripSQLComments(s string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(s, "\n") {
+		if i := strings.Index(line, "--"); i >= 0 {
+			line = line[:i]
+		}
+		b.WriteString(line)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}

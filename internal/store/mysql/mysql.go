@@ -1,0 +1,349 @@
+// Package mysql is the outbox's store on MySQL 8.0.1+ and MariaDB 10.6+
+// (gorm.io/driver/mysql names both "mysql").
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/gorm-outbox/outbox/internal/errs"
+	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
+	"gorm.io/gorm"
+)
+
+//go:embed mysql.sql
+var schema string
+
+func init() {
+	store.Register(store.Driver{
+		Name:  "mysql",
+		Probe: func(_ context.Context, dialector string, _ *sql.DB) bool { return dialector == "mysql" },
+		Open:  func(table string) store.Store { return New(table) },
+	})
+}
+
+// Store serves MySQL 8.0.1+ and MariaDB 10.6+. Neither has UPDATE ... RETURNING (MariaDB only from
+// 13), so the claim is a short transaction: SELECT ... FOR UPDATE SKIP
+// LOCKED, then UPDATE the rows it locked. There are no partial indexes, no
+// arrays and no numbered placeholders.
+//
+// Times go to the server as UTC text and come back as text (CAST ... AS
+// CHAR): the driver would otherwise shift DATETIME values by the DSN's
+// loc, and the server's time_zone never applies to DATETIME. So due times,
+// leases and OccurredAt are right whatever loc and time_zone are.
+type Store struct {
+	sqlbuild.Syntax
+	name    string
+	mariadb atomic.Bool // learnt by check
+
+	// ScanDelay, set by tests only, slows the claim's scan down by this
+	// long per row it passes, to let other sessions commit mid-scan.
+	ScanDelay time.Duration
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns the store of the table named table.
+func New(table string) *Store {
+	return &Store{name: table, Syntax: sqlbuild.Syntax{
+		Table:       "`" + table + "`",
+		Placeholder: sqlbuild.Question,
+		TimeArg:     Time,
+		TimeCol:     func(col string) string { return "CAST(" + col + " AS CHAR)" },
+		// IN, not <>: two equality ranges of the ordering index, which
+		// holds sent rows too.
+		Unsent: "p.status IN ('pending', 'failed')",
+	}}
+}
+
+// Name implements store.Store.
+func (d *Store) Name() string { return "mysql" }
+
+// Limits implements store.Store: MySQL takes 65535 parameters a
+// statement; an INSERT row has 11, an outcome row 4.
+func (d *Store) Limits() store.Limits {
+	return store.Limits{InsertRows: 1000, OutcomeRows: 1000, AdminBatch: 1000, AdminScan: 10000, RetentionBatch: 1000}
+}
+
+// timeFormat is DATETIME(6)'s literal form.
+const timeFormat = "2006-01-02 15:04:05.000000"
+
+// Time is a time as MySQL takes it: UTC text.
+func Time(t time.Time) any { return t.UTC().Format(timeFormat) }
+
+// Schema implements store.Schema.
+func (d *Store) Schema() string { return store.Rename(schema, d.name) }
+
+// Exists implements store.Schema.
+func (d *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
+	var n int
+	err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?)"+
+		" + (SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?)",
+		name, d.name, name).Scan(&n)
+	return n > 0, err
+}
+
+// Insert skips a duplicate with ON DUPLICATE KEY UPDATE, not INSERT IGNORE,
+// which would also turn truncation and other errors into warnings.
+func (d *Store) Insert(rows []store.Event, now time.Time) store.Query {
+	return d.InsertRows(rows, now, " ON DUPLICATE KEY UPDATE id = id")
+}
+
+// Version implements store.Schema.
+func (d *Store) Version(ctx context.Context, db store.Querier) (int, error) {
+	var table, seq int
+	err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?),"+
+		" (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'seq')",
+		d.name, d.name).Scan(&table, &seq)
+	return store.VersionOf(table > 0, seq > 0), err
+}
+
+// Upgrade implements store.Schema: no release created a version 1 table on
+// MySQL.
+func (d *Store) Upgrade() string { return "" }
+
+// claimRetries bounds how often a claim that lost a deadlock or a lock wait
+// is tried again before the relay treats it as a failed cycle.
+const claimRetries = 5
+
+// Claim implements store.Claimer, retrying a claim that lost a race.
+func (d *Store) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]store.Claimed, error) {
+	for attempt := 1; ; attempt++ {
+		batch, err := d.claimTx(ctx, db, c)
+		if err == nil || attempt == claimRetries || !retryable(err) || ctx.Err() != nil {
+			return batch, err
+		}
+	}
+}
+
+// claimTx runs the claim at READ COMMITTED whatever the session's default:
+// under REPEATABLE READ the locking read's gap locks deadlock concurrent
+// business INSERTs (2,587 deadlocks in 8 s with 4 claimers and 8 writers,
+// measured on MariaDB 10.11; none at READ COMMITTED).
+func (d *Store) claimTx(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]store.Claimed, error) {
+	tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
+
+	batch, err := store.QueryClaimed(ctx, tx, d.SelectDue(c))
+	if err == nil && c.Ordered && len(batch) > 0 {
+		batch, err = d.dropOvertaking(ctx, tx, batch)
+	}
+	if err != nil || len(batch) == 0 {
+		return nil, errors.Join(err, tx.Commit())
+	}
+	ids := make([]string, len(batch))
+	for i := range batch {
+		ids[i] = batch[i].ID
+		batch[i].Attempts++
+	}
+	u := d.Build()
+	u.W("UPDATE ", d.Table, " SET locked_until = ", u.Time(c.Lease),
+		", attempts = attempts + 1, updated_at = ", u.Time(c.Now), " WHERE ", u.IDs("id", ids))
+	q := u.Query()
+	if _, err := tx.ExecContext(ctx, q.SQL, q.Args...); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, err
+	}
+	return batch, nil
+}
+
+// SelectDue locks the due rows a claim takes, ordered by the index's own
+// columns: ordering by id alone makes the server sort, and lock every row
+// it scanned.
+func (d *Store) SelectDue(c store.ClaimSpec) store.Query {
+	b := d.Build()
+	b.W("SELECT ", d.ClaimColumns(), " FROM ", d.Table, " c WHERE ")
+	d.Due(b, c)
+	if d.ScanDelay > 0 {
+		b.W(" AND SLEEP(", strconv.FormatFloat(d.ScanDelay.Seconds(), 'f', 3, 64), ") = 0")
+	}
+	b.W(" ORDER BY c.available_at, c.seq LIMIT ", b.Arg(c.Limit), sqlbuild.SkipLocked)
+	return b.Query()
+}
+
+// dropOvertaking removes from a batch locked for OrderByAggregate the rows
+// an older unsent event of their aggregate precedes. The locking scan
+// sees rows committed while it ran, but the predecessor probe inside it
+// is a consistent read of the snapshot taken when the statement began: a
+// transaction that commits events n and n+1 of one aggregate mid-scan has
+// both locked, each with no predecessor in that snapshot. This second
+// statement reads a snapshot of its own, taken after the scan, which holds
+// every row the scan saw. The rows it drops stay locked, unleased, until
+// the claim commits.
+func (d *Store) dropOvertaking(ctx context.Context, tx *sql.Tx, batch []store.Claimed) ([]store.Claimed, error) {
+	seqs := make([]int64, len(batch))
+	for i := range batch {
+		seqs[i] = batch[i].Seq
+	}
+	q := d.Overtaking(seqs)
+	rows, err := tx.QueryContext(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	behind := map[int64]bool{}
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, err
+		}
+		behind[seq] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(behind) == 0 {
+		return batch, nil
+	}
+	return slices.DeleteFunc(batch, func(c store.Claimed) bool { return behind[c.Seq] }), nil
+}
+
+// Overtaking selects, among the rows with the given seqs, those an older
+// unsent event of their aggregate precedes: by primary key, then one probe
+// of the ordering index each, which holds no sent rows in the ranges read.
+func (d *Store) Overtaking(seqs []int64) store.Query {
+	b := d.Build()
+	ph := make([]string, len(seqs))
+	for i, s := range seqs {
+		ph[i] = b.Arg(s)
+	}
+	return b.W("SELECT c.seq FROM ", d.Table, " c WHERE c.seq IN (", strings.Join(ph, ", "), ") AND c.aggregate_id <> ''",
+		" AND EXISTS (SELECT 1 FROM ", d.Table, " p WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id",
+		" AND ", d.Unsent, " AND p.seq < c.seq)").Query()
+}
+
+// retryable reports a deadlock (1213) or a lock wait timeout (1205):
+// the statement lost a race and can simply run again.
+func retryable(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
+}
+
+// MarkFailed joins the outcomes as a derived table: MySQL has neither
+// UPDATE ... FROM nor a VALUES list with column names.
+func (d *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Query {
+	b := d.Build()
+	b.W("UPDATE ", d.Table, " AS o JOIN (")
+	for i, o := range outs {
+		if i == 0 {
+			b.W("SELECT ", b.Arg(o.ID), " AS id, ", b.Arg(o.Status), " AS status, ", b.Arg(o.Err), " AS err, ", b.Time(o.Due), " AS due")
+			continue
+		}
+		b.W(" UNION ALL SELECT ", b.Arg(o.ID), ", ", b.Arg(o.Status), ", ", b.Arg(o.Err), ", ", b.Time(o.Due))
+	}
+	b.W(") AS v ON o.id = v.id SET o.status = v.status, o.last_error = v.err, o.available_at = v.due,",
+		" o.locked_until = NULL, o.updated_at = ", b.Time(now),
+		" WHERE o.locked_until = ", b.Time(lease), " AND o.status = 'pending'")
+	return b.Query()
+}
+
+// DeleteSent orders and limits the DELETE itself: MySQL refuses LIMIT in an
+// IN subquery.
+func (d *Store) DeleteSent(before time.Time, limit int) store.Query {
+	b := d.Build()
+	return b.W("DELETE FROM ", d.Table, " WHERE status = 'sent' AND sent_at < ", b.Time(before),
+		" ORDER BY sent_at LIMIT ", b.Arg(limit)).Query()
+}
+
+// orderingIndex: no partial index, so status is in it and the probe reads
+// only the aggregate's unsent rows; InnoDB appends the primary key (seq) to
+// every secondary index, so seq order is served too. InnoDB builds it online,
+// but takes a metadata lock at the start and end that queues behind open
+// publishing transactions, and publishers queue behind it: on MariaDB WAIT
+// bounds that wait (the relay tries again on its next cycle).
+func (d *Store) OrderingIndex() (string, []string) {
+	name := d.name + "_aggregate_idx"
+	ddl := "CREATE INDEX `" + name + "` ON " + d.Table + " (aggregate_type, aggregate_id, status, seq)"
+	if d.mariadb.Load() {
+		ddl += " WAIT 2"
+	}
+	return name, []string{ddl}
+}
+
+// check refuses, at db.Use, what would fail later: a server without SKIP
+// LOCKED, a DSN without parseTime (every GORM read of a time column would
+// fail), and statement-based binary logging, under which the claim's READ
+// COMMITTED locking read is refused (error 1665).
+func (d *Store) Check(ctx context.Context, gdb *gorm.DB, _ *slog.Logger) error {
+	db, err := gdb.DB()
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	var version string
+	if err := db.QueryRowContext(ctx, "SELECT VERSION()").Scan(&version); err != nil {
+		return fmt.Errorf("outbox: inspect the MySQL server: %w", err)
+	}
+	if err := CheckVersion(version); err != nil {
+		return err
+	}
+	d.mariadb.Store(strings.Contains(strings.ToLower(version), "mariadb"))
+	var probe any
+	if err := db.QueryRowContext(ctx, "SELECT CAST('2000-01-01 00:00:00' AS DATETIME)").Scan(&probe); err != nil {
+		return fmt.Errorf("outbox: inspect the MySQL connection: %w", err)
+	}
+	if _, ok := probe.(time.Time); !ok {
+		return fmt.Errorf("%w: the MySQL DSN lacks parseTime=True, without which time columns cannot be read into time.Time; open GORM with a DSN such as \"user:pass@tcp(host:3306)/db?charset=utf8mb4&parseTime=True&loc=Local\"", errs.ErrInvalidConfig)
+	}
+	var (
+		logBin int
+		format string
+	)
+	if err := db.QueryRowContext(ctx, "SELECT @@log_bin, @@SESSION.binlog_format").Scan(&logBin, &format); err != nil {
+		return fmt.Errorf("outbox: inspect the MySQL server's binary log settings: %w", err)
+	}
+	return CheckBinlog(logBin == 1, format)
+}
+
+// CheckBinlog refuses statement-based binary logging.
+func CheckBinlog(logBin bool, format string) error {
+	if logBin && strings.EqualFold(format, "STATEMENT") {
+		return fmt.Errorf("%w: binlog_format=STATEMENT: the relay claims rows at READ COMMITTED, which statement-based binary logging refuses (error 1665); set binlog_format=ROW (or MIXED) on the server", errs.ErrUnsupportedDialect)
+	}
+	return nil
+}
+
+// CheckVersion requires FOR UPDATE SKIP LOCKED: MySQL 8.0.1, MariaDB
+// 10.6.
+func CheckVersion(version string) error {
+	mariadb := strings.Contains(strings.ToLower(version), "mariadb")
+	nums := strings.SplitN(strings.SplitN(version, "-", 2)[0], ".", 4)
+	part := func(i int) int {
+		if i >= len(nums) {
+			return 0
+		}
+		n, _ := strconv.Atoi(nums[i])
+		return n
+	}
+	v := [3]int{part(0), part(1), part(2)}
+	ok := func(min [3]int) bool {
+		for i := range v {
+			if v[i] != min[i] {
+				return v[i] > min[i]
+			}
+		}
+		return true
+	}
+	switch {
+	case mariadb && !ok([3]int{10, 6, 0}):
+		return fmt.Errorf("%w: MariaDB %s; the outbox needs MariaDB 10.6 or later (FOR UPDATE SKIP LOCKED)", errs.ErrUnsupportedDialect, version)
+	case !mariadb && !ok([3]int{8, 0, 1}):
+		return fmt.Errorf("%w: MySQL %s; the outbox needs MySQL 8.0.1 or later (FOR UPDATE SKIP LOCKED)", errs.ErrUnsupportedDialect, version)
+	}
+	return nil
+}

@@ -1,0 +1,168 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/errs"
+	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Logical mode's statements: the stream writes to the table only what is
+// not delivered at once.
+
+// minLogicalVersion is PostgreSQL 14, whose pgoutput can stream logical
+// decoding messages (its "messages" option).
+const minLogicalVersion = 140000
+
+// CheckLogical implements store.Logical.
+func (s *Store) CheckLogical(ctx context.Context, db *sql.DB) error {
+	var (
+		version  int
+		walLevel string
+		role     string
+		canRepl  bool
+	)
+	err := db.QueryRowContext(ctx, `SELECT current_setting('server_version_num')::int, current_setting('wal_level'), current_user,
+		COALESCE((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false)`).
+		Scan(&version, &walLevel, &role, &canRepl)
+	if err != nil {
+		return fmt.Errorf("outbox: check the server for Logical mode: %w", err)
+	}
+	switch {
+	case version < minLogicalVersion:
+		return fmt.Errorf("%w: Logical mode needs PostgreSQL 14 or later (pgoutput's messages option); this server is %d", errs.ErrUnsupportedDialect, version)
+	case walLevel != "logical":
+		return fmt.Errorf("%w: Logical mode needs wal_level = logical, the server has %s: set it (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL", errs.ErrUnsupportedDialect, walLevel)
+	case !canRepl:
+		return fmt.Errorf("%w: Logical mode streams from a replication slot and role %q may not: ALTER ROLE %q REPLICATION (or use a role that has it)", errs.ErrUnsupportedDialect, role, role)
+	}
+	return nil
+}
+
+// CreateSlot creates the publication pgoutput reads through (one with no
+// tables: only the messages matter) and the slot, when missing. A slot
+// created by another process meanwhile is fine; one of another plugin or
+// database is not.
+func (s *Store) CreateSlot(ctx context.Context, db *sql.DB, slot string, logger *slog.Logger) error {
+	var hasPub bool
+	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", slot).Scan(&hasPub); err != nil {
+		return fmt.Errorf("outbox: look for publication %s: %w", slot, err)
+	}
+	if !hasPub {
+		if _, err := db.ExecContext(ctx, `CREATE PUBLICATION "`+slot+`"`); err != nil && !IsSQLState(err, "42710") {
+			return fmt.Errorf("outbox: create publication %s: %w", slot, err)
+		}
+	}
+	for range 2 {
+		var plugin, database, current string
+		err := db.QueryRowContext(ctx, "SELECT COALESCE(plugin, ''), COALESCE(database::text, ''), current_database() FROM pg_replication_slots WHERE slot_name = $1", slot).
+			Scan(&plugin, &database, &current)
+		switch {
+		case err == nil && (plugin != "pgoutput" || database != current):
+			return fmt.Errorf("%w: replication slot %s exists but is not a pgoutput slot of database %s (plugin %q, database %q): set Config.Slot to another name", errs.ErrInvalidConfig, slot, current, plugin, database)
+		case err == nil:
+			return nil
+		case !errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("outbox: look for replication slot %s: %w", slot, err)
+		}
+		_, err = db.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+		if err == nil {
+			logger.InfoContext(ctx, "outbox: created the logical replication slot; it keeps WAL until a relay confirms it", "slot", slot)
+			return nil
+		}
+		if !IsSQLState(err, "42710") { // created by another process meanwhile: look again
+			return fmt.Errorf("outbox: create replication slot %s: %w", slot, err)
+		}
+	}
+	return fmt.Errorf("outbox: replication slot %s: created and dropped concurrently", slot)
+}
+
+// IsSQLState reports whether err is a PostgreSQL error with that SQLSTATE.
+func IsSQLState(err error, code string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == code
+}
+
+// Emit implements store.Logical, from a query that yields no row, and so
+// emits nothing, unless the slot exists, has found its consistent point
+// (before that, a commit may not be decoded) and has not been invalidated.
+// pg_get_replication_slots() rather than the pg_replication_slots view:
+// the same rows without the view's join to pg_database, which every
+// business transaction would pay for.
+func (s *Store) Emit(ctx context.Context, db store.Execer, slot, prefix string, content []byte) (bool, error) {
+	res, err := db.ExecContext(ctx, "SELECT pg_logical_emit_message(true, $1, $2::text) FROM pg_get_replication_slots() s"+
+		" WHERE s.slot_name = $3 AND s.confirmed_flush_lsn IS NOT NULL AND s.wal_status IS DISTINCT FROM 'lost'",
+		prefix, string(content), slot)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, err
+	}
+	return n == 1, nil
+}
+
+const parkColumns = "(id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, last_error, available_at, locked_until, occurred_at, created_at, updated_at)"
+
+// Park implements store.Logical.
+func (s *Store) Park(rows []store.ParkRow, now time.Time) store.Query {
+	b := s.Build()
+	b.W("INSERT INTO ", s.Table, " ", parkColumns, " VALUES ")
+	for i := range rows {
+		p := &rows[i]
+		var headers any
+		if p.Event.Headers != nil {
+			headers = string(p.Event.Headers)
+		}
+		if i > 0 {
+			b.W(", ")
+		}
+		b.W("(", b.Arg(p.Event.ID), ", ", b.Arg(p.Event.Type), ", ", b.Arg(p.Event.AggregateType), ", ", b.Arg(p.Event.AggregateID),
+			", ", b.Arg(p.Event.Key), ", ", b.Arg(string(p.Event.Payload)), ", ", b.Arg(headers),
+			", ", b.Arg(p.Status), ", ", b.Arg(p.Attempts), ", ", b.Arg(p.LastErr), ", ", b.Time(p.Due),
+			", ", b.Arg(p.Lease), "::timestamptz, ", b.Time(p.Event.OccurredAt), ", ", b.Time(p.Created), ", ", b.Time(now), ")")
+	}
+	b.W(" ON CONFLICT DO NOTHING RETURNING id")
+	return b.Query()
+}
+
+// Blocked implements store.Logical, through the ordering index.
+func (s *Store) Blocked(types, ids []string) store.Query {
+	b := s.Build()
+	return b.W("SELECT DISTINCT aggregate_type, aggregate_id FROM ", s.Table,
+		" WHERE status <> 'sent' AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest(",
+		b.Arg(types), "::text[], ", b.Arg(ids), "::text[]))").Query()
+}
+
+// SlotStats implements store.Logical: the WAL kept for the slot, in bytes.
+func (s *Store) SlotStats(slot string) store.Query {
+	return store.Query{
+		SQL:  "SELECT active, COALESCE(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+		Args: []any{slot},
+	}
+}
+
+// WALPosition implements store.Logical.
+func (s *Store) WALPosition() store.Query {
+	return store.Query{SQL: "SELECT pg_current_wal_flush_lsn()"}
+}
+
+// SlotHeldBy implements store.Logical.
+func (s *Store) SlotHeldBy(slot string, pid uint32) store.Query {
+	return store.Query{
+		SQL:  "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)",
+		Args: []any{slot, int64(pid)},
+	}
+}
+
+// SessionTimeout implements store.Logical.
+func (s *Store) SessionTimeout() string {
+	return "SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'"
+}

@@ -1,0 +1,170 @@
+// Package postgres is the outbox's store on PostgreSQL: every statement
+// the outbox runs there, LISTEN/NOTIFY wake-ups, and the statements of
+// Logical mode (the WAL message, the slot, the rows the stream parks).
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	_ "embed"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
+	"github.com/jackc/pgx/v5/stdlib"
+	"gorm.io/gorm"
+)
+
+var (
+	//go:embed postgres.sql
+	schema string
+	//go:embed postgres-upgrade-2.sql
+	upgrade string
+)
+
+func init() {
+	store.Register(store.Driver{
+		Name:  "postgres",
+		Probe: func(_ context.Context, dialector string, _ *sql.DB) bool { return dialector == "postgres" },
+		Open:  func(table string) store.Store { return New(table) },
+	})
+}
+
+// Store is the PostgreSQL store. One UPDATE ... RETURNING claims, FOR
+// UPDATE SKIP LOCKED lets concurrent relays take disjoint batches instead
+// of queueing on each other's row locks, ID lists travel as one array
+// argument, and partial indexes keep sent rows out of the claim's way.
+type Store struct {
+	sqlbuild.Syntax
+	name string
+}
+
+// New returns the store of the table named table.
+func New(table string) *Store {
+	return &Store{name: table, Syntax: sqlbuild.Syntax{
+		Table:       `"` + table + `"`,
+		Placeholder: sqlbuild.Dollar,
+		Arrays:      true,
+		TimeArg:     sqlbuild.SameTime,
+		TimeCol:     sqlbuild.BareCol,
+		Unsent:      "p.status <> 'sent'",
+	}}
+}
+
+var (
+	_ store.Store    = (*Store)(nil)
+	_ store.Notifier = (*Store)(nil)
+	_ store.Logical  = (*Store)(nil)
+)
+
+// Name implements store.Store.
+func (s *Store) Name() string { return "postgres" }
+
+// Limits implements store.Store: PostgreSQL takes 65535 parameters a
+// statement; an INSERT row has 11, and ID lists travel as one array.
+func (s *Store) Limits() store.Limits {
+	return store.Limits{InsertRows: 1000, OutcomeRows: 1000, AdminBatch: 1000, AdminScan: 10000, RetentionBatch: 1000}
+}
+
+// Check implements store.Schema: PostgreSQL has no setting to refuse.
+func (s *Store) Check(context.Context, *gorm.DB, *slog.Logger) error { return nil }
+
+// Schema implements store.Schema.
+func (s *Store) Schema() string { return store.Rename(schema, s.name) }
+
+// Upgrade implements store.Schema.
+func (s *Store) Upgrade() string { return store.Rename(upgrade, s.name) }
+
+// Exists treats an index a failed concurrent build left invalid as
+// missing, so that it is built again.
+func (s *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
+	var ok bool
+	err := db.QueryRowContext(ctx, "SELECT COALESCE((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), to_regclass($1) IS NOT NULL)",
+		`"`+name+`"`).Scan(&ok)
+	return ok, err
+}
+
+// Version implements store.Schema.
+func (s *Store) Version(ctx context.Context, q store.Querier) (int, error) {
+	var table, seq bool
+	err := q.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute"+
+		" WHERE attrelid = to_regclass($1) AND attname = 'seq' AND NOT attisdropped)", `"`+s.name+`"`).Scan(&table, &seq)
+	return store.VersionOf(table, seq), err
+}
+
+// OrderingIndex is built CONCURRENTLY: a plain CREATE INDEX takes a lock
+// that queues behind open publishing transactions and stalls every
+// publisher behind it. A failed concurrent build leaves an invalid index,
+// dropped first.
+func (s *Store) OrderingIndex() (string, []string) {
+	name := s.name + "_aggregate_idx"
+	return name, []string{
+		`DROP INDEX CONCURRENTLY IF EXISTS "` + name + `"`,
+		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + name + `" ON ` + s.Table +
+			" (aggregate_type, aggregate_id, seq) WHERE status <> 'sent'",
+	}
+}
+
+// Insert implements store.Writer. A duplicate is a no-op, and the caller's
+// transaction is not aborted by a unique violation.
+func (s *Store) Insert(rows []store.Event, now time.Time) store.Query {
+	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING")
+}
+
+// Claim implements store.Claimer in one statement.
+func (s *Store) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]store.Claimed, error) {
+	return store.QueryClaimed(ctx, db, s.ClaimUpdate(c, sqlbuild.SkipLocked))
+}
+
+// MarkFailed implements store.Claimer.
+func (s *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Query {
+	return s.MarkFailedValues(outs, now, lease, "::timestamptz")
+}
+
+// DeleteSent implements store.Claimer.
+func (s *Store) DeleteSent(before time.Time, limit int) store.Query {
+	return s.DeleteSentIn(before, limit, sqlbuild.SkipLocked)
+}
+
+// Channel implements store.Notifier: derived from the table, within
+// PostgreSQL's 63-byte identifier limit.
+func (s *Store) Channel() string {
+	const suffix = "_outbox_wakeup"
+	table := s.name
+	if len(table)+len(suffix) > 63 {
+		table = table[:63-len(suffix)]
+	}
+	return table + suffix
+}
+
+// Notify implements store.Notifier.
+func (s *Store) Notify(ctx context.Context, db store.Execer) error {
+	_, err := db.ExecContext(ctx, "SELECT pg_notify($1, '')", s.Channel())
+	return err
+}
+
+// Listen implements store.Notifier on pgx's connection.
+func (s *Store) Listen(ctx context.Context, conn *sql.Conn, ready, wake func()) error {
+	return conn.Raw(func(dc any) error {
+		sc, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return store.ErrListenUnsupported
+		}
+		pc := sc.Conn()
+		if _, err := pc.Exec(ctx, `LISTEN "`+s.Channel()+`"`); err != nil {
+			return err
+		}
+		ready()
+		for {
+			if _, err := pc.WaitForNotification(ctx); err != nil {
+				// The connection carries a LISTEN and may be mid-read: never
+				// hand it back to the pool.
+				return errors.Join(err, driver.ErrBadConn)
+			}
+			wake()
+		}
+	})
+}

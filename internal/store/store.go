@@ -1,0 +1,303 @@
+// Package store is the outbox's storage seam: every SQL statement the
+// outbox runs lives in one package per database beneath it (postgres,
+// mysql, sqlite), behind the interfaces of this package, split by role:
+// the schema and its migration, the writer Publish uses, the claimer and
+// outcome statements the relay uses, and the operating functions' queries.
+// What only some databases can do (wake-ups through LISTEN/NOTIFY, Logical
+// mode's WAL) are optional interfaces a store implements or not. Each
+// store registers itself with a probe; storetest is the conformance suite
+// every store runs.
+//
+// It is internal: the root package is the public face, and converts its
+// types (Event, Filter, Row) to and from the plain ones here.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Query is one statement and its arguments. Statements never contain
+// event data, only placeholders.
+type Query struct {
+	SQL  string
+	Args []any
+}
+
+// Querier runs queries: a *sql.DB, a *sql.Tx, or a GORM connection pool.
+type Querier interface {
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// Execer runs statements.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// Event is an event as it is written to the table: validated, every
+// default filled in, payload and headers in their stored JSON form.
+type Event struct {
+	ID, Type, AggregateType, AggregateID, Key string
+	Payload                                   []byte
+	Headers                                   []byte // nil when there are none
+	OccurredAt                                time.Time
+	// Generated: the publisher chose neither the ID nor the key, so the
+	// event cannot be a duplicate of another.
+	Generated bool
+}
+
+// Claimed is one row a claim leased, as the relay delivers it.
+type Claimed struct {
+	Seq                                       int64 // the database's write order
+	ID, Type, AggregateType, AggregateID, Key string
+	Payload                                   []byte
+	Headers                                   []byte // JSON, nil when there are none
+	Attempts                                  int
+	OccurredAt, CreatedAt                     time.Time
+}
+
+// ClaimSpec is what one claim asks for.
+type ClaimSpec struct {
+	Now, Lease time.Time
+	Limit      int
+	IDs        []string // only these rows, when set (DeliverAfterCommit)
+	Ordered    bool     // RelayConfig.OrderByAggregate
+}
+
+// Outcome is the recorded result of a failed attempt: the row's next
+// status, its error text and when it is next due.
+type Outcome struct {
+	ID, Status, Err string
+	Due             time.Time
+}
+
+// Filter selects rows for the operating functions (outbox.Filter).
+type Filter struct {
+	IDs, Statuses, Types       []string
+	AggregateType, AggregateID string
+	CreatedSince, CreatedUntil time.Time
+	ErrorContains              string
+}
+
+// Page is one page of a listing (outbox.ListParams).
+type Page struct {
+	Filter
+	Limit               int
+	AfterSeq, BeforeSeq int64
+	Newest              bool
+}
+
+// Row is one row of the table as the operating functions read it.
+type Row struct {
+	Seq                                            int64
+	ID, EventType, AggregateType, AggregateID, Key string
+	Payload                                        string
+	Headers, LastError                             *string
+	Status                                         string
+	Attempts                                       int
+	AvailableAt, OccurredAt, CreatedAt, UpdatedAt  time.Time
+	LockedUntil, SentAt                            *time.Time
+}
+
+// StatusCount is one line of the table's statistics.
+type StatusCount struct {
+	Status string
+	N      int64
+	Oldest time.Time // of the rows in that status
+}
+
+// Limits are a store's bounds on one statement, within its database's
+// parameter limit, and the batch sizes of its maintenance statements.
+type Limits struct {
+	InsertRows     int // rows per INSERT
+	OutcomeRows    int // rows per outcome or replay statement
+	AdminBatch     int // rows one ReplayFilter or Purge statement touches
+	AdminScan      int // IDs one ReplayFilter or Purge SELECT reads
+	RetentionBatch int // sent rows one retention DELETE removes
+}
+
+// Schema is the table's definition and migration.
+type Schema interface {
+	// Check inspects the database when the outbox is installed and
+	// refuses settings that would fail later, with an error that names
+	// the setting to change; it may log advice.
+	Check(ctx context.Context, db *gorm.DB, logger *slog.Logger) error
+	// Schema is the DDL that creates the table and its indexes.
+	Schema() string
+	// Upgrade is the script that turns a version 1 table into the
+	// current version, "" when the database never had version 1.
+	Upgrade() string
+	// Version reports the table's schema version: 0 when there is none.
+	Version(ctx context.Context, q Querier) (int, error)
+	// Exists reports whether the table or index named name exists (a
+	// PostgreSQL index a failed concurrent build left invalid does not).
+	Exists(ctx context.Context, db *sql.DB, name string) (bool, error)
+	// OrderingIndex is the index OrderByAggregate's probe reads: its name,
+	// and the statements that build it without blocking writers where the
+	// database can.
+	OrderingIndex() (name string, ddl []string)
+}
+
+// Writer is what Publish runs on the caller's transaction.
+type Writer interface {
+	// Insert writes rows as pending events; a row whose ID or key is
+	// already in the table is skipped (the first write wins).
+	Insert(rows []Event, now time.Time) Query
+	// KeysOf reads the keys and creation times of the rows with the IDs.
+	KeysOf(ids []string) Query
+}
+
+// Claimer is the relay's side of the table. Every outcome statement
+// touches only pending rows whose lease is still the given one: a relay
+// that lost its lease must not overwrite a row claimed since.
+type Claimer interface {
+	// Claim takes up to c.Limit due pending rows, oldest first, moves
+	// their lease to c.Lease, counts an attempt, and returns them.
+	// Concurrent claims never return the same row while its lease lives;
+	// with c.Ordered, never a row behind an unsent older row of its
+	// aggregate.
+	Claim(ctx context.Context, db *sql.DB, c ClaimSpec) ([]Claimed, error)
+	MarkSent(ids []string, now, lease time.Time) Query
+	MarkFailed(outs []Outcome, now, lease time.Time) Query
+	// Release hands claimed rows back undelivered: due now, the claim's
+	// attempt taken back.
+	Release(ids []string, now, lease time.Time) Query
+	// DeleteSent deletes up to limit rows sent before before.
+	DeleteSent(before time.Time, limit int) Query
+}
+
+// Admin is the operating functions' queries (List, Get, Count, Replay,
+// ReplayFilter, Purge, Stats).
+type Admin interface {
+	List(p Page) Query                                   // rows in RowColumns' order
+	Get(id string) Query                                 // likewise
+	Count(f Filter) Query                                // one count
+	Replay(ids []string, now time.Time) Query            // failed rows back to pending
+	ReplaySelect(f Filter, after int64, limit int) Query // seq, id of failed rows matching f, by seq
+	ReplayUpdate(f Filter, ids []string, now time.Time) Query
+	PurgeSelect(f Filter, limit int) Query // seq, id
+	PurgeDelete(f Filter, ids []string) Query
+	Stats() Query                      // status, count, oldest creation
+	FailedSince(since time.Time) Query // one count
+}
+
+// Store is one database's statements.
+type Store interface {
+	Schema
+	Writer
+	Claimer
+	Admin
+	// Name is the database's name as SchemaSQL takes it.
+	Name() string
+	Limits() Limits
+}
+
+// Notifier is implemented by a store whose database can wake relays in
+// other processes (PostgreSQL's LISTEN/NOTIFY).
+type Notifier interface {
+	// Channel is the channel of the outbox's wake-ups.
+	Channel() string
+	// Notify sends one wake-up.
+	Notify(ctx context.Context, db Execer) error
+	// Listen listens on conn, a connection taken from db's pool for
+	// this alone, calls ready once listening, then wake for every
+	// notification, until ctx ends or the connection fails. It returns
+	// ErrListenUnsupported when the driver cannot listen.
+	Listen(ctx context.Context, conn *sql.Conn, ready, wake func()) error
+}
+
+// ErrListenUnsupported: the database/sql driver cannot LISTEN.
+var ErrListenUnsupported = fmt.Errorf("the database driver is not pgx (github.com/jackc/pgx/v5/stdlib)")
+
+// A Driver opens the store of one database.
+type Driver struct {
+	// Name is the database's name (SchemaSQL's dialect argument).
+	Name string
+	// Probe reports whether the store serves the database GORM names
+	// dialector; db, when not nil, may be asked (a PostgreSQL-compatible
+	// server, MySQL or MariaDB, can so get a store of its own).
+	Probe func(ctx context.Context, dialector string, db *sql.DB) bool
+	// Open returns the store of the outbox table named table.
+	Open func(table string) Store
+}
+
+var registry struct {
+	mu      sync.Mutex
+	drivers []Driver
+}
+
+// Register adds a store. Probes are tried in registration order, so a
+// store for a more specific server registers before the general one.
+func Register(d Driver) {
+	registry.mu.Lock()
+	defer registry.mu.Unlock()
+	registry.drivers = append(registry.drivers, d)
+}
+
+// Open returns the store of the first driver whose probe accepts the
+// database, or an error wrapping errs.ErrUnsupportedDialect.
+func Open(ctx context.Context, dialector string, db *sql.DB, table string) (Store, error) {
+	registry.mu.Lock()
+	drivers := append([]Driver(nil), registry.drivers...)
+	registry.mu.Unlock()
+	var names []string
+	for _, d := range drivers {
+		if d.Probe(ctx, dialector, db) {
+			return d.Open(table), nil
+		}
+		names = append(names, d.Name)
+	}
+	return nil, unsupported(dialector, names)
+}
+
+// ParkRow is a row Logical mode's stream writes to the table: a failed
+// attempt (to retry, or failed for good), an event held back behind its
+// aggregate or handed back, or, leased to the stream, an event checked
+// against the table before it is delivered.
+type ParkRow struct {
+	Event    Event
+	Status   string
+	Attempts int
+	LastErr  any // string or nil
+	Due      time.Time
+	Lease    any // time.Time or nil
+	Created  time.Time
+}
+
+// Logical is implemented by a store whose database can carry events in
+// its WAL (PostgreSQL's logical decoding messages, Logical mode).
+type Logical interface {
+	// CheckLogical refuses a server that cannot decode the WAL or a role
+	// that may not stream it, naming the setting to change.
+	CheckLogical(ctx context.Context, db *sql.DB) error
+	// CreateSlot creates the publication and the slot named slot when
+	// missing.
+	CreateSlot(ctx context.Context, db *sql.DB, slot string, logger *slog.Logger) error
+	// Emit writes content into the transaction's WAL as one message with
+	// the prefix, unless the slot does not exist (or is not usable yet, or
+	// lost): emitted reports whether it did.
+	Emit(ctx context.Context, db Execer, slot, prefix string, content []byte) (emitted bool, err error)
+	// Park inserts rows in the order given (seq follows it) and returns
+	// the IDs it inserted (RETURNING id); a row whose ID or key is in the
+	// table already is skipped.
+	Park(rows []ParkRow, now time.Time) Query
+	// Blocked returns the aggregates among types/ids (pairwise) that have
+	// an unsent row: aggregate_type, aggregate_id.
+	Blocked(types, ids []string) Query
+	// SlotStats reads whether the slot is streamed and the WAL it keeps.
+	SlotStats(slot string) Query
+	// WALPosition reads the server's flushed WAL position.
+	WALPosition() Query
+	// SlotHeldBy reads whether the walsender with that PID streams slot.
+	SlotHeldBy(slot string, pid uint32) Query
+	// SessionTimeout is the statement that reads, on a replication
+	// connection, the wal_sender_timeout the server applies to it, in ms.
+	SessionTimeout() string
+}
