@@ -299,3 +299,29 @@ func TestLogicalFreezeMidBatchDeliversNoMore(t *testing.T) {
 	assert.EqualValues(t, 1, e.count(""), "the rest is not written to the table")
 	assert.Equal(t, StatusSent, e.record("c1").Status)
 }
+
+// TestLogicalProcessOnceSlowBatch: ProcessOnce's reader has everything
+// committed before the call once it hands the batch over, but must go on
+// reporting while the batch is delivered: a batch that takes longer than
+// half the session's timeout is delivered once, whole, and confirmed,
+// not given up as a stale session and delivered again at every call.
+func TestLogicalProcessOnceSlowBatch(t *testing.T) {
+	t.Parallel()
+	e := setupLogical(t, Config{})
+	var got collector
+	e.ob.Handle("slow", func(ctx context.Context, ev Event) error {
+		time.Sleep(600 * time.Millisecond) // the handler's work, not synchronisation
+		return got.handle(ctx, ev)
+	})
+	// wal_sender_timeout 2s: the session may go 1s without a report.
+	r := e.relay(RelayConfig{Workers: 1, ReplicationDSN: e.dsn + "&wal_sender_timeout=2s"})
+	require.NoError(t, Publish(e.db, Event{Type: "slow"}, Event{Type: "slow"}, Event{Type: "slow"}))
+	n, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 3, n)
+	assert.Equal(t, 3, got.len(), "the whole batch, once")
+	n, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Zero(t, n, "the batch was confirmed")
+	assert.Equal(t, 3, got.len())
+}

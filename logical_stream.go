@@ -145,6 +145,7 @@ type streamer struct {
 	kick   chan struct{} // the dispatcher confirmed something: report it soon
 	until  pglogrepl.LSN // ProcessOnce: stop once the stream has passed it
 	failed atomic.Bool   // the reader stopped on an error: the connection is gone
+	closed sync.Once     // of txns: the reader hands over nothing more
 
 	// The session's clocks, in nanoseconds since base, read with now
 	// (time.Now; tests move it): when the last successful position report
@@ -302,9 +303,12 @@ func (s *streamer) read(ctx context.Context) error {
 	if err != nil {
 		s.failed.Store(true) // before the close: the dispatcher checks it after every receive
 	}
-	close(s.txns)
+	s.handedAll()
 	return err
 }
+
+// handedAll tells the dispatcher that the reader hands over nothing more.
+func (s *streamer) handedAll() { s.closed.Do(func() { close(s.txns) }) }
 
 func (s *streamer) receive(ctx context.Context) error {
 	var (
@@ -321,6 +325,12 @@ func (s *streamer) receive(ctx context.Context) error {
 		lastLoop    = time.Now()
 		heldUp      = max(s.lim.status, 200*time.Millisecond) // a turn of the loop takes 100 ms at most, unless held up
 		listenSince time.Time                                 // the silence limit counts from here too
+		// caughtUp: in ProcessOnce, everything committed before the call
+		// is handed over. The reader goes on reporting (the server counts
+		// the relay's silence while the dispatcher delivers the batch), but
+		// reads nothing more into the position it reports: what arrives
+		// now is left unconfirmed, for the next session.
+		caughtUp bool
 	)
 	report := func() error {
 		began := s.now()
@@ -334,7 +344,7 @@ func (s *streamer) receive(ctx context.Context) error {
 		}
 		s.stamp(&s.lastSent, began) // when it began: a freeze inside the write counts
 		interval := s.lim.status
-		if s.until != 0 {
+		if s.until != 0 && !caughtUp {
 			// ProcessOnce asks for the server's position until it has
 			// caught up: an idle server would not say otherwise.
 			interval = 10 * time.Millisecond
@@ -372,8 +382,9 @@ func (s *streamer) receive(ctx context.Context) error {
 		}
 	}
 	for {
-		if s.until != 0 && cur == nil && received >= s.until {
-			return nil // everything committed before ProcessOnce is handed over
+		if s.until != 0 && !caughtUp && cur == nil && received >= s.until {
+			caughtUp = true
+			s.handedAll()
 		}
 		now := time.Now()
 		if now.Sub(lastLoop) > heldUp {
@@ -438,13 +449,16 @@ func (s *streamer) receive(ctx context.Context) error {
 				if err != nil {
 					return fmt.Errorf("outbox: replication stream: %w", err)
 				}
-				if cur == nil {
+				if cur == nil && !caughtUp {
 					received = max(received, ka.ServerWALEnd)
 				}
 				if ka.ReplyRequested {
 					nextStatus = time.Now()
 				}
 			case pglogrepl.XLogDataByteID:
+				if caughtUp {
+					continue
+				}
 				x, err := pglogrepl.ParseXLogData(m.Data[1:])
 				if err != nil {
 					return fmt.Errorf("outbox: replication stream: %w", err)
