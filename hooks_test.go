@@ -24,6 +24,11 @@ var hooksTests = map[string]func(*testing.T, backend){
 	"HooksStoredAfterPanic":        testHooksStoredAfterPanic,
 }
 
+// panicMarshaler is a payload whose encoding panics.
+type panicMarshaler struct{}
+
+func (panicMarshaler) MarshalJSON() ([]byte, error) { panic("marshal bug") }
+
 // testHooksStoredAfterPanic: a Publish hook that panics ends Publish, and
 // the events the hooks saw still reach Stored, unstored, so that state a
 // hook keeps per event is dropped. A dry run in memory mode dispatches
@@ -46,6 +51,11 @@ func testHooksStoredAfterPanic(t *testing.T, b backend) {
 	e.ob.Handle("x", c.handle)
 	require.PanicsWithValue(t, "hook bug", func() { _ = Publish(e.db, Event{Type: "x"}, Event{Type: "x"}) })
 	assert.Equal(t, []bool{false, false}, outcome, "both events the hooks saw, neither stored")
+
+	// A panic after the hooks, while the payload is encoded.
+	outcome = nil
+	require.PanicsWithValue(t, "marshal bug", func() { _ = Publish(e.db, Event{Type: "x", Payload: panicMarshaler{}}) })
+	assert.Equal(t, []bool{false}, outcome, "an event a panic kept from being stored is not stored")
 
 	outcome = nil
 	require.NoError(t, Publish(e.db.Session(&gorm.Session{DryRun: true}), Event{Type: "x"}))

@@ -63,22 +63,28 @@ func Publish(tx *gorm.DB, events ...Event) error {
 	}
 	hs := o.hooks.Load()
 	var (
-		seen    []Event // the copies the Publish hooks were given
-		skipped map[string]bool
-		err     = errAborted // what Stored hears if a panic ends Publish
+		seen     []Event // the copies the Publish hooks were given
+		skipped  map[string]bool
+		err      error
+		returned bool // false while a panic may end Publish
 	)
 	// Every event a Publish hook saw reaches the Stored hooks, whatever
 	// ends Publish: a hook keeping state per event must be able to drop it.
-	defer func() { o.storedHooks(ctx, hs, seen, skipped, err) }()
+	defer func() {
+		if !returned {
+			err = errAborted
+		}
+		o.storedHooks(ctx, hs, seen, skipped, err)
+	}()
 	var generated []bool
-	if events, generated, err = o.publishHooks(ctx, hs, events, &seen); err != nil {
-		return err
+	events, generated, err = o.publishHooks(ctx, hs, events, &seen)
+	if err == nil {
+		var enc []encoded
+		if enc, err = o.encodeAll(events, generated); err == nil {
+			skipped, err = o.publishEncoded(tx, enc, hs != nil && len(hs.stored) > 0)
+		}
 	}
-	var enc []encoded
-	if enc, err = o.encodeAll(events, generated); err != nil {
-		return err
-	}
-	skipped, err = o.publishEncoded(tx, enc, hs != nil && len(hs.stored) > 0)
+	returned = true
 	return err
 }
 
