@@ -43,7 +43,9 @@ import (
 // the attempt publishes one business change twice: the rolled-back
 // attempt's event is kept on the entity (that is what makes a retry of the
 // save alone safe), and the next attempt records another. The plugin logs
-// a warning when a save publishes both kinds at once.
+// a warning when a save publishes both kinds at once (after a rolled-back
+// transaction; a retry inside one transaction, around a nested Transaction
+// whose savepoint rolls back, is not detected).
 //
 //	order.Record(outbox.Event{Type: "order.paid"}) // once
 //	err := retry(func() error {

@@ -134,12 +134,12 @@ func (o *Outbox) publishHooks(ctx context.Context, hs *hookSet, events []Event, 
 
 // storedHooks reports to the Stored hooks which of events were written:
 // none when err is set, all but the skipped ones otherwise.
-func (o *Outbox) storedHooks(ctx context.Context, hs *hookSet, events []Event, skipped map[string]bool, err error) {
+func (o *Outbox) storedHooks(ctx context.Context, hs *hookSet, events []Event, skipped []bool, err error) {
 	if hs == nil || len(hs.stored) == 0 {
 		return
 	}
 	for i := range events {
-		stored := err == nil && !skipped[events[i].ID]
+		stored := err == nil && (skipped == nil || !skipped[i])
 		for _, f := range hs.stored {
 			f(ctx, &events[i], stored)
 		}

@@ -148,6 +148,7 @@ func testHooksStored(t *testing.T, b backend) {
 			require.NoError(t, Publish(e.db, n("new", Event{Type: "x"})))
 			require.NoError(t, Publish(e.db, n("first", Event{Type: "x", IdempotencyKey: "k"})))
 			require.NoError(t, Publish(e.db, n("fresh", Event{Type: "x"}), n("dup", Event{Type: "x", IdempotencyKey: "k"})))
+			require.NoError(t, Publish(e.db, n("twin-a", Event{ID: "twin", Type: "x"}), n("twin-b", Event{ID: "twin", Type: "x"})))
 			require.Error(t, Publish(e.db, n("ok-but-refused-with", Event{Type: "x"}), n("invalid", Event{})))
 			require.NoError(t, Publish(e.db.Session(&gorm.Session{DryRun: true}), n("dry", Event{Type: "x"})))
 			if mode == Persistent && !b.logical {
@@ -161,7 +162,7 @@ func testHooksStored(t *testing.T, b backend) {
 			defer mu.Unlock()
 			assert.Zero(t, strays, "Stored got a pointer the Publish hook never saw")
 			assert.Empty(t, handed, "every event the Publish hook saw reaches Stored")
-			want := map[string]bool{"new": true, "first": true, "fresh": true, "ok-but-refused-with": false, "invalid": false}
+			want := map[string]bool{"new": true, "first": true, "fresh": true, "ok-but-refused-with": false, "invalid": false, "twin-a": true, "twin-b": true}
 			switch {
 			case mode == Memory:
 				want["dry"] = false
@@ -172,6 +173,7 @@ func testHooksStored(t *testing.T, b backend) {
 			default:
 				want["dry"] = false
 				want["dup"] = false
+				want["twin-b"] = false // the same event twice in one call: written once
 				want["named"] = true
 				want["conflict"] = false
 			}

@@ -205,8 +205,14 @@ func hasInvalidUTF8(v reflect.Value, depth int) bool {
 	if t.Implements(jsonMarshalerType) || (v.CanAddr() && reflect.PointerTo(t).Implements(jsonMarshalerType)) {
 		return false
 	}
-	if t.Implements(textMarshalerType) && !(t.Kind() == reflect.Pointer && v.IsNil()) {
+	switch {
+	case t.Implements(textMarshalerType) && !(t.Kind() == reflect.Pointer && v.IsNil()):
 		text, err := v.Interface().(encoding.TextMarshaler).MarshalText()
+		return err == nil && !utf8.Valid(text)
+	case v.CanAddr() && reflect.PointerTo(t).Implements(textMarshalerType):
+		// As encoding/json: a pointer receiver's MarshalText on an
+		// addressable value.
+		text, err := v.Addr().Interface().(encoding.TextMarshaler).MarshalText()
 		return err == nil && !utf8.Valid(text)
 	}
 	switch v.Kind() {

@@ -445,6 +445,9 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 // publisher's mistake, which Publish cannot see (README, Logical mode).
 // It is logged at Error and counted in Stats.Dropped.
 func (o *Outbox) dropReusedID(ctx context.Context, e *Event) {
+	if !o.dropSeen.first(e.ID + "\x00" + e.IdempotencyKey) {
+		return // a batch handled again (not confirmed the first time)
+	}
 	o.dropped.Add(1)
 	o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
 		eventAttrs(*e, nil)...)

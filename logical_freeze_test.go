@@ -232,7 +232,7 @@ func TestLogicalBusyDispatcherKeepsSession(t *testing.T) {
 	t.Parallel()
 	var logs syncBuffer
 	e := setupLogical(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	const timeout = 3 * time.Second // a report every 300 ms; the stream given up after 1.5 s without one
+	const timeout = 6 * time.Second // a report every 600 ms; the stream given up after 3 s without one
 	var (
 		got   collector
 		first = make(chan struct{})

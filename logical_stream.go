@@ -116,8 +116,9 @@ func (r *Relay) startStream(ctx context.Context) (conn *pgconn.PgConn, timeout t
 }
 
 // walSenderTimeout asks the server which wal_sender_timeout it applies to
-// the session: the relay's, the DSN's, or one set on the role, the
-// database or the server.
+// the session: the DSN's when it sets one, the relay's otherwise (a
+// connection's own setting takes precedence over the role's, the
+// database's and the server's).
 func walSenderTimeout(ctx context.Context, conn *pgconn.PgConn, lg store.Logical) (time.Duration, error) {
 	rs, err := conn.Exec(ctx, lg.SessionTimeout()).ReadAll()
 	if err != nil {

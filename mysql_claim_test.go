@@ -282,7 +282,7 @@ func TestMySQLOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	waitUntil(t, 10*time.Second, "the claim to sleep on its first row", func() bool {
 		var n int
 		require.NoError(t, sqlDB.QueryRowContext(t.Context(),
-			"SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND info LIKE 'SELECT%SLEEP(%'", db).Scan(&n))
+			"SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID() AND info LIKE 'SELECT%SLEEP(%'", db).Scan(&n))
 		return n > 0
 	})
 	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
@@ -290,6 +290,10 @@ func TestMySQLOrderedClaimSeesCommitsMidScan(t *testing.T) {
 			Event{ID: "n", Type: "x", AggregateType: "a", AggregateID: "one"},
 			Event{ID: "n+1", Type: "x", AggregateType: "a", AggregateID: "one"})
 	}))
+	var running int
+	require.NoError(t, sqlDB.QueryRowContext(t.Context(),
+		"SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID() AND info LIKE 'SELECT%SLEEP(%'", db).Scan(&running))
+	require.Equal(t, 1, running, "the commit must land while the claim's scan runs")
 	res := <-done
 	require.NoError(t, res.err)
 	var ids []string

@@ -134,6 +134,7 @@ type Outbox struct {
 	hooks    atomic.Pointer[hookSet] // copy-on-write; nil until AddHooks
 	keys     recentKeys              // memory mode's idempotency keys
 	dropped  atomic.Int64            // Stats.Dropped
+	dropSeen recentKeys              // the drops counted, so that a batch handled again counts none twice
 
 	deliverAfterCommit bool
 	notify             bool

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -64,7 +63,7 @@ func Publish(tx *gorm.DB, events ...Event) error {
 	hs := o.hooks.Load()
 	var (
 		seen     []Event // the copies the Publish hooks were given
-		skipped  map[string]bool
+		skipped  []bool
 		err      error
 		returned bool // false while a panic may end Publish
 	)
@@ -293,8 +292,8 @@ const (
 // insert writes enc with one statement. It goes straight to the
 // transaction's connection, not through GORM's logger, which would print the
 // payload arguments of a slow statement. With tell, it adds the IDs of the
-// events it skipped as duplicates to skipped.
-func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped map[string]bool) error {
+// events it skipped as duplicates in skipped (one per event of enc).
+func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped []bool) error {
 	rows := make([]store.Event, len(enc))
 	for i := range enc {
 		rows[i] = enc[i].row()
@@ -317,11 +316,11 @@ func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, 
 // skipped because its idempotency key, or its ID with the same key, is
 // already there is a duplicate, the first write winning; one whose ID is
 // taken by an event with another key is a different event, and an error
-// rather than a silent loss. When skipped is not nil it gets the IDs of the
+// rather than a silent loss. When skipped is not nil it marks the
 // duplicates: the events whose ID the table does not hold (their key is
 // taken), or holds in a row not written by this INSERT, which wrote now as
 // every row's created_at.
-func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped map[string]bool) error {
+func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped []bool) error {
 	ids := make([]string, len(enc))
 	for i := range enc {
 		ids[i] = enc[i].ID
@@ -357,16 +356,16 @@ func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []enc
 				ErrInvalidEvent, ErrIDConflict, enc[i].ID, enc[i].Type)
 		}
 		if skipped != nil && (!ok || !row.added.Equal(now)) {
-			skipped[enc[i].ID] = true
+			skipped[i] = true
 		}
 	}
 	return nil
 }
 
 // publishEncoded writes enc, or in Memory mode queues it. With tell, it
-// returns the IDs of the events it did not write: every one on a dry run,
+// returns which events of enc it did not write: every one on a dry run,
 // the duplicates otherwise.
-func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped map[string]bool, err error) {
+func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped []bool, err error) {
 	ctx := tx.Statement.Context
 	if ctx == nil {
 		ctx = context.Background()
@@ -374,14 +373,12 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 	pool := tx.Statement.ConnPool
 	t, inTx := trackedTx(pool)
 	if tell {
-		skipped = map[string]bool{}
+		skipped = make([]bool, len(enc))
 	}
 	if tx.DryRun {
 		// As GORM: build, do not execute (nor dispatch).
-		for i := range enc {
-			if tell {
-				skipped[enc[i].ID] = true
-			}
+		for i := range skipped {
+			skipped[i] = true
 		}
 		return skipped, nil
 	}
@@ -414,9 +411,24 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 		return skipped, o.emit(ctx, pool, enc)
 	}
 	now := o.now()
-	for chunk := range slices.Chunk(enc, o.limits.InsertRows) {
-		if err := o.insert(ctx, pool, chunk, now, skipped); err != nil {
+	for off := 0; off < len(enc); off += o.limits.InsertRows {
+		end := min(off+o.limits.InsertRows, len(enc))
+		var sk []bool
+		if tell {
+			sk = skipped[off:end]
+		}
+		if err := o.insert(ctx, pool, enc[off:end], now, sk); err != nil {
 			return nil, err
+		}
+	}
+	if tell {
+		// The same event twice in one call is written once, by the first.
+		first := make(map[string]bool, len(enc))
+		for i := range enc {
+			if first[enc[i].ID] {
+				skipped[i] = true
+			}
+			first[enc[i].ID] = true
 		}
 	}
 	ids := make([]string, len(enc))

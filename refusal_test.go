@@ -70,6 +70,12 @@ func testRecorderRetriedClosureWarns(t *testing.T, b backend) {
 
 func ptr[T any](v T) *T { return &v }
 
+// ptrText is a value whose MarshalText, on a pointer receiver, hides its
+// field behind the text it returns.
+type ptrText struct{ hidden, text string }
+
+func (p *ptrText) MarshalText() ([]byte, error) { return []byte(p.text), nil }
+
 // rawMarshaler is a payload whose MarshalJSON returns its own bytes.
 type rawMarshaler string
 
@@ -90,6 +96,7 @@ func testPayloadRefusalsSayWhy(t *testing.T, b backend) {
 		"String":       {"\xff", "payload is not valid UTF-8"},
 		"InStructs":    {[]struct{ A map[string]any }{{A: map[string]any{"k": []any{"\xff"}}}}, "payload is not valid UTF-8"},
 		"TooDeep":      {json.RawMessage(strings.Repeat(`{"a":`, 10001) + "1" + strings.Repeat("}", 10001)), "deeper than 31 levels"},
+		"PtrText":      {&struct{ T ptrText }{T: ptrText{text: "\xff"}}, "payload is not valid UTF-8"},
 		"TooDeepBytes": {[]byte(strings.Repeat("[", 20000) + strings.Repeat("]", 20000)), "deeper than 31 levels"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -100,6 +107,7 @@ func testPayloadRefusalsSayWhy(t *testing.T, b backend) {
 	}
 	for name, p := range map[string]any{
 		"ReplacementChar":        "\ufffd",
+		"PtrTextHidesField":      &struct{ T ptrText }{T: ptrText{hidden: "\xff", text: "\ufffd"}},
 		"ReplacementCharEscaped": json.RawMessage(`"\ufffd"`),
 		"MarshalerWritesEscape":  map[string]rawMarshaler{"k": `"\ufffd"`},
 		"SkippedField": struct {

@@ -569,7 +569,8 @@ func testUnsafeTableName(t *testing.T, b backend) {
 		// The error names the rule the name breaks, and SQLite only
 		// where its reserved prefix is the reason.
 		reserved := strings.HasPrefix(strings.ToLower(name), "sqlite")
-		assert.Equal(t, reserved, strings.Contains(err.Error(), "sqlite"), "%s: %v", name, err)
+		rule := strings.ReplaceAll(err.Error(), fmt.Sprintf("%q", name), "")
+		assert.Equal(t, reserved, strings.Contains(rule, "sqlite"), "%s: %v", name, err)
 	}
 	// Keywords, capitals and the longest name work: every statement quotes
 	// the name.
