@@ -208,7 +208,7 @@ func testHugeFailedBatch(t *testing.T, b backend) {
 	require.Len(t, batch, n)
 	outs := make([]outcome, n)
 	for i, c := range batch {
-		outs[i] = outcome{ID: c.ev.ID, Status: StatusPending, Err: "down", Due: now.Add(time.Hour)}
+		outs[i] = outcome{ID: c.Event.ID, Status: StatusPending, Err: "down", Due: now.Add(time.Hour)}
 	}
 	// One batch's failures, recorded at once (the relay records them in
 	// one go when its handlers fail fast).

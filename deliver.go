@@ -6,13 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
 )
 
@@ -20,29 +18,24 @@ import (
 // goroutines outside any transaction, and record each outcome guarded by
 // the lease, in chunks as the workers finish.
 
-// claimed is one row a relay holds a lease on.
-type claimed struct {
-	seq       int64 // the database's write order
-	ev        Event
-	attempts  int
-	createdAt time.Time
-	bad       error // the row could not be decoded; it fails without delivery
-}
+// claimed is one event of a batch: a row a relay holds a lease on, or an
+// event from the stream.
+type claimed = engine.Item
 
 type outcome = store.Outcome
 
 // fromStore is a claimed row as the relay delivers it.
 func fromStore(sc *store.Claimed) claimed {
 	c := claimed{
-		seq: sc.Seq, attempts: sc.Attempts, createdAt: sc.CreatedAt,
-		ev: Event{
+		Seq: sc.Seq, Attempts: sc.Attempts, CreatedAt: sc.CreatedAt,
+		Event: engine.Event{
 			ID: sc.ID, Type: sc.Type, AggregateType: sc.AggregateType, AggregateID: sc.AggregateID,
 			IdempotencyKey: sc.Key, Payload: json.RawMessage(sc.Payload), OccurredAt: sc.OccurredAt,
 		},
 	}
 	if len(sc.Headers) > 0 {
-		if err := json.Unmarshal(sc.Headers, &c.ev.Headers); err != nil {
-			c.bad = fmt.Errorf("outbox: decode headers of event %s: %w", c.ev.ID, err)
+		if err := json.Unmarshal(sc.Headers, &c.Event.Headers); err != nil {
+			c.Bad = fmt.Errorf("outbox: decode headers of event %s: %w", c.Event.ID, err)
 		}
 	}
 	return c
@@ -99,12 +92,20 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, erro
 
 	// Deliveries must end before the lease does, with room left to record
 	// the outcome; past that point another relay may hold the rows.
-	budget := r.cfg.Lease - min(r.cfg.Lease/5, 5*time.Second)
-	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(budget))
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(engine.Budget(r.cfg.Lease)))
 	defer cancel()
 
 	w := r.newOutcomeWriter(ctx, lease, start)
-	down := r.deliverBatch(ctx, bctx, batch, w)
+	down, _ := r.fanout().Deliver(ctx, bctx, batch, nil, func(i int, res engine.Result) {
+		switch id := batch[i].Event.ID; res.Kind {
+		case engine.Sent:
+			w.sent(id)
+		case engine.Failed:
+			w.failed(res.Out)
+		default:
+			w.handBack(id)
+		}
+	})
 	if w.nsent > 0 {
 		r.delivered.Store(true)
 	}
@@ -115,91 +116,20 @@ func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, erro
 	return len(batch), err
 }
 
-// deliverBatch hands the batch to Workers goroutines. A worker takes the
-// next row only while ctx is live, the lease budget (bctx) is not spent and
-// no handler has reported its destination down; rows never started are
-// handed back. It returns the first Unavailable error, if any.
-func (r *Relay) deliverBatch(ctx, bctx context.Context, batch []claimed, w *outcomeWriter) error {
-	var (
-		next atomic.Int64
-		down atomic.Pointer[error]
-	)
-	work := func() {
-		for {
-			i := int(next.Add(1)) - 1
-			if i >= len(batch) {
-				return
-			}
-			c := &batch[i]
-			if ctx.Err() != nil || bctx.Err() != nil || down.Load() != nil {
-				w.handBack(c.ev.ID)
-				continue
-			}
-			if err := r.deliverOne(bctx, c, w); err != nil {
-				down.CompareAndSwap(nil, &err)
-			}
-		}
+// fanout is the engine's delivery of a batch for this relay.
+func (r *Relay) fanout() *engine.Fanout {
+	return &engine.Fanout{
+		Workers: r.cfg.Workers, Ordered: r.cfg.OrderByAggregate, Policy: r.policy,
+		Attempt: r.attempt, Report: r.report,
 	}
-	runWorkers(min(r.cfg.Workers, len(batch)), work)
-	if p := down.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
-// runWorkers runs work on n goroutines (in the caller's when n <= 1) and
-// waits for them.
-func runWorkers(n int, work func()) {
-	if n <= 1 {
-		work()
-		return
-	}
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() { defer wg.Done(); work() }()
-	}
-	wg.Wait()
-}
-
-// deliverOne delivers one claimed event and hands its outcome to w. It
-// returns the handler's error when that says the destination is down.
-func (r *Relay) deliverOne(bctx context.Context, c *claimed, w *outcomeWriter) (down error) {
-	var err error
-	began := time.Now()
-	if c.attempts > r.cfg.MaxAttempts {
-		// Claimed more often than allowed without an outcome ever being
-		// recorded: its relays keep dying or losing the lease while
-		// delivering it.
-		err = Permanent(fmt.Errorf("outbox: abandoned after %d claims without an outcome (the relay holding it stopped or lost its lease each time)", c.attempts))
-	} else {
-		err = r.attempt(bctx, c)
-	}
-	took := time.Since(began)
-	status := StatusSent
-	switch {
-	case err == nil:
-		w.sent(c.ev.ID)
-	case IsUnavailable(err) && !IsPermanent(err):
-		// The destination is down, not this event: hand it back without
-		// counting the attempt; the relay pauses and probes.
-		status, down = StatusPending, err
-		w.handBack(c.ev.ID)
-	default:
-		out := r.failure(c, err)
-		status = out.Status
-		w.failed(out)
-	}
-	r.report(c, status, err, took)
-	return down
 }
 
 // attempt runs the handlers of one event within HandlerTimeout, with its
 // attempt number in the context; an event whose row could not be decoded
 // fails without them.
 func (r *Relay) attempt(bctx context.Context, c *claimed) error {
-	if c.bad != nil {
-		return Permanent(c.bad)
+	if c.Bad != nil {
+		return Permanent(c.Bad)
 	}
 	hctx := bctx
 	if r.cfg.HandlerTimeout > 0 {
@@ -207,18 +137,21 @@ func (r *Relay) attempt(bctx context.Context, c *claimed) error {
 		hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
 		defer cancel()
 	}
-	return r.o.deliver(context.WithValue(hctx, attemptKey{}, c.attempts), c.ev)
+	return r.o.deliver(context.WithValue(hctx, attemptKey{}, c.Attempts), Event(c.Event))
 }
 
 // report hands one attempt's outcome to RelayConfig.OnDelivery and the
 // Delivered hooks.
-func (r *Relay) report(c *claimed, status string, err error, took time.Duration) {
+func (r *Relay) report(c *claimed, res engine.Result, err error, took time.Duration) {
+	if res.Kind == engine.Sent {
+		r.delivered.Store(true)
+	}
 	if r.cfg.OnDelivery == nil && !r.o.observesDeliveries() {
 		return
 	}
 	d := Delivery{
-		Event: c.ev, Attempt: c.attempts, Status: status, Err: err,
-		Duration: took, Latency: r.o.now().Sub(c.createdAt),
+		Event: Event(c.Event), Attempt: c.Attempts, Status: res.Status(), Err: err,
+		Duration: took, Latency: r.o.now().Sub(c.CreatedAt),
 	}
 	if r.cfg.OnDelivery != nil {
 		r.cfg.OnDelivery(d)
@@ -234,49 +167,6 @@ type attemptKey struct{}
 func Attempt(ctx context.Context) int {
 	n, _ := ctx.Value(attemptKey{}).(int)
 	return n
-}
-
-func (r *Relay) failure(c *claimed, err error) outcome {
-	out := outcome{ID: c.ev.ID, Status: StatusPending, Err: lastError(err)}
-	now := r.o.now()
-	if IsPermanent(err) || c.attempts >= r.cfg.MaxAttempts {
-		out.Status, out.Due = StatusFailed, now
-		r.o.logger.Error("outbox: event failed for good; it stays in the table until replayed",
-			append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts))...)
-		return out
-	}
-	delay, ok := retryDelay(err)
-	if !ok {
-		delay = r.cfg.Backoff(c.attempts)
-	}
-	out.Due = now.Add(delay).Truncate(time.Microsecond)
-	r.o.logger.Warn("outbox: delivery failed; will retry",
-		append(eventAttrs(c.ev, err), slog.Int("attempts", c.attempts), slog.Time("retry_at", out.Due))...)
-	return out
-}
-
-// maxLastError bounds the last_error column: enough for an error chain and a
-// panic's stack, not unbounded.
-const maxLastError = 4 << 10
-
-// lastError is err's text as every database's text column takes it: valid
-// UTF-8 without NUL bytes (PostgreSQL refuses both, and would fail the
-// whole batch's outcome write), at most maxLastError bytes.
-func lastError(err error) string {
-	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
-	s = strings.ReplaceAll(s, "\x00", "\uFFFD")
-	return truncate(s, maxLastError)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	// Cut on a rune boundary so the column stays valid UTF-8.
-	for n > 0 && n < len(s) && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n] + "…"
 }
 
 // outcomeFlushAfter is how long a recorded outcome may wait for others to
@@ -447,7 +337,7 @@ func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, l
 		batch[i] = fromStore(&rows[i])
 	}
 	// RETURNING has no order; deliver in write order.
-	slices.SortFunc(batch, func(a, b claimed) int { return cmp.Compare(a.seq, b.seq) })
+	slices.SortFunc(batch, func(a, b claimed) int { return cmp.Compare(a.Seq, b.Seq) })
 	return batch, nil
 }
 

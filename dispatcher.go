@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gorm-outbox/outbox/internal/engine"
 )
 
 // Handler delivers one event: pushes it to a websocket, calls a webhook,
@@ -158,7 +160,7 @@ func panicSite() []string {
 const maxPanicValue = 512
 
 func panicText(r any, site []string) string {
-	s := truncate(fmt.Sprint(r), maxPanicValue)
+	s := engine.Truncate(fmt.Sprint(r), maxPanicValue)
 	if len(site) > 0 {
 		s += " at " + strings.Join(site, " < ")
 	}

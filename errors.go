@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/errs"
@@ -56,47 +55,20 @@ var (
 // Permanent wraps err to tell the relay that retrying cannot help: the event
 // goes straight to the failed status instead of being retried. A nil err
 // yields nil.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &permanentError{err: err}
-}
+func Permanent(err error) error { return errs.Permanent(err) }
 
 // IsPermanent reports whether err (or an error it wraps) was marked with
 // [Permanent].
-func IsPermanent(err error) bool {
-	var p *permanentError
-	return errors.As(err, &p)
-}
+func IsPermanent(err error) bool { return errs.IsPermanent(err) }
 
 // RetryAfter wraps err to ask the relay to retry the event no sooner than d
 // from now instead of after RelayConfig.Backoff's delay: an HTTP 429 or 503
 // with a Retry-After header, a broker asking to slow down. The attempt still
 // counts towards MaxAttempts. A nil err yields nil.
-func RetryAfter(err error, d time.Duration) error {
-	if err == nil {
-		return nil
-	}
-	return &retryAfterError{err: err, d: max(d, 0)}
-}
-
-type retryAfterError struct {
-	err error
-	d   time.Duration
-}
-
-func (e *retryAfterError) Error() string { return fmt.Sprintf("%v (retry after %v)", e.err, e.d) }
-func (e *retryAfterError) Unwrap() error { return e.err }
+func RetryAfter(err error, d time.Duration) error { return errs.RetryAfter(err, d) }
 
 // retryDelay returns the delay a RetryAfter in err's chain asks for.
-func retryDelay(err error) (time.Duration, bool) {
-	var r *retryAfterError
-	if errors.As(err, &r) {
-		return r.d, true
-	}
-	return 0, false
-}
+func retryDelay(err error) (time.Duration, bool) { return errs.RetryDelay(err) }
 
 // Unavailable wraps err to tell the relay that the event's destination is
 // down (a broker or endpoint that cannot be reached), not that the event is
@@ -108,27 +80,9 @@ func retryDelay(err error) (time.Duration, bool) {
 // event. So an outage of any length burns no attempts and fails no event.
 // The broker adapters return it for connection errors. [Permanent] takes
 // precedence when both wrap an error. A nil err yields nil.
-func Unavailable(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &unavailableError{err: err}
-}
+func Unavailable(err error) error { return errs.Unavailable(err) }
 
 // IsUnavailable reports whether err (or an error it wraps) was marked with
 // [Unavailable]. ProcessOnce's error satisfies it when a handler reported
 // its destination down.
-func IsUnavailable(err error) bool {
-	var u *unavailableError
-	return errors.As(err, &u)
-}
-
-type unavailableError struct{ err error }
-
-func (e *unavailableError) Error() string { return fmt.Sprintf("destination unavailable: %v", e.err) }
-func (e *unavailableError) Unwrap() error { return e.err }
-
-type permanentError struct{ err error }
-
-func (e *permanentError) Error() string { return fmt.Sprintf("permanent: %v", e.err) }
-func (e *permanentError) Unwrap() error { return e.err }
+func IsUnavailable(err error) bool { return errs.IsUnavailable(err) }

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
 )
 
@@ -64,7 +64,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 	if r.cfg.OrderByAggregate {
 		precede = map[aggKey]int{}
 		for i := range items {
-			if e := &items[i].c.ev; items[i].checked && e.AggregateID != "" {
+			if e := &items[i].c.Event; items[i].checked && e.AggregateID != "" {
 				precede[aggKey{e.AggregateType, e.AggregateID}] = i
 			}
 		}
@@ -75,7 +75,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 	batchIDs := map[string]string{} // ID to idempotency key
 	for i := range items {
 		it := &items[i]
-		e := &it.c.ev
+		e := &it.c.Event
 		last, ordered := precede[aggKey{e.AggregateType, e.AggregateID}]
 		switch {
 		case it.checked && batchIDs[e.ID] != "":
@@ -96,7 +96,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 			if it.checked {
 				batchIDs[e.ID] = e.IdempotencyKey
 			}
-			park = append(park, store.ParkRow{Event: it.enc.row(), Status: StatusPending, Attempts: 1, Due: lease, Lease: lease, Created: it.c.createdAt})
+			park = append(park, store.ParkRow{Event: it.enc.row(), Status: StatusPending, Attempts: 1, Due: lease, Lease: lease, Created: it.c.CreatedAt})
 			parkIdx = append(parkIdx, i)
 			states[i], leased[i] = stLeased, true
 		}
@@ -108,7 +108,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 		}
 		var skipped []int
 		for _, i := range parkIdx {
-			if !inserted[items[i].c.ev.ID] {
+			if !inserted[items[i].c.Event.ID] {
 				// Its key (or ID) is in the table already: a duplicate,
 				// first committed wins; or the stream replays an event a
 				// crashed relay had written there, which the table's relay
@@ -130,7 +130,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 		var sent []string
 		for i := range items {
 			if leased[i] && states[i] == stSent {
-				sent = append(sent, items[i].c.ev.ID)
+				sent = append(sent, items[i].c.Event.ID)
 			}
 		}
 		if len(sent) > 0 {
@@ -149,98 +149,35 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 // parkDeferred is an event written to the table undelivered: due now, no
 // attempt counted.
 func (r *Relay) parkDeferred(it *walItem, now time.Time) store.ParkRow {
-	return store.ParkRow{Event: it.enc.row(), Status: StatusPending, Due: now, Created: it.c.createdAt}
+	return store.ParkRow{Event: it.enc.row(), Status: StatusPending, Due: now, Created: it.c.CreatedAt}
 }
 
-// deliverStreamed delivers the events in state stDirect or stLeased with
-// Workers goroutines. With OrderByAggregate the events of one aggregate go
-// to one goroutine, in stream order, and once one of them fails the rest
-// are deferred behind it.
+// deliverStreamed delivers the events in state stDirect or stLeased, by
+// the engine's rules, and records each one's state and outcome.
 func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []walItem, states []streamState, outs []outcome, stale func() error) (down, gone error) {
-	budget := r.cfg.Lease - min(r.cfg.Lease/5, 5*time.Second)
-	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(budget))
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(engine.Budget(r.cfg.Lease)))
 	defer cancel()
-
-	// groups of item indexes delivered one after the other
-	var groups [][]int
-	byAgg := map[aggKey]int{}
-	for i := range items {
-		if states[i] != stDirect && states[i] != stLeased {
-			continue
-		}
-		e := &items[i].c.ev
-		if r.cfg.OrderByAggregate && e.AggregateID != "" {
-			k := aggKey{e.AggregateType, e.AggregateID}
-			if g, ok := byAgg[k]; ok {
-				groups[g] = append(groups[g], i)
-				continue
-			}
-			byAgg[k] = len(groups)
-		}
-		groups = append(groups, []int{i})
-	}
 	var (
-		next     atomic.Int64
-		downErr  atomic.Pointer[error]
-		staleErr atomic.Pointer[error]
+		sel   []int // the items to deliver, in stream order
+		batch []claimed
 	)
-	work := func() {
-		for {
-			g := int(next.Add(1)) - 1
-			if g >= len(groups) {
-				return
-			}
-			held := false
-			for _, i := range groups[g] {
-				if staleErr.Load() == nil {
-					if err := stale(); err != nil {
-						staleErr.CompareAndSwap(nil, &err)
-					}
-				}
-				if held || ctx.Err() != nil || bctx.Err() != nil || downErr.Load() != nil || staleErr.Load() != nil {
-					states[i] = stDeferred
-					continue
-				}
-				state, out, err := r.deliverStreamedOne(bctx, &items[i])
-				states[i], outs[i] = state, out
-				if state == stDeferred && err != nil {
-					downErr.CompareAndSwap(nil, &err)
-				}
-				held = state != stSent
-			}
+	for i := range items {
+		if states[i] == stDirect || states[i] == stLeased {
+			sel = append(sel, i)
+			batch = append(batch, items[i].c)
 		}
 	}
-	runWorkers(min(r.cfg.Workers, len(groups)), work)
-	if p := staleErr.Load(); p != nil {
-		gone = *p
-	}
-	if p := downErr.Load(); p != nil {
-		down = *p
-	}
-	return down, gone
-}
-
-// deliverStreamedOne delivers one event; an Unavailable error defers it
-// (no attempt counted) and is returned.
-func (r *Relay) deliverStreamedOne(bctx context.Context, it *walItem) (streamState, outcome, error) {
-	c := &it.c
-	began := time.Now()
-	err := r.attempt(bctx, c)
-	took := time.Since(began)
-	state, status := stSent, StatusSent
-	var out outcome
-	var downErr error
-	switch {
-	case err == nil:
-		r.delivered.Store(true)
-	case IsUnavailable(err) && !IsPermanent(err):
-		state, status, downErr = stDeferred, StatusPending, err
-	default:
-		out = r.failure(c, err)
-		state, status = stFailed, out.Status
-	}
-	r.report(c, status, err, took)
-	return state, out, downErr
+	return r.fanout().Deliver(ctx, bctx, batch, stale, func(k int, res engine.Result) {
+		i := sel[k]
+		switch res.Kind {
+		case engine.Sent:
+			states[i] = stSent
+		case engine.Failed:
+			states[i], outs[i] = stFailed, res.Out
+		default:
+			states[i] = stDeferred
+		}
+	})
 }
 
 // recordStreamed makes the batch's outcomes durable: failed attempts and
@@ -259,7 +196,7 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 		switch states[i] {
 		case stSent:
 			if inTable {
-				sent = append(sent, it.c.ev.ID)
+				sent = append(sent, it.c.Event.ID)
 			}
 		case stFailed:
 			if inTable {
@@ -267,10 +204,10 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 				continue
 			}
 			o := outs[i]
-			park = append(park, store.ParkRow{Event: it.enc.row(), Status: o.Status, Attempts: 1, LastErr: o.Err, Due: o.Due, Created: it.c.createdAt})
+			park = append(park, store.ParkRow{Event: it.enc.row(), Status: o.Status, Attempts: 1, LastErr: o.Err, Due: o.Due, Created: it.c.CreatedAt})
 		case stDeferred, stLeased, stDirect:
 			if inTable {
-				back = append(back, it.c.ev.ID)
+				back = append(back, it.c.Event.ID)
 				continue
 			}
 			park = append(park, r.parkDeferred(it, now))
@@ -363,7 +300,7 @@ func (r *Relay) blockedAggregates(ctx context.Context, lg store.Logical, items [
 	var types, ids []string
 	seen := map[aggKey]bool{}
 	for i := range items {
-		e := &items[i].c.ev
+		e := &items[i].c.Event
 		k := aggKey{e.AggregateType, e.AggregateID}
 		if e.AggregateID == "" || seen[k] {
 			continue
@@ -408,7 +345,7 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	}
 	ids := make([]string, len(skipped))
 	for k, i := range skipped {
-		ids[k] = items[i].c.ev.ID
+		ids[k] = items[i].c.Event.ID
 	}
 	sqlDB, err := rawDB(r.db)
 	if err != nil {
@@ -433,7 +370,7 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 		}
 	}
 	for _, i := range skipped {
-		e := &items[i].c.ev
+		e := &items[i].c.Event
 		if key, ok := keys[e.ID]; ok && key != e.IdempotencyKey {
 			r.o.dropReusedID(ctx, e)
 		}
@@ -444,11 +381,11 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 // event took first: Logical mode's one way of losing an event, by the
 // publisher's mistake, which Publish cannot see (README, Logical mode).
 // It is logged at Error and counted in Stats.Dropped.
-func (o *Outbox) dropReusedID(ctx context.Context, e *Event) {
+func (o *Outbox) dropReusedID(ctx context.Context, e *engine.Event) {
 	if !o.dropSeen.first(e.ID + "\x00" + e.IdempotencyKey) {
 		return // a batch handled again (not confirmed the first time)
 	}
 	o.dropped.Add(1)
 	o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
-		eventAttrs(*e, nil)...)
+		eventAttrs(Event(*e), nil)...)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -87,7 +88,7 @@ func newStaleTestStreamer(timeout time.Duration) *staleTestStreamer {
 			return false, ts.held
 		}
 	}
-	ts.txns <- walTxn{items: []walItem{{c: claimed{ev: Event{ID: "1"}}}, {c: claimed{ev: Event{ID: "2"}}}}, end: 100}
+	ts.txns <- walTxn{items: []walItem{{c: claimed{Event: engine.Event{ID: "1"}}}, {c: claimed{Event: engine.Event{ID: "2"}}}}, end: 100}
 	close(ts.txns) // the reader stops after it
 	return ts
 }

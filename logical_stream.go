@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -532,7 +533,7 @@ func decodeWAL(content []byte, commitTime time.Time) ([]walItem, error) {
 			}
 		}
 		items[i] = walItem{
-			c:       claimed{ev: e, attempts: 1, createdAt: commitTime.UTC(), bad: bad},
+			c:       claimed{Event: engine.Event(e), Attempts: 1, CreatedAt: commitTime.UTC(), Bad: bad},
 			enc:     encoded{Event: e, payload: w.Payload, headers: w.Headers},
 			checked: w.Checked,
 		}

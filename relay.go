@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
@@ -157,7 +158,8 @@ type Relay struct {
 	cfg RelayConfig
 	err error
 
-	repl *pgconn.Config // Logical mode's replication connection
+	repl   *pgconn.Config // Logical mode's replication connection
+	policy *engine.Policy
 
 	orderingMu   sync.Mutex
 	orderingDone bool
@@ -187,6 +189,10 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 	r.cfg.StatementTimeout = min(cmp.Or(cfg.StatementTimeout, defaultStatementTimeout), r.cfg.Lease)
 	if r.cfg.Backoff == nil {
 		r.cfg.Backoff = DefaultBackoff
+	}
+	r.policy = &engine.Policy{
+		MaxAttempts: r.cfg.MaxAttempts, Backoff: r.cfg.Backoff, Now: o.now, Logger: o.logger,
+		Attrs: func(e *engine.Event, err error) []any { return eventAttrs(Event(*e), err) },
 	}
 	if r.err = r.check(cfg); r.err != nil {
 		o.logger.Error("outbox: the relay will not run", slog.Any("error", r.err))

@@ -1,0 +1,125 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Fanout delivers a batch's items with worker goroutines.
+type Fanout struct {
+	Workers int
+	// Ordered: the items of one aggregate (same type, non-empty ID) go to
+	// one worker, in batch order, and once one of them is not sent the
+	// rest are deferred behind it.
+	Ordered bool
+	Policy  *Policy
+	// Attempt runs the item's handlers (within the budget's context).
+	Attempt func(ctx context.Context, it *Item) error
+	// Report tells observers of an attempt's outcome.
+	Report func(it *Item, r Result, err error, took time.Duration)
+}
+
+// Deliver delivers items. A worker starts an item only while ctx is live,
+// bctx (the lease budget) is not spent, no handler has reported its
+// destination down, and stale (when set) returns nil; the items it does
+// not start are Deferred. record gets every item's result once, from the
+// worker that decided it, possibly concurrently. It returns the first
+// Unavailable error a handler returned (down) and stale's error (gone),
+// if any.
+func (f *Fanout) Deliver(ctx, bctx context.Context, items []Item, stale func() error, record func(i int, r Result)) (down, gone error) {
+	groups := f.groups(items)
+	var (
+		next     atomic.Int64
+		downErr  atomic.Pointer[error]
+		staleErr atomic.Pointer[error]
+	)
+	work := func() {
+		for {
+			g := int(next.Add(1)) - 1
+			if g >= len(groups) {
+				return
+			}
+			held := false
+			for _, i := range groups[g] {
+				if stale != nil && staleErr.Load() == nil {
+					if err := stale(); err != nil {
+						staleErr.CompareAndSwap(nil, &err)
+					}
+				}
+				if held || ctx.Err() != nil || bctx.Err() != nil || downErr.Load() != nil || staleErr.Load() != nil {
+					record(i, Result{Kind: Deferred})
+					continue
+				}
+				r := f.one(bctx, &items[i])
+				if r.Down != nil {
+					downErr.CompareAndSwap(nil, &r.Down)
+				}
+				record(i, r)
+				held = r.Kind != Sent
+			}
+		}
+	}
+	run(min(f.Workers, len(groups)), work)
+	if p := staleErr.Load(); p != nil {
+		gone = *p
+	}
+	if p := downErr.Load(); p != nil {
+		down = *p
+	}
+	return down, gone
+}
+
+// one delivers one item and decides its result.
+func (f *Fanout) one(bctx context.Context, it *Item) Result {
+	began := time.Now()
+	err := f.Policy.Abandoned(it)
+	if err == nil {
+		err = f.Attempt(bctx, it)
+	}
+	took := time.Since(began)
+	r := f.Policy.Decide(it, err)
+	f.Report(it, r, err, took)
+	return r
+}
+
+// groups are the item indexes each worker delivers one after the other:
+// one item each, or with ordering an aggregate's items together, in batch
+// order.
+func (f *Fanout) groups(items []Item) [][]int {
+	groups := make([][]int, 0, len(items))
+	type agg struct{ typ, id string }
+	var byAgg map[agg]int
+	for i := range items {
+		e := &items[i].Event
+		if f.Ordered && e.AggregateID != "" {
+			if byAgg == nil {
+				byAgg = map[agg]int{}
+			}
+			k := agg{e.AggregateType, e.AggregateID}
+			if g, ok := byAgg[k]; ok {
+				groups[g] = append(groups[g], i)
+				continue
+			}
+			byAgg[k] = len(groups)
+		}
+		groups = append(groups, []int{i})
+	}
+	return groups
+}
+
+// run runs work on n goroutines (in the caller's when n <= 1) and waits
+// for them.
+func run(n int, work func()) {
+	if n <= 1 {
+		work()
+		return
+	}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); work() }()
+	}
+	wg.Wait()
+}
