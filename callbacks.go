@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/encode"
 	"gorm.io/gorm"
 )
 
@@ -313,7 +314,7 @@ func fillRecorded(db *gorm.DB, events []Event, model reflect.Value) error {
 	for i := range events {
 		e := &events[i]
 		if e.ID == "" {
-			id, err := newEventID()
+			id, err := encode.NewID()
 			if err != nil {
 				return err
 			}

@@ -176,7 +176,7 @@ func (o *Outbox) dispatchMemory(ctx context.Context, events []encoded) {
 		if !o.keys.first(events[i].IdempotencyKey) {
 			continue // first write wins, as in persistent mode
 		}
-		e := events[i].event()
+		e := Event(events[i].Received())
 		observe := o.observesDeliveries()
 		var (
 			began = time.Now()

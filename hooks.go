@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"time"
+
+	"github.com/gorm-outbox/outbox/internal/encode"
 )
 
 // Hooks are the extension points instrumentation plugs into: tracing that
@@ -115,7 +117,7 @@ func (o *Outbox) publishHooks(ctx context.Context, hs *hookSet, events []Event, 
 	for i, e := range events {
 		gen := e.ID == "" && e.IdempotencyKey == ""
 		if e.ID == "" {
-			id, err := newEventID()
+			id, err := encode.NewID()
 			if err != nil {
 				return nil, nil, err
 			}

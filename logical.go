@@ -67,7 +67,7 @@ func (o *Outbox) emit(ctx context.Context, pool gorm.ConnPool, enc []encoded) er
 		e := &enc[i]
 		msg[i] = walEvent{
 			ID: e.ID, Type: e.Type, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
-			Payload: e.payload, Headers: e.headers, OccurredAt: e.OccurredAt, Checked: !e.generated,
+			Payload: e.PayloadJSON, Headers: e.HeadersJSON, OccurredAt: e.OccurredAt, Checked: !e.Generated,
 		}
 		if e.IdempotencyKey != e.ID {
 			msg[i].Key = e.IdempotencyKey

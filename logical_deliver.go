@@ -96,7 +96,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 			if it.checked {
 				batchIDs[e.ID] = e.IdempotencyKey
 			}
-			park = append(park, store.ParkRow{Event: it.enc.row(), Status: StatusPending, Attempts: 1, Due: lease, Lease: lease, Created: it.c.CreatedAt})
+			park = append(park, store.ParkRow{Event: rowOf(&it.enc), Status: StatusPending, Attempts: 1, Due: lease, Lease: lease, Created: it.c.CreatedAt})
 			parkIdx = append(parkIdx, i)
 			states[i], leased[i] = stLeased, true
 		}
@@ -149,7 +149,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 // parkDeferred is an event written to the table undelivered: due now, no
 // attempt counted.
 func (r *Relay) parkDeferred(it *walItem, now time.Time) store.ParkRow {
-	return store.ParkRow{Event: it.enc.row(), Status: StatusPending, Due: now, Created: it.c.CreatedAt}
+	return store.ParkRow{Event: rowOf(&it.enc), Status: StatusPending, Due: now, Created: it.c.CreatedAt}
 }
 
 // deliverStreamed delivers the events in state stDirect or stLeased, by
@@ -204,7 +204,7 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 				continue
 			}
 			o := outs[i]
-			park = append(park, store.ParkRow{Event: it.enc.row(), Status: o.Status, Attempts: 1, LastErr: o.Err, Due: o.Due, Created: it.c.CreatedAt})
+			park = append(park, store.ParkRow{Event: rowOf(&it.enc), Status: o.Status, Attempts: 1, LastErr: o.Err, Due: o.Due, Created: it.c.CreatedAt})
 		case stDeferred, stLeased, stDirect:
 			if inTable {
 				back = append(back, it.c.Event.ID)

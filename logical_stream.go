@@ -15,6 +15,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -534,7 +535,7 @@ func decodeWAL(content []byte, commitTime time.Time) ([]walItem, error) {
 		}
 		items[i] = walItem{
 			c:       claimed{Event: engine.Event(e), Attempts: 1, CreatedAt: commitTime.UTC(), Bad: bad},
-			enc:     encoded{Event: e, payload: w.Payload, headers: w.Headers},
+			enc:     encoded{Event: encode.Event(e), PayloadJSON: w.Payload, HeadersJSON: w.Headers},
 			checked: w.Checked,
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/gorm-outbox/outbox/internal/store"
 	_ "github.com/gorm-outbox/outbox/internal/store/mysql"    // registers the MySQL/MariaDB store
 	_ "github.com/gorm-outbox/outbox/internal/store/postgres" // registers the PostgreSQL store
@@ -173,7 +174,7 @@ func Plugin(cfg Config) *Outbox {
 		table:      cmp.Or(cfg.Table, DefaultTable),
 		logger:     cfg.Logger,
 		migrate:    !cfg.DisableAutoMigrate,
-		maxPayload: cmp.Or(cfg.MaxPayloadBytes, defaultMaxPayload),
+		maxPayload: cmp.Or(cfg.MaxPayloadBytes, encode.DefaultMaxPayload),
 		clock:      time.Now,
 
 		deliverAfterCommit: cfg.DeliverAfterCommit,

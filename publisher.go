@@ -1,27 +1,14 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"reflect"
-	"strings"
 	"time"
-	"unicode/utf8"
 
-	"github.com/google/uuid"
+	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
-)
-
-// Field limits. They match the column sizes of the shipped schema, so an
-// event that passes validation never fails its INSERT for length.
-const (
-	maxFieldLen       = 255      // id, type, aggregate type/id, idempotency key, header keys
-	maxHeadersBytes   = 64 << 10 // all headers, JSON encoded
-	defaultMaxPayload = 1 << 20
 )
 
 // Publish attaches events to the transaction tx runs in.
@@ -90,204 +77,27 @@ func Publish(tx *gorm.DB, events ...Event) error {
 // errAborted stands for the outcome of a Publish that a panic ended.
 var errAborted = errors.New("outbox: publish aborted")
 
-// encoded is an event after validation: every default filled in, payload
-// and headers in their stored JSON form.
-type encoded struct {
-	Event
-	payload []byte
-	headers []byte // nil when there are no headers
-	// generated: the publisher set neither the ID nor the key, so the key
-	// is a fresh UUID no other event can have.
-	generated bool
-}
+// encoded is an event after validation, as the INSERT and WAL writers
+// take it.
+type encoded = encode.Encoded
 
-// row is the event as the store writes it.
-func (e *encoded) row() store.Event {
+// rowOf is the event as the store writes it.
+func rowOf(e *encoded) store.Event {
 	return store.Event{
-		ID: e.ID, Type: e.Type, AggregateType: e.AggregateType, AggregateID: e.AggregateID, Key: e.IdempotencyKey,
-		Payload: e.payload, Headers: e.headers, OccurredAt: e.OccurredAt, Generated: e.generated,
+		ID: e.Event.ID, Type: e.Event.Type, AggregateType: e.Event.AggregateType, AggregateID: e.Event.AggregateID,
+		Key: e.Event.IdempotencyKey, Payload: e.PayloadJSON, Headers: e.HeadersJSON, OccurredAt: e.Event.OccurredAt,
+		Generated: e.Generated,
 	}
-}
-
-// event returns what a handler receives: the payload as json.RawMessage and
-// a private copy of the headers, identical in both modes.
-func (e *encoded) event() Event {
-	ev := e.Event
-	ev.Payload = json.RawMessage(e.payload)
-	if len(e.Headers) > 0 {
-		h := make(map[string]string, len(e.Headers))
-		for k, v := range e.Headers {
-			h[k] = v
-		}
-		ev.Headers = h
-	}
-	return ev
 }
 
 // encodeAll encodes events; generated, when not nil, says per event
 // whether its ID and key were generated (see publishHooks), which
 // otherwise is read from the event.
 func (o *Outbox) encodeAll(events []Event, generated []bool) ([]encoded, error) {
-	now := o.now()
-	out := make([]encoded, len(events))
-	for i := range events {
-		gen := events[i].ID == "" && events[i].IdempotencyKey == ""
-		if generated != nil {
-			gen = generated[i]
-		}
-		if err := o.encode(&events[i], gen, now, &out[i]); err != nil {
-			if len(events) > 1 {
-				return nil, fmt.Errorf("event %d of %d: %w", i+1, len(events), err)
-			}
-			return nil, err
-		}
-	}
-	return out, nil
+	c := encode.Encoder{Invalid: ErrInvalidEvent, MaxPayload: o.maxPayload}
+	return encode.All(&c, events, generated, o.now())
 }
 
-// newEventID is an event's default ID: a UUIDv7, time ordered (good index
-// locality).
-func newEventID() (string, error) {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return "", fmt.Errorf("outbox: generate event id: %w", err)
-	}
-	return id.String(), nil
-}
-
-func (o *Outbox) encode(in *Event, generated bool, now time.Time, out *encoded) error {
-	e := *in
-	if e.Type == "" {
-		return fmt.Errorf("%w: Type is required", ErrInvalidEvent)
-	}
-	if e.ID == "" {
-		id, err := newEventID()
-		if err != nil {
-			return err
-		}
-		e.ID = id
-	}
-	if e.IdempotencyKey == "" {
-		e.IdempotencyKey = e.ID
-	}
-	if e.OccurredAt.IsZero() {
-		e.OccurredAt = now
-	}
-	e.OccurredAt = e.OccurredAt.UTC().Truncate(time.Microsecond)
-	if y := e.OccurredAt.Year(); y < 1 || y > 9999 {
-		// Both databases' time types and SQLite's text format hold 4-digit
-		// years; outside them the time would not come back as written.
-		return fmt.Errorf("%w: event %s: OccurredAt year %d is outside 1-9999", ErrInvalidEvent, e.ID, y)
-	}
-	for _, f := range [...]struct{ name, v string }{
-		{"ID", e.ID}, {"Type", e.Type}, {"AggregateType", e.AggregateType},
-		{"AggregateID", e.AggregateID}, {"IdempotencyKey", e.IdempotencyKey},
-	} {
-		if err := checkText(f.name, f.v); err != nil {
-			return err
-		}
-	}
-
-	payload, err := encodePayload(e.Payload)
-	if err != nil {
-		return fmt.Errorf("%w: event %s (%s): %w", ErrInvalidEvent, e.ID, e.Type, err)
-	}
-	if len(payload) > o.maxPayload {
-		return fmt.Errorf("%w: event %s (%s): payload is %d bytes, over the %d-byte limit (Config.MaxPayloadBytes)",
-			ErrInvalidEvent, e.ID, e.Type, len(payload), o.maxPayload)
-	}
-	var headers []byte
-	if len(e.Headers) > 0 {
-		for k, v := range e.Headers {
-			if k == "" {
-				return fmt.Errorf("%w: event %s: empty header name", ErrInvalidEvent, e.ID)
-			}
-			if err := checkText("header name", k); err != nil {
-				return err
-			}
-			if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
-				return fmt.Errorf("%w: event %s: header %q: value must be valid UTF-8 without NUL bytes", ErrInvalidEvent, e.ID, k)
-			}
-		}
-		headers, err = json.Marshal(e.Headers)
-		if err != nil {
-			return fmt.Errorf("%w: event %s: encode headers: %w", ErrInvalidEvent, e.ID, err)
-		}
-		if len(headers) > maxHeadersBytes {
-			return fmt.Errorf("%w: event %s: headers are %d bytes encoded, over the %d-byte limit", ErrInvalidEvent, e.ID, len(headers), maxHeadersBytes)
-		}
-	}
-	*out = encoded{Event: e, payload: payload, headers: headers, generated: generated}
-	return nil
-}
-
-// checkText enforces what both databases can store in a text column of the
-// shipped schema: valid UTF-8, no NUL byte, at most maxFieldLen bytes.
-func checkText(name, v string) error {
-	switch {
-	case len(v) > maxFieldLen:
-		return fmt.Errorf("%w: %s is %d bytes, over the %d-byte limit", ErrInvalidEvent, name, len(v), maxFieldLen)
-	case !utf8.ValidString(v):
-		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidEvent, name)
-	case strings.IndexByte(v, 0) >= 0:
-		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidEvent, name)
-	}
-	return nil
-}
-
-func encodePayload(p any) ([]byte, error) {
-	var b []byte
-	switch v := p.(type) {
-	case json.RawMessage:
-		b = v
-	case []byte:
-		b = v
-	default:
-		var err error
-		if b, err = json.Marshal(v); err != nil {
-			return nil, fmt.Errorf("encode payload: %w", err)
-		}
-		// encoding/json writes each invalid byte of a string as \ufffd;
-		// the same bytes as json.RawMessage are refused below, so these
-		// are too rather than silently changed. A MarshalJSON may write
-		// the escape on purpose: only a string of the value itself
-		// counts.
-		if bytes.Contains(b, []byte(`\ufffd`)) && hasInvalidUTF8(reflect.ValueOf(v), 0) {
-			return nil, errNotUTF8
-		}
-		if !utf8.Valid(b) { // from a MarshalJSON
-			return nil, errNotUTF8
-		}
-		return b, checkStorableJSON(b)
-	}
-	if b == nil {
-		return []byte("null"), nil
-	}
-	if !utf8.Valid(b) {
-		return nil, errNotUTF8
-	}
-	if !json.Valid(b) {
-		if nestingDepth(b) > maxValidatorDepth {
-			return nil, fmt.Errorf("payload nests arrays and objects deeper than %d levels, which MariaDB's JSON cannot store", maxJSONDepth)
-		}
-		return nil, errors.New("payload bytes are not valid JSON")
-	}
-	if err := checkStorableJSON(b); err != nil {
-		return nil, err
-	}
-	// Own the bytes: the caller may reuse its buffer before the commit.
-	return bytes.Clone(b), nil
-}
-
-// PostgreSQL's numeric, which jsonb stores numbers as, holds at most this
-// many digits before and after the decimal point.
-const (
-	maxNumericWeight = 131072
-	maxNumericScale  = 16383
-
-	// PostgreSQL refuses exponents from 2^30-1 on, even on zero.
-	maxNumericExponent = 1<<30 - 1
-)
 
 // insert writes enc with one statement. It goes straight to the
 // transaction's connection, not through GORM's logger, which would print the
@@ -296,7 +106,7 @@ const (
 func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped []bool) error {
 	rows := make([]store.Event, len(enc))
 	for i := range enc {
-		rows[i] = enc[i].row()
+		rows[i] = rowOf(&enc[i])
 	}
 	q := o.store.Insert(rows, now)
 	res, err := pool.ExecContext(ctx, q.SQL, q.Args...)

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/sqlite"
@@ -514,7 +515,7 @@ func testBadInput(t *testing.T, b backend) {
 		"NULInAggregate":     {Type: "x", AggregateType: "a\x00"},
 		"EmptyHeaderName":    {Type: "x", Headers: map[string]string{"": "v"}},
 		"BadHeaderValue":     {Type: "x", Headers: map[string]string{"k": "\xff"}},
-		"OversizedPayload":   {Type: "x", Payload: strings.Repeat("y", defaultMaxPayload)},
+		"OversizedPayload":   {Type: "x", Payload: strings.Repeat("y", encode.DefaultMaxPayload)},
 		"LoneHighSurrogate":  {Type: "x", Payload: json.RawMessage(`{"a":"\ud800"}`)},
 		"LoneLowSurrogate":   {Type: "x", Payload: json.RawMessage(`["\uDC00"]`)},
 		"ReversedSurrogates": {Type: "x", Payload: json.RawMessage(`"\udc00\ud800"`)},

@@ -1,4 +1,4 @@
-package outbox
+package encode
 
 import (
 	"encoding"
@@ -16,6 +16,16 @@ import (
 // maxJSONDepth is the deepest nesting of arrays and objects MariaDB's JSON
 // column accepts (its json_valid check refuses 32 levels).
 const maxJSONDepth = 31
+
+// PostgreSQL's numeric, which jsonb stores numbers as, holds at most this
+// many digits before and after the decimal point.
+const (
+	maxNumericWeight = 131072
+	maxNumericScale  = 16383
+
+	// PostgreSQL refuses exponents from 2^30-1 on, even on zero.
+	maxNumericExponent = 1<<30 - 1
+)
 
 // checkStorableJSON rejects valid JSON that one of the databases refuses:
 // PostgreSQL's jsonb refuses the escape \u0000, UTF-16 surrogate escapes
