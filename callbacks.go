@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/encode"
+	"github.com/gorm-outbox/outbox/internal/txhook"
 	"gorm.io/gorm"
 )
 
@@ -182,7 +183,7 @@ func beginForEvents(db *gorm.DB) {
 	if o := fromDB(db); o == nil || o.mode == Memory {
 		return
 	}
-	if _, inTx := trackedTx(db.Statement.ConnPool); inTx {
+	if _, inTx := txhook.Tracked(db.Statement.ConnPool); inTx {
 		return
 	}
 	tx := db.Session(&gorm.Session{NewDB: true}).Begin()
@@ -220,7 +221,7 @@ func harvest(db *gorm.DB) {
 		!holds(db.Statement.Schema.ModelType) || !db.Statement.ReflectValue.IsValid() {
 		return
 	}
-	t, _ := trackedTx(db.Statement.ConnPool)
+	t, _ := txhook.Tracked(db.Statement.ConnPool)
 	type harvested struct {
 		r  *Recorder
 		to int
@@ -235,7 +236,7 @@ func harvest(db *gorm.DB) {
 		live := r.marks[:0]
 		from := r.base
 		for _, m := range r.marks {
-			if t != nil && t.st.has(m) {
+			if t != nil && t.Has(m) {
 				live = append(live, m)
 				from = max(from, m.to)
 			}
@@ -271,9 +272,9 @@ func harvest(db *gorm.DB) {
 			continue
 		}
 		m := &harvestMark{r: h.r, to: h.to}
-		if t.st.add(m, func() { m.r.clearTo(m.to) }) {
+		if t.Add(m, func() { m.r.clearTo(m.to) }) {
 			h.r.marks = append(h.r.marks, m)
-			t.st.onUndone(func() { m.r.undone = max(m.r.undone, m.to) })
+			t.OnUndone(func() { m.r.undone = max(m.r.undone, m.to) })
 		}
 	}
 }

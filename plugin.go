@@ -17,6 +17,7 @@ import (
 	_ "github.com/gorm-outbox/outbox/internal/store/mysql"    // registers the MySQL/MariaDB store
 	_ "github.com/gorm-outbox/outbox/internal/store/postgres" // registers the PostgreSQL store
 	_ "github.com/gorm-outbox/outbox/internal/store/sqlite"   // registers the SQLite store
+	"github.com/gorm-outbox/outbox/internal/txhook"
 	"gorm.io/gorm"
 )
 
@@ -237,7 +238,7 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 			return fmt.Errorf("%w: Logical mode needs PostgreSQL, not %s", ErrUnsupportedDialect, o.dialectName)
 		}
 	}
-	hookConnPool(db, o)
+	txhook.Install(db, (*txOwner)(o))
 	if err := registerCallbacks(db); err != nil {
 		return fmt.Errorf("outbox: register callbacks: %w", err)
 	}

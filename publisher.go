@@ -8,6 +8,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/txhook"
 	"gorm.io/gorm"
 )
 
@@ -98,7 +99,6 @@ func (o *Outbox) encodeAll(events []Event, generated []bool) ([]encoded, error) 
 	return encode.All(&c, events, generated, o.now())
 }
 
-
 // insert writes enc with one statement. It goes straight to the
 // transaction's connection, not through GORM's logger, which would print the
 // payload arguments of a slow statement. With tell, it adds the IDs of the
@@ -181,7 +181,7 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 		ctx = context.Background()
 	}
 	pool := tx.Statement.ConnPool
-	t, inTx := trackedTx(pool)
+	t, inTx := txhook.Tracked(pool)
 	if tell {
 		skipped = make([]bool, len(enc))
 	}
@@ -196,8 +196,8 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 	if o.mode == Memory {
 		switch {
 		case t != nil:
-			if !t.st.add(nil, func() { o.dispatchMemory(t.dispatchContext(), enc) }) {
-				return nil, errFinished
+			if !t.Add(nil, func() { o.dispatchMemory(t.Context(), enc) }) {
+				return nil, txhook.ErrFinished
 			}
 		case inTx:
 			return nil, ErrUntrackedTransaction
@@ -247,7 +247,7 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 	}
 	switch {
 	case t != nil:
-		t.st.addPublished(o, ids)
+		t.AddPublished((*txOwner)(o), ids)
 	case !inTx:
 		o.published(ids)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/txhook"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
@@ -242,7 +243,7 @@ func (r *Relay) check(c RelayConfig) error {
 	case fromDB(r.db) != r.o:
 		return fmt.Errorf("%w: the *gorm.DB given to Relay does not have this Outbox installed", ErrNotInstalled)
 	}
-	if _, inTx := trackedTx(r.db.Statement.ConnPool); inTx {
+	if _, inTx := txhook.Tracked(r.db.Statement.ConnPool); inTx {
 		return fmt.Errorf("%w: Relay needs the *gorm.DB the plugin is installed on, not a transaction: it runs its own statements and transactions", ErrInvalidConfig)
 	}
 	if r.o.mode == Logical {

@@ -1,0 +1,145 @@
+package txhook
+
+import (
+	"strings"
+	"sync"
+)
+
+// state is the after-commit work of one transaction and the savepoints
+// that can still roll part of it back. Its exported methods are Tx's.
+type state struct {
+	mu    sync.Mutex
+	work  []hook
+	marks []savepoint
+	done  bool
+	// undone runs when the transaction rolls back (or its COMMIT fails).
+	undone []func()
+
+	// The IDs of the persistent events written in this transaction, and
+	// where in work the one hook that announces them sits (-1: none).
+	ids    []string
+	idHook int
+}
+
+// hook is one piece of after-commit work; key, when set, lets Has find it.
+type hook struct {
+	fn  func()
+	key any
+}
+
+type savepoint struct {
+	name string
+	n    int // len(work) when the savepoint was set
+}
+
+// Add appends fn to the after-commit work and reports whether it could:
+// false once the transaction has finished.
+func (s *state) Add(key any, fn func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return false
+	}
+	s.work = append(s.work, hook{fn: fn, key: key})
+	return true
+}
+
+// Has reports whether the hook added with key is still to run: the
+// transaction is live and no savepoint rolled back past it.
+func (s *state) Has(key any) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return false
+	}
+	for _, h := range s.work {
+		if h.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// AddPublished records IDs written in the transaction and makes sure one
+// after-commit hook announces them all, to a.
+func (s *state) AddPublished(a Announcer, ids []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done {
+		return
+	}
+	s.ids = append(s.ids, ids...)
+	if s.idHook >= 0 {
+		return
+	}
+	s.idHook = len(s.work)
+	s.work = append(s.work, hook{fn: func() {
+		s.mu.Lock()
+		ids := s.ids
+		s.mu.Unlock()
+		a.Published(ids)
+	}})
+}
+
+// OnUndone adds fn to what runs if the transaction does not commit.
+func (s *state) OnUndone(fn func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.done {
+		s.undone = append(s.undone, fn)
+	}
+}
+
+// finish ends the transaction's state and returns its work, the IDs of
+// the persistent events it wrote, and what runs if it did not commit.
+func (s *state) finish() ([]hook, []string, []func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, ids, u := s.work, s.ids, s.undone
+	s.work, s.marks, s.undone, s.done = nil, nil, nil, true
+	return w, ids, u
+}
+
+func (s *state) savepointSQL(query string) {
+	q := strings.TrimSpace(query)
+	var verb, name string
+	switch {
+	case hasPrefixFold(q, "SAVEPOINT "):
+		verb, name = "set", q[len("SAVEPOINT "):]
+	case hasPrefixFold(q, "ROLLBACK TO SAVEPOINT "):
+		verb, name = "rollback", q[len("ROLLBACK TO SAVEPOINT "):]
+	case hasPrefixFold(q, "RELEASE SAVEPOINT "):
+		verb, name = "release", q[len("RELEASE SAVEPOINT "):]
+	default:
+		return
+	}
+	name = strings.Trim(strings.TrimSpace(name), `"`)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if verb == "set" {
+		s.marks = append(s.marks, savepoint{name: name, n: len(s.work)})
+		return
+	}
+	// The newest savepoint of that name is the one affected; savepoints set
+	// after it are destroyed either way.
+	for i := len(s.marks) - 1; i >= 0; i-- {
+		if s.marks[i].name != name {
+			continue
+		}
+		if verb == "rollback" {
+			clear(s.work[s.marks[i].n:])
+			s.work = s.work[:s.marks[i].n]
+			if s.idHook >= s.marks[i].n {
+				s.idHook = -1 // IDs that stay are harmless hints
+			}
+			s.marks = s.marks[:i+1] // the savepoint itself survives ROLLBACK TO
+		} else {
+			s.marks = s.marks[:i]
+		}
+		return
+	}
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
