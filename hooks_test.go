@@ -96,7 +96,7 @@ func testHooksKeepGenerated(t *testing.T, b backend) {
 		e.ob.Handle("x", c.handle)
 		require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x"}))
 		drain(t, e.relay(RelayConfig{}))
-		assert.Equal(t, seen, c.ids(), "the hook saw the IDs delivered")
+		assert.ElementsMatch(t, seen, c.ids(), "the hook saw the IDs delivered (unordered: no aggregate)")
 		assert.EqualValues(t, 0, e.count(""), "generated events delivered from the stream leave no row")
 		return
 	}
