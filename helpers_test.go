@@ -13,6 +13,8 @@ import (
 
 	puresqlite "github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/gorm-outbox/outbox/internal/engine"
+	"github.com/gorm-outbox/outbox/internal/store"
 	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
 	sqlitestore "github.com/gorm-outbox/outbox/internal/store/sqlite"
 	"github.com/stretchr/testify/require"
@@ -373,4 +375,31 @@ func (c *collector) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.events)
+}
+
+// claim leases up to limit due rows (only those in ids, when given) until
+// lease, as a relay's claim at now would: a claim whose outcome a test
+// writes (or never writes) by hand.
+func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, limit int) ([]claimed, error) {
+	rows, err := r.o.store.Claim(ctx, r.table.DB, store.ClaimSpec{Now: now, Lease: lease, Limit: limit, IDs: ids, Ordered: r.cfg.OrderByAggregate})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]claimed, len(rows))
+	for i := range rows {
+		out[i] = engine.FromRow(&rows[i])
+	}
+	return out, nil
+}
+
+func (r *Relay) markSent(ctx context.Context, ids []string, lease time.Time) error {
+	return r.table.MarkSent(ctx, ids, lease)
+}
+
+func (r *Relay) markFailed(ctx context.Context, outs []outcome, lease time.Time) error {
+	return r.table.MarkFailed(ctx, outs, lease)
+}
+
+func (r *Relay) release(ctx context.Context, ids []string, lease time.Time) error {
+	return r.table.Release(ctx, ids, lease)
 }

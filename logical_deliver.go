@@ -135,7 +135,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 		}
 		if len(sent) > 0 {
 			sctx, cancel := context.WithTimeout(wctx, r.cfg.StatementTimeout)
-			err := r.markSent(sctx, sent, lease)
+			err := r.table.MarkSent(sctx, sent, lease)
 			cancel()
 			if err != nil {
 				gone = errors.Join(gone, fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err))
@@ -228,19 +228,19 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 			park = nil
 		}
 		if len(sent) > 0 {
-			if err := bounded(func(ctx context.Context) error { return r.markSent(ctx, sent, lease) }); err != nil {
+			if err := bounded(func(ctx context.Context) error { return r.table.MarkSent(ctx, sent, lease) }); err != nil {
 				return fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err)
 			}
 			sent = nil
 		}
 		if len(fails) > 0 {
-			if err := bounded(func(ctx context.Context) error { return r.markFailed(ctx, fails, lease) }); err != nil {
+			if err := bounded(func(ctx context.Context) error { return r.table.MarkFailed(ctx, fails, lease) }); err != nil {
 				return fmt.Errorf("outbox: record %d failed attempts: %w", len(fails), err)
 			}
 			fails = nil
 		}
 		if len(back) > 0 {
-			if err := bounded(func(ctx context.Context) error { return r.release(ctx, back, lease) }); err != nil {
+			if err := bounded(func(ctx context.Context) error { return r.table.Release(ctx, back, lease) }); err != nil {
 				return fmt.Errorf("outbox: hand back %d events: %w", len(back), err)
 			}
 			back = nil

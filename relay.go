@@ -161,6 +161,7 @@ type Relay struct {
 
 	repl   *pgconn.Config // Logical mode's replication connection
 	policy *engine.Policy
+	table  *engine.Table
 
 	orderingMu   sync.Mutex
 	orderingDone bool
@@ -197,6 +198,16 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 	}
 	if r.err = r.check(cfg); r.err != nil {
 		o.logger.Error("outbox: the relay will not run", slog.Any("error", r.err))
+		return r
+	}
+	sqlDB, err := rawDB(db)
+	if err != nil {
+		r.err = err
+		return r
+	}
+	r.table = &engine.Table{
+		Store: o.store, DB: sqlDB, Now: o.now, Lease: r.cfg.Lease,
+		StatementTimeout: r.cfg.StatementTimeout, Ordered: r.cfg.OrderByAggregate,
 	}
 	return r
 }

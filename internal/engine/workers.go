@@ -123,3 +123,30 @@ func run(n int, work func()) {
 	}
 	wg.Wait()
 }
+
+// Batch is a batch of items from a source: the table's claim, or
+// transactions from the WAL stream.
+type Batch interface {
+	Items() []Item
+	// Deadline is when the batch's deliveries must have ended (the lease
+	// budget).
+	Deadline() time.Time
+	// Stale reports, before each delivery, whether the source's hold on
+	// the batch may be gone (nil while it holds).
+	Stale() error
+	// Record takes an item's result, as workers decide them.
+	Record(i int, r Result)
+	// Close makes the outcomes durable; gone is Stale's error, if the
+	// batch stopped on it.
+	Close(ctx context.Context, gone error) error
+}
+
+// Process delivers a batch and closes it. down is the first Unavailable
+// error a handler returned; err, that the outcomes are not (all) durable,
+// or that the source's hold was gone.
+func (f *Fanout) Process(ctx context.Context, b Batch) (down, err error) {
+	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.Deadline())
+	defer cancel()
+	down, gone := f.Deliver(ctx, bctx, b.Items(), b.Stale, b.Record)
+	return down, b.Close(ctx, gone)
+}

@@ -1,0 +1,281 @@
+package engine
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/store"
+)
+
+// Table is the outbox table as a source of batches, claimed under a lease,
+// and as the place their outcomes are recorded, guarded by that lease.
+type Table struct {
+	Store            store.Store
+	DB               *sql.DB
+	Now              func() time.Time
+	Lease            time.Duration
+	StatementTimeout time.Duration
+	Ordered          bool
+}
+
+// Claim leases up to limit due rows (only those in ids, when given) and
+// returns them as a batch, oldest first. It returns nil when none is due.
+func (t *Table) Claim(ctx context.Context, ids []string, limit int) (*TableBatch, error) {
+	start := time.Now()
+	now := t.Now()
+	lease := now.Add(t.Lease)
+	cctx, cancel := context.WithTimeout(ctx, t.StatementTimeout)
+	rows, err := t.Store.Claim(cctx, t.DB, store.ClaimSpec{Now: now, Lease: lease, Limit: limit, IDs: ids, Ordered: t.Ordered})
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("outbox: claim events: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil, nil
+	}
+	items := make([]Item, len(rows))
+	for i := range rows {
+		items[i] = FromRow(&rows[i])
+	}
+	// RETURNING has no order; deliver in write order.
+	slices.SortFunc(items, func(a, b Item) int { return cmp.Compare(a.Seq, b.Seq) })
+	b := &TableBatch{items: items, deadline: start.Add(Budget(t.Lease))}
+	b.w = t.Writer(ctx, lease, start)
+	return b, nil
+}
+
+// FromRow is a claimed row as it is delivered; headers that do not decode
+// make it fail without delivery.
+func FromRow(sc *store.Claimed) Item {
+	c := Item{
+		Seq: sc.Seq, Attempts: sc.Attempts, CreatedAt: sc.CreatedAt,
+		Event: Event{
+			ID: sc.ID, Type: sc.Type, AggregateType: sc.AggregateType, AggregateID: sc.AggregateID,
+			IdempotencyKey: sc.Key, Payload: json.RawMessage(sc.Payload), OccurredAt: sc.OccurredAt,
+		},
+	}
+	if len(sc.Headers) > 0 {
+		if err := json.Unmarshal(sc.Headers, &c.Event.Headers); err != nil {
+			c.Bad = fmt.Errorf("outbox: decode headers of event %s: %w", c.Event.ID, err)
+		}
+	}
+	return c
+}
+
+// TableBatch is one claimed batch.
+type TableBatch struct {
+	items    []Item
+	deadline time.Time
+	w        *Writer
+}
+
+// Items implements Batch.
+func (b *TableBatch) Items() []Item { return b.items }
+
+// Deadline implements Batch.
+func (b *TableBatch) Deadline() time.Time { return b.deadline }
+
+// Stale implements Batch: a lease lives until it expires.
+func (b *TableBatch) Stale() error { return nil }
+
+// Record implements Batch: outcomes are written as the workers finish.
+func (b *TableBatch) Record(i int, r Result) {
+	switch id := b.items[i].Event.ID; r.Kind {
+	case Sent:
+		b.w.Sent(id)
+	case Failed:
+		b.w.Failed(r.Out)
+	default:
+		b.w.HandBack(id)
+	}
+}
+
+// Close implements Batch: what is left is written.
+func (b *TableBatch) Close(context.Context, error) error { return b.w.Close() }
+
+// MarkSent records ids delivered under lease.
+func (t *Table) MarkSent(ctx context.Context, ids []string, lease time.Time) error {
+	now := t.Now()
+	return t.execChunks(ctx, len(ids), func(i, j int) store.Query { return t.Store.MarkSent(ids[i:j], now, lease) })
+}
+
+// Release hands ids back undelivered.
+func (t *Table) Release(ctx context.Context, ids []string, lease time.Time) error {
+	now := t.Now()
+	return t.execChunks(ctx, len(ids), func(i, j int) store.Query { return t.Store.Release(ids[i:j], now, lease) })
+}
+
+// MarkFailed records failed attempts.
+func (t *Table) MarkFailed(ctx context.Context, outs []store.Outcome, lease time.Time) error {
+	now := t.Now()
+	return t.execChunks(ctx, len(outs), func(i, j int) store.Query { return t.Store.MarkFailed(outs[i:j], now, lease) })
+}
+
+// execChunks runs the statements build returns for n rows, as many rows
+// at a time as the store's outcome statements take.
+func (t *Table) execChunks(ctx context.Context, n int, build func(i, j int) store.Query) error {
+	chunk := t.Store.Limits().OutcomeRows
+	for i := 0; i < n; i += chunk {
+		q := build(i, min(i+chunk, n))
+		if _, err := t.DB.ExecContext(ctx, q.SQL, q.Args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// FlushAfter is how long a recorded outcome may wait for others to share
+// its statement. A batch whose handlers are quick is recorded with one
+// statement per kind of outcome at its end; one with slow handlers is
+// recorded as it goes, so a crash or a handler that overruns the lease
+// redelivers only what was still in flight, not the whole batch.
+const FlushAfter = 50 * time.Millisecond
+
+// Writer records the outcomes of one batch's leased rows: in chunks, as
+// the workers finish, one write at a time; what is left at Close.
+type Writer struct {
+	t            *Table
+	ctx          context.Context // the relay's, without its cancellation
+	lease, start time.Time
+
+	mu     sync.Mutex
+	sentID []string
+	fails  []store.Outcome
+	back   []string
+	oldest time.Time // of the outcomes not yet written; zero when none
+
+	write sync.Mutex // one write at a time, in order
+	errs  []error
+
+	stop, done chan struct{}
+}
+
+// Writer starts the writer of a batch leased until lease, claimed at
+// start; Close ends it.
+func (t *Table) Writer(ctx context.Context, lease, start time.Time) *Writer {
+	w := &Writer{
+		t: t, ctx: context.WithoutCancel(ctx), lease: lease, start: start,
+		stop: make(chan struct{}), done: make(chan struct{}),
+	}
+	go w.loop()
+	return w
+}
+
+// Sent records a delivery.
+func (w *Writer) Sent(id string) { w.add(func() { w.sentID = append(w.sentID, id) }) }
+
+// Failed records a failed attempt.
+func (w *Writer) Failed(o store.Outcome) { w.add(func() { w.fails = append(w.fails, o) }) }
+
+// HandBack records an event handed back undelivered.
+func (w *Writer) HandBack(id string) { w.add(func() { w.back = append(w.back, id) }) }
+
+func (w *Writer) add(f func()) {
+	w.mu.Lock()
+	f()
+	if w.oldest.IsZero() {
+		w.oldest = time.Now()
+	}
+	full := len(w.sentID)+len(w.fails)+len(w.back) >= w.t.Store.Limits().OutcomeRows
+	w.mu.Unlock()
+	if full {
+		w.flush()
+	}
+}
+
+// loop writes outcomes that have waited FlushAfter while the workers are
+// still busy.
+func (w *Writer) loop() {
+	defer close(w.done)
+	t := time.NewTicker(FlushAfter)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+			w.mu.Lock()
+			due := !w.oldest.IsZero() && time.Since(w.oldest) >= FlushAfter
+			w.mu.Unlock()
+			if due {
+				w.flush()
+			}
+		}
+	}
+}
+
+// Close writes what is left and returns every write's error.
+func (w *Writer) Close() error {
+	close(w.stop)
+	<-w.done
+	w.flush()
+	w.write.Lock()
+	defer w.write.Unlock()
+	return errors.Join(w.errs...)
+}
+
+func (w *Writer) flush() {
+	w.write.Lock()
+	defer w.write.Unlock()
+	w.mu.Lock()
+	sent, fails, back := w.sentID, w.fails, w.back
+	w.sentID, w.fails, w.back, w.oldest = nil, nil, nil, time.Time{}
+	w.mu.Unlock()
+
+	t := w.t
+	w.record("mark sent", len(sent), func(c context.Context) error { return t.MarkSent(c, sent, w.lease) })
+	w.record("record failed deliveries of", len(fails), func(c context.Context) error { return t.MarkFailed(c, fails, w.lease) })
+	w.record("hand back", len(back), func(c context.Context) error { return t.Release(c, back, w.lease) })
+}
+
+// RecordWindow is how long the writer tries an outcome statement again:
+// long enough to ride out a dropped connection, short enough that a
+// database outage does not hold the relay (and its shutdown) up; the rows
+// are then delivered again once their lease passes.
+const RecordWindow = 400 * time.Millisecond
+
+// record runs one outcome write, with Retry. Outcomes are written even
+// when the relay's ctx is cancelled: a delivered event left unmarked would
+// be delivered again. The statements are guarded by the lease, so
+// repeating one is safe. Past the lease the rows belong to whoever claims
+// them next.
+func (w *Writer) record(what string, n int, f func(context.Context) error) {
+	if n == 0 {
+		return
+	}
+	until := time.Now().Add(RecordWindow)
+	if end := w.start.Add(w.t.Lease); end.Before(until) {
+		until = end
+	}
+	err := Retry(w.ctx, until, w.t.StatementTimeout, f)
+	if err != nil {
+		w.errs = append(w.errs, fmt.Errorf("outbox: %s %d events: %w", what, n, err))
+	}
+}
+
+// Retry runs f, each try bounded by timeout, until it succeeds, ctx ends
+// or until passes: the one retry rule of every outcome write, with the
+// relay's backoff family from 50 ms (tries at 0, 50, 150, 350 ms, ...).
+func Retry(ctx context.Context, until time.Time, timeout time.Duration, f func(context.Context) error) error {
+	b := Backoff{Min: 50 * time.Millisecond, Max: time.Second}
+	for {
+		tctx, cancel := context.WithTimeout(ctx, timeout)
+		err := f(tctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		wait := b.Next()
+		if time.Now().Add(wait).After(until) {
+			return err
+		}
+		Sleep(ctx, wait)
+	}
+}
