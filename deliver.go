@@ -40,7 +40,7 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 		return 0, r.err
 	}
 	if r.o.mode == Logical {
-		n, err := r.streamOnce(ctx)
+		n, err := r.stream.Once(ctx)
 		if err != nil {
 			return n, err
 		}

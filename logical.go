@@ -2,14 +2,14 @@ package outbox
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"time"
 
+	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/wal"
 	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 )
 
@@ -31,56 +31,22 @@ func (o *Outbox) logical() store.Logical {
 	return l
 }
 
-// isSQLState reports whether err is a PostgreSQL error with that SQLSTATE.
-func isSQLState(err error, code string) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == code
-}
-
-// logicalPrefix prefixes the outbox's WAL messages. Every slot of the
-// database decodes every message; the prefix tells the outbox's own.
-func logicalPrefix(slot string) string { return "gorm-outbox:" + slot }
-
-// walEvent is an event as it travels in a WAL message.
-type walEvent struct {
-	ID            string          `json:"id"`
-	Type          string          `json:"type"`
-	AggregateType string          `json:"aggregate_type,omitempty"`
-	AggregateID   string          `json:"aggregate_id,omitempty"`
-	Key           string          `json:"key,omitempty"` // omitted when it is the ID
-	Payload       json.RawMessage `json:"payload"`
-	Headers       json.RawMessage `json:"headers,omitempty"`
-	OccurredAt    time.Time       `json:"occurred_at"`
-	// Checked is set when the publisher chose the ID or the key: the relay
-	// enforces first-committed-wins for such events only, since a
-	// generated ID cannot repeat.
-	Checked bool `json:"checked,omitempty"`
-}
-
-// emit writes enc into the transaction's WAL as one message, from a query
-// that yields no row, and so emits nothing, unless the slot exists, has
-// found its consistent point (before that, a commit may not be decoded)
-// and has not been invalidated.
+// emit writes enc into the transaction's WAL as one message, unless the
+// slot exists, has found its consistent point (before that, a commit may
+// not be decoded) and has not been invalidated.
 func (o *Outbox) emit(ctx context.Context, pool gorm.ConnPool, enc []encoded) error {
-	msg := make([]walEvent, len(enc))
+	rows := make([]store.Event, len(enc))
 	for i := range enc {
-		e := &enc[i]
-		msg[i] = walEvent{
-			ID: e.ID, Type: e.Type, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
-			Payload: e.PayloadJSON, Headers: e.HeadersJSON, OccurredAt: e.OccurredAt, Checked: !e.Generated,
-		}
-		if e.IdempotencyKey != e.ID {
-			msg[i].Key = e.IdempotencyKey
-		}
+		rows[i] = rowOf(&enc[i])
 	}
-	content, err := json.Marshal(msg)
+	content, err := wal.Message(rows)
 	if err != nil {
 		return fmt.Errorf("outbox: encode %d events for the WAL: %w", len(enc), err)
 	}
-	emitted, err := o.logical().Emit(ctx, pool, o.slot, logicalPrefix(o.slot), content)
+	emitted, err := o.logical().Emit(ctx, pool, o.slot, wal.Prefix(o.slot), content)
 	if err != nil {
 		if len(enc) == 1 {
-			return fmt.Errorf("outbox: emit event %s (%s): %w", enc[0].ID, enc[0].Type, err)
+			return fmt.Errorf("outbox: emit event %s (%s): %w", enc[0].Event.ID, enc[0].Event.Type, err)
 		}
 		return fmt.Errorf("outbox: emit %d events: %w", len(enc), err)
 	}
@@ -88,4 +54,39 @@ func (o *Outbox) emit(ctx context.Context, pool gorm.ConnPool, enc []encoded) er
 		return fmt.Errorf("%w: slot %s", ErrNoSlot, o.slot)
 	}
 	return nil
+}
+
+// dropReusedID records the loss of a committed event whose ID another
+// event took first: Logical mode's one way of losing an event, by the
+// publisher's mistake, which Publish cannot see (README, Logical mode).
+// It is logged at Error and counted in Stats.Dropped, once per process
+// even when its batch is handled again.
+func (o *Outbox) dropReusedID(ctx context.Context, e *engine.Event) {
+	if !o.dropSeen.first(e.ID + "\x00" + e.IdempotencyKey) {
+		return // a batch handled again (not confirmed the first time)
+	}
+	o.dropped.Add(1)
+	o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
+		eventAttrs(Event(*e), nil)...)
+}
+
+// replicationConfig is the replication connection's configuration: the
+// DSN the *gorm.DB was opened with unless RelayConfig.ReplicationDSN is set.
+func (r *Relay) replicationConfig() (*pgconn.Config, error) {
+	dsn := r.cfg.ReplicationDSN
+	if dsn == "" {
+		if d, ok := r.db.Dialector.(*postgres.Dialector); ok && d.Config != nil {
+			dsn = d.Config.DSN
+		}
+	}
+	if dsn == "" {
+		return nil, fmt.Errorf("%w: Logical mode needs a replication connection and the *gorm.DB was not opened from a DSN: set RelayConfig.ReplicationDSN", ErrInvalidConfig)
+	}
+	cfg, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		// The DSN may hold a password: name the field, not its value.
+		return nil, fmt.Errorf("%w: the replication DSN does not parse (%T)", ErrInvalidConfig, err)
+	}
+	wal.Prepare(cfg)
+	return cfg, nil
 }

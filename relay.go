@@ -14,6 +14,7 @@ import (
 	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/txhook"
+	"github.com/gorm-outbox/outbox/internal/wal"
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
@@ -162,6 +163,7 @@ type Relay struct {
 	repl   *pgconn.Config // Logical mode's replication connection
 	policy *engine.Policy
 	table  *engine.Table
+	stream *wal.Relay // Logical mode's source of new events
 
 	orderingMu   sync.Mutex
 	orderingDone bool
@@ -208,6 +210,15 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 	r.table = &engine.Table{
 		Store: o.store, DB: sqlDB, Now: o.now, Lease: r.cfg.Lease,
 		StatementTimeout: r.cfg.StatementTimeout, Ordered: r.cfg.OrderByAggregate,
+	}
+	if o.mode == Logical {
+		r.stream = &wal.Relay{
+			Slot: o.slot, Repl: r.repl, DB: sqlDB, Logical: o.logical(), Store: o.store, Table: r.table,
+			Fanout: r.fanout(), Logger: o.logger, Now: o.now,
+			BatchSize: r.cfg.BatchSize, Lease: r.cfg.Lease, StatementTimeout: r.cfg.StatementTimeout,
+			PollInterval: r.cfg.PollInterval, Ordered: r.cfg.OrderByAggregate,
+			EnsureOrdering: r.ensureOrdering, Dropped: o.dropReusedID,
+		}
 	}
 	return r
 }
@@ -303,7 +314,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		// The stream delivers new events; the loop below retries those
 		// the stream wrote to the table.
 		bg.Add(1)
-		go func() { defer bg.Done(); r.streamRun(bgCtx) }()
+		go func() { defer bg.Done(); r.stream.Run(bgCtx) }()
 	}
 
 	var (

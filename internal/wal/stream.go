@@ -1,8 +1,7 @@
-package outbox
+package wal
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -13,13 +12,13 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/gorm-outbox/outbox/internal/engine"
+	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
+	pgstore "github.com/gorm-outbox/outbox/internal/store/postgres"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
-	"gorm.io/driver/postgres"
 )
 
 // Logical mode, the relay's side: one relay at a time streams the slot
@@ -41,33 +40,19 @@ type walTxn struct {
 
 // walItem is one event read from the stream.
 type walItem struct {
-	c       claimed // attempts 1, createdAt the commit time
-	enc     encoded // for writing it to the table
-	checked bool    // its ID or key was chosen by the publisher
+	c       engine.Item // attempts 1, createdAt the commit time
+	row     store.Event // for writing it to the table
+	checked bool        // its ID or key was chosen by the publisher
 }
 
-// replicationConfig is the replication connection's configuration: the
-// DSN the *gorm.DB was opened with unless RelayConfig.ReplicationDSN is set.
-func (r *Relay) replicationConfig() (*pgconn.Config, error) {
-	dsn := r.cfg.ReplicationDSN
-	if dsn == "" {
-		if d, ok := r.db.Dialector.(*postgres.Dialector); ok && d.Config != nil {
-			dsn = d.Config.DSN
-		}
-	}
-	if dsn == "" {
-		return nil, fmt.Errorf("%w: Logical mode needs a replication connection and the *gorm.DB was not opened from a DSN: set RelayConfig.ReplicationDSN", ErrInvalidConfig)
-	}
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		// The DSN may hold a password: name the field, not its value.
-		return nil, fmt.Errorf("%w: the replication DSN does not parse (%T)", ErrInvalidConfig, err)
-	}
+// Prepare makes cfg a replication connection's configuration: a
+// database replication connection, with the relay's wal_sender_timeout
+// unless the DSN chose one.
+func Prepare(cfg *pgconn.Config) {
 	cfg.RuntimeParams["replication"] = "database"
 	if !setsWalSenderTimeout(cfg.RuntimeParams) {
 		cfg.RuntimeParams["wal_sender_timeout"] = strconv.FormatInt(replicationTimeout.Milliseconds(), 10)
 	}
-	return cfg, nil
 }
 
 // replicationTimeout is the wal_sender_timeout the relay sets on its
@@ -93,35 +78,35 @@ var errSlotBusy = errors.New("outbox: another relay streams the replication slot
 // slot from its confirmed position. timeout is the wal_sender_timeout the
 // server applies to the session (0: none).
 func (r *Relay) startStream(ctx context.Context) (conn *pgconn.PgConn, timeout time.Duration, err error) {
-	conn, err = pgconn.ConnectConfig(ctx, r.repl)
+	conn, err = pgconn.ConnectConfig(ctx, r.Repl)
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: open the replication connection: %w", err)
 	}
-	if timeout, err = walSenderTimeout(ctx, conn, r.o.logical()); err != nil {
+	if timeout, err = SessionTimeout(ctx, conn, r.Logical); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, 0, err
 	}
-	err = pglogrepl.StartReplication(ctx, conn, r.o.slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
-		"proto_version '1'", "publication_names '" + r.o.slot + "'", "messages 'true'",
+	err = pglogrepl.StartReplication(ctx, conn, r.Slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: []string{
+		"proto_version '1'", "publication_names '" + r.Slot + "'", "messages 'true'",
 	}})
 	if err != nil {
 		_ = conn.Close(context.Background())
-		if isSQLState(err, "55006") { // object_in_use: the slot is active for another PID
+		if pgstore.IsSQLState(err, "55006") { // object_in_use: the slot is active for another PID
 			return nil, 0, errSlotBusy
 		}
-		if isSQLState(err, "42704") { // undefined_object
-			return nil, 0, fmt.Errorf("%w: slot %s: %w", ErrNoSlot, r.o.slot, err)
+		if pgstore.IsSQLState(err, "42704") { // undefined_object
+			return nil, 0, fmt.Errorf("%w: slot %s: %w", errs.ErrNoSlot, r.Slot, err)
 		}
-		return nil, 0, fmt.Errorf("outbox: start streaming slot %s: %w", r.o.slot, err)
+		return nil, 0, fmt.Errorf("outbox: start streaming slot %s: %w", r.Slot, err)
 	}
 	return conn, timeout, nil
 }
 
-// walSenderTimeout asks the server which wal_sender_timeout it applies to
+// SessionTimeout asks the server which wal_sender_timeout it applies to
 // the session: the DSN's when it sets one, the relay's otherwise (a
 // connection's own setting takes precedence over the role's, the
 // database's and the server's).
-func walSenderTimeout(ctx context.Context, conn *pgconn.PgConn, lg store.Logical) (time.Duration, error) {
+func SessionTimeout(ctx context.Context, conn *pgconn.PgConn, lg store.Logical) (time.Duration, error) {
 	rs, err := conn.Exec(ctx, lg.SessionTimeout()).ReadAll()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: read wal_sender_timeout on the replication connection: %w", err)
@@ -319,7 +304,7 @@ func (s *streamer) receive(ctx context.Context) error {
 		cur        *walTxn       // the transaction being received
 		commitTime time.Time
 		nextStatus = time.Now()
-		prefix     = logicalPrefix(s.r.o.slot)
+		prefix     = Prefix(s.r.Slot)
 		// catchingUp: the reader stopped reading for a while (it waited
 		// on the dispatcher, or the process did not run), so what the
 		// socket holds may be old and says nothing of the server now.
@@ -482,7 +467,7 @@ func (s *streamer) receive(ctx context.Context) error {
 						// Only this package writes this prefix; a message it
 						// cannot read is corruption, and skipping it loses
 						// its events: say so loudly, with where it is.
-						s.r.o.logger.ErrorContext(ctx, "outbox: an outbox message in the WAL cannot be decoded; its events are skipped",
+						s.r.Logger.ErrorContext(ctx, "outbox: an outbox message in the WAL cannot be decoded; its events are skipped",
 							slog.String("lsn", msg.LSN.String()), slog.Any("error", err))
 						continue
 					}
@@ -509,46 +494,13 @@ func (s *streamer) receive(ctx context.Context) error {
 	}
 }
 
-// decodeWAL decodes one outbox message into its events.
-func decodeWAL(content []byte, commitTime time.Time) ([]walItem, error) {
-	var msg []walEvent
-	if err := json.Unmarshal(content, &msg); err != nil {
-		return nil, err
-	}
-	items := make([]walItem, len(msg))
-	for i, w := range msg {
-		if w.ID == "" || w.Type == "" {
-			return nil, fmt.Errorf("event %d of %d has no ID or type", i+1, len(msg))
-		}
-		e := Event{
-			ID: w.ID, Type: w.Type, AggregateType: w.AggregateType, AggregateID: w.AggregateID,
-			IdempotencyKey: w.Key, Payload: json.RawMessage(w.Payload), OccurredAt: w.OccurredAt.UTC(),
-		}
-		if e.IdempotencyKey == "" {
-			e.IdempotencyKey = e.ID
-		}
-		var bad error
-		if len(w.Headers) > 0 {
-			if err := json.Unmarshal(w.Headers, &e.Headers); err != nil {
-				bad = fmt.Errorf("outbox: decode headers of event %s: %w", e.ID, err)
-			}
-		}
-		items[i] = walItem{
-			c:       claimed{Event: engine.Event(e), Attempts: 1, CreatedAt: commitTime.UTC(), Bad: bad},
-			enc:     encoded{Event: encode.Event(e), PayloadJSON: w.Payload, HeadersJSON: w.Headers},
-			checked: w.Checked,
-		}
-	}
-	return items, nil
-}
-
-// streamRun is Run's streaming side: it holds the slot while it can,
+// Run streams the slot until ctx ends: it holds the slot while it can,
 // stands by while another relay does, and reconnects after errors.
-func (r *Relay) streamRun(ctx context.Context) {
+func (r *Relay) Run(ctx context.Context) {
 	var (
 		standing bool // logged "standing by" for the current episode
 		failing  bool
-		retry    = r.cfg.PollInterval
+		retry    = r.PollInterval
 	)
 	for ctx.Err() == nil {
 		conn, timeout, err := r.startStream(ctx)
@@ -557,51 +509,38 @@ func (r *Relay) streamRun(ctx context.Context) {
 			return
 		case errors.Is(err, errSlotBusy):
 			if !standing {
-				r.o.logger.InfoContext(ctx, "outbox: another relay streams the slot; standing by to take over", slog.String("slot", r.o.slot))
+				r.Logger.InfoContext(ctx, "outbox: another relay streams the slot; standing by to take over", slog.String("slot", r.Slot))
 				standing = true
 			}
-			sleepCtx(ctx, time.Duration(500+rand.IntN(500))*time.Millisecond)
+			engine.Sleep(ctx, time.Duration(500+rand.IntN(500))*time.Millisecond)
 			continue
 		case err != nil:
 			if !failing {
-				r.o.logger.ErrorContext(ctx, "outbox: cannot stream the replication slot; retrying with backoff", slog.Any("error", err))
+				r.Logger.ErrorContext(ctx, "outbox: cannot stream the replication slot; retrying with backoff", slog.Any("error", err))
 				failing = true
 			}
-			sleepCtx(ctx, retry)
+			engine.Sleep(ctx, retry)
 			retry = min(retry*2, 5*time.Second)
 			continue
 		}
 		if standing || failing {
-			r.o.logger.InfoContext(ctx, "outbox: streaming the replication slot", slog.String("slot", r.o.slot))
+			r.Logger.InfoContext(ctx, "outbox: streaming the replication slot", slog.String("slot", r.Slot))
 		}
-		standing, failing, retry = false, false, r.cfg.PollInterval
+		standing, failing, retry = false, false, r.PollInterval
 		if _, err := r.stream(ctx, conn, timeout, 0); err != nil && ctx.Err() == nil {
-			r.o.logger.ErrorContext(ctx, "outbox: the replication stream broke; reconnecting", slog.Any("error", err))
+			r.Logger.ErrorContext(ctx, "outbox: the replication stream broke; reconnecting", slog.Any("error", err))
 			failing = true
-			sleepCtx(ctx, retry)
+			engine.Sleep(ctx, retry)
 		}
 	}
 }
 
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
-}
-
-// streamOnce is ProcessOnce's streaming side: it delivers what was
+// Once is ProcessOnce's streaming side: it delivers what was
 // committed before the call, unless another relay holds the slot.
-func (r *Relay) streamOnce(ctx context.Context) (int, error) {
+func (r *Relay) Once(ctx context.Context) (int, error) {
 	var until pglogrepl.LSN
-	sqlDB, err := rawDB(r.db)
-	if err != nil {
-		return 0, err
-	}
-	q := r.o.logical().WALPosition()
-	if err := sqlDB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&until); err != nil {
+	q := r.Logical.WALPosition()
+	if err := r.DB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&until); err != nil {
 		return 0, fmt.Errorf("outbox: read the WAL position: %w", err)
 	}
 	conn, timeout, err := r.startStream(ctx)
@@ -632,7 +571,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, timeout time.Du
 	// frozen mid-batch must not deliver the rest once a standby may hold
 	// the slot.
 	stale := func() error { return s.expired(s.now()) }
-	n, err := s.dispatch(ctx, func(ctx context.Context, items []walItem) (int, error, error) {
+	n, err := s.dispatch(ctx, func(ctx context.Context, items []walItem) (handled, error) {
 		return r.handleStream(ctx, items, stale)
 	})
 	stopReader()
@@ -644,7 +583,7 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, timeout time.Du
 	// own, and pglogrepl writes to it without pgconn's lock; the server
 	// keeps the last position reported before, and replays from there.
 	if done := pglogrepl.LSN(s.done.Load()); done > 0 && readErr == nil && !conn.IsClosed() {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.StatementTimeout)
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.StatementTimeout)
 		if serr := s.sendStatus(fctx, done, false); serr != nil && err == nil && readErr == nil {
 			err = fmt.Errorf("outbox: report the stream's position: %w", serr)
 		}
@@ -665,11 +604,11 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, timeout time.Du
 // the reader to confirm. It returns once the reader has stopped, a batch's
 // outcomes are not durable, the session may be over on the server's side
 // (deliverable), or, in ProcessOnce, after one batch.
-func (s *streamer) dispatch(ctx context.Context, handle func(context.Context, []walItem) (int, error, error)) (n int, err error) {
+func (s *streamer) dispatch(ctx context.Context, handle func(context.Context, []walItem) (handled, error)) (n int, err error) {
 	r, until := s.r, s.until
-	probeIn := destProbeMin
+	var probe engine.Probe
 	for {
-		batch, ok := s.nextBatch(r.cfg.BatchSize, until != 0)
+		batch, ok := s.nextBatch(r.BatchSize, until != 0)
 		if !ok || s.failed.Load() {
 			// A broken connection cannot confirm anything any more: what
 			// the reader had buffered is left to the next session, which
@@ -687,37 +626,33 @@ func (s *streamer) dispatch(ctx context.Context, handle func(context.Context, []
 			items = append(items, t.items...)
 			end = t.end
 		}
-		handled, down, werr := handle(ctx, items)
+		res, werr := handle(ctx, items)
 		if werr != nil {
 			// Outcomes not durable: stop without confirming; the next
 			// session delivers the batch again.
 			return n, werr
 		}
-		n += handled
+		n += res.handled
 		s.done.Store(uint64(end))
 		select {
 		case s.kick <- struct{}{}:
 		default:
 		}
 		switch {
-		case down != nil:
+		case res.down != nil:
 			// The rest of the batch is in the table, due now: the table's
 			// loop probes the destination with it, and logs the outage
 			// once. The stream holds back meanwhile, leaving new events
-			// in the slot, with the same backoff.
+			// in the slot, at the same pace.
 			if until != 0 {
-				err = fmt.Errorf("outbox: batch handed to the table undelivered: %w", down)
+				err = fmt.Errorf("outbox: batch handed to the table undelivered: %w", res.down)
 			}
-			pause := probeIn
-			if d, ok := retryDelay(down); ok {
-				pause = min(d, maxProbePause)
-			}
+			pause := probe.Pause(res.down)
 			if until == 0 {
-				sleepCtx(ctx, pause)
+				engine.Sleep(ctx, pause)
 			}
-			probeIn = min(probeIn*2, destProbeMax)
-		case r.delivered.Load():
-			probeIn = destProbeMin
+		case res.sent > 0:
+			probe.Reset()
 		}
 		if until != 0 {
 			return n, err // ProcessOnce: one batch, as from the table
@@ -727,15 +662,11 @@ func (s *streamer) dispatch(ctx context.Context, handle func(context.Context, []
 
 // slotHeldBy reports whether the walsender with this PID streams the slot.
 func (r *Relay) slotHeldBy(ctx context.Context, pid uint32) (bool, error) {
-	sqlDB, err := rawDB(r.db)
-	if err != nil {
-		return false, err
-	}
-	qctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	qctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 	defer cancel()
 	var held bool
-	q := r.o.logical().SlotHeldBy(r.o.slot, pid)
-	err = sqlDB.QueryRowContext(qctx, q.SQL, q.Args...).Scan(&held)
+	q := r.Logical.SlotHeldBy(r.Slot, pid)
+	err := r.DB.QueryRowContext(qctx, q.SQL, q.Args...).Scan(&held)
 	return held, err
 }
 
@@ -752,7 +683,7 @@ func (r *Relay) awaitRelease(ctx context.Context, pid uint32) {
 		if err != nil || !held {
 			return
 		}
-		sleepCtx(wctx, 5*time.Millisecond)
+		engine.Sleep(wctx, 5*time.Millisecond)
 		if wctx.Err() != nil {
 			return
 		}

@@ -1,4 +1,4 @@
-package outbox
+package wal
 
 import (
 	"context"
@@ -28,29 +28,71 @@ const (
 
 type aggKey struct{ typ, id string }
 
-// handleStream handles one batch. down is a handler's Unavailable error,
-// if one said its destination is down; err means the outcomes are not
-// durable and the batch must not be confirmed. stale, checked before each
-// delivery, says when the session may be over on the server's side (a
-// relay that froze): the rest of the batch is then neither delivered nor
-// written to the table, since the relay that took the slot over streams
-// it, and the batch ends with that error.
-func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() error) (handled int, down error, err error) {
-	lg := r.o.logical()
+// handled is what became of one streamed batch.
+type handled struct {
+	handled int   // events handled (duplicates dropped are not)
+	sent    int   // delivered
+	down    error // a handler's Unavailable error, if one said its destination is down
+}
+
+// handleStream handles one batch, by the engine's rules. err means the
+// outcomes are not durable and the batch must not be confirmed. stale,
+// checked before each delivery, says when the session may be over on the
+// server's side (a relay that froze): the rest of the batch is then
+// neither delivered nor written to the table, since the relay that took
+// the slot over streams it, and the batch ends with that error.
+func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() error) (handled, error) {
+	b, err := r.prepare(ctx, items, stale)
+	if err != nil {
+		return handled{}, err
+	}
+	down, err := r.Fanout.Process(ctx, b)
+	res := handled{handled: len(items) - b.dups, down: down}
+	for _, st := range b.states {
+		if st == stSent {
+			res.sent++
+		}
+	}
+	return res, err
+}
+
+// batch is one streamed batch as the engine delivers it: the events to
+// deliver now, in stream order, and the state of every event of the
+// batch.
+type batch struct {
+	r          *Relay
+	items      []walItem
+	states     []streamState
+	outs       []store.Outcome
+	leased     []bool // in the table under the stream's lease (see prepare)
+	sel        []int  // the items delivered, by their index in items
+	deliver    []engine.Item
+	dups       int // duplicates dropped
+	now, lease time.Time
+	deadline   time.Time
+	stale      func() error
+}
+
+// prepare routes each event of a batch: delivered from the stream, checked
+// against the table first (written there under the stream's lease), or
+// queued in the table behind its aggregate.
+func (r *Relay) prepare(ctx context.Context, items []walItem, stale func() error) (*batch, error) {
+	lg := r.Logical
 	start := time.Now()
-	now := r.o.now()
-	lease := now.Add(r.cfg.Lease)
+	now := r.Now()
+	lease := now.Add(r.Lease)
 	wctx := context.WithoutCancel(ctx) // outcomes are written even as the relay stops
 	states := make([]streamState, len(items))
-	outs := make([]outcome, len(items))
+	outs := make([]store.Outcome, len(items))
 
 	var blocked map[aggKey]bool
-	if r.cfg.OrderByAggregate {
-		if err := r.ensureOrdering(ctx); err != nil {
-			return 0, nil, err
+	if r.Ordered {
+		if err := r.EnsureOrdering(ctx); err != nil {
+			return nil, err
 		}
+		var err error
 		if blocked, err = r.blockedAggregates(wctx, lg, items); err != nil {
-			return 0, nil, err
+			return nil, err
 		}
 	}
 	// leased: written to the table under the stream's lease before
@@ -61,7 +103,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 	// never gets a seq below an event that came after it in the stream.
 	leased := make([]bool, len(items))
 	var precede map[aggKey]int // the index of the aggregate's last checked event
-	if r.cfg.OrderByAggregate {
+	if r.Ordered {
 		precede = map[aggKey]int{}
 		for i := range items {
 			if e := &items[i].c.Event; items[i].checked && e.AggregateID != "" {
@@ -82,7 +124,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 			// The same event ID twice in one batch: one INSERT cannot tell
 			// which copy it kept; the first in commit order wins.
 			if batchIDs[e.ID] != e.IdempotencyKey {
-				r.o.dropReusedID(ctx, e)
+				r.Dropped(ctx, e)
 			}
 			states[i] = stDone
 			dups++
@@ -96,7 +138,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 			if it.checked {
 				batchIDs[e.ID] = e.IdempotencyKey
 			}
-			park = append(park, store.ParkRow{Event: rowOf(&it.enc), Status: StatusPending, Attempts: 1, Due: lease, Lease: lease, Created: it.c.CreatedAt})
+			park = append(park, store.ParkRow{Event: it.row, Status: "pending", Attempts: 1, Due: lease, Lease: lease, Created: it.c.CreatedAt})
 			parkIdx = append(parkIdx, i)
 			states[i], leased[i] = stLeased, true
 		}
@@ -104,7 +146,7 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 	if len(park) > 0 {
 		inserted, err := r.park(wctx, lg, park, now)
 		if err != nil {
-			return 0, nil, err
+			return nil, err
 		}
 		var skipped []int
 		for _, i := range parkIdx {
@@ -121,74 +163,84 @@ func (r *Relay) handleStream(ctx context.Context, items []walItem, stale func() 
 		r.reportReusedIDs(wctx, items, skipped)
 	}
 
-	handled = len(items) - dups
-	down, gone := r.deliverStreamed(ctx, start, items, states, outs, stale)
-	if gone != nil {
-		// Only the leased rows of events delivered are worth writing: the
-		// stream's new owner skips them as already in the table, and the
-		// table's relay would deliver them again once the lease passed.
-		var sent []string
-		for i := range items {
-			if leased[i] && states[i] == stSent {
-				sent = append(sent, items[i].c.Event.ID)
-			}
-		}
-		if len(sent) > 0 {
-			sctx, cancel := context.WithTimeout(wctx, r.cfg.StatementTimeout)
-			err := r.table.MarkSent(sctx, sent, lease)
-			cancel()
-			if err != nil {
-				gone = errors.Join(gone, fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err))
-			}
-		}
-		return handled, nil, gone
+	b := &batch{
+		r: r, items: items, states: states, outs: outs, leased: leased, dups: dups,
+		now: now, lease: lease, deadline: start.Add(engine.Budget(r.Lease)), stale: stale,
 	}
-	return handled, down, r.recordStreamed(wctx, lg, items, leased, states, outs, now, lease)
+	for i := range items {
+		if states[i] == stDirect || states[i] == stLeased {
+			b.sel = append(b.sel, i)
+			b.deliver = append(b.deliver, items[i].c)
+		}
+	}
+	return b, nil
+}
+
+// Items implements engine.Batch.
+func (b *batch) Items() []engine.Item { return b.deliver }
+
+// Deadline implements engine.Batch.
+func (b *batch) Deadline() time.Time { return b.deadline }
+
+// Stale implements engine.Batch.
+func (b *batch) Stale() error { return b.stale() }
+
+// Record implements engine.Batch; workers record distinct items.
+func (b *batch) Record(k int, res engine.Result) {
+	i := b.sel[k]
+	switch res.Kind {
+	case engine.Sent:
+		b.states[i] = stSent
+	case engine.Failed:
+		b.states[i], b.outs[i] = stFailed, res.Out
+	default:
+		b.states[i] = stDeferred
+	}
+}
+
+// Close implements engine.Batch: the outcomes are made durable
+// (recordStreamed), or, when the session's hold is gone, only the leased
+// rows of events delivered are marked sent: the stream's new owner skips
+// them as already in the table, and the table's relay would deliver them
+// again once the lease passed.
+func (b *batch) Close(ctx context.Context, gone error) error {
+	r := b.r
+	wctx := context.WithoutCancel(ctx)
+	if gone == nil {
+		return r.recordStreamed(wctx, r.Logical, b.items, b.leased, b.states, b.outs, b.now, b.lease)
+	}
+	var sent []string
+	for i := range b.items {
+		if b.leased[i] && b.states[i] == stSent {
+			sent = append(sent, b.items[i].c.Event.ID)
+		}
+	}
+	if len(sent) > 0 {
+		sctx, cancel := context.WithTimeout(wctx, r.StatementTimeout)
+		err := r.Table.MarkSent(sctx, sent, b.lease)
+		cancel()
+		if err != nil {
+			gone = errors.Join(gone, fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err))
+		}
+	}
+	return gone
 }
 
 // parkDeferred is an event written to the table undelivered: due now, no
 // attempt counted.
 func (r *Relay) parkDeferred(it *walItem, now time.Time) store.ParkRow {
-	return store.ParkRow{Event: rowOf(&it.enc), Status: StatusPending, Due: now, Created: it.c.CreatedAt}
-}
-
-// deliverStreamed delivers the events in state stDirect or stLeased, by
-// the engine's rules, and records each one's state and outcome.
-func (r *Relay) deliverStreamed(ctx context.Context, start time.Time, items []walItem, states []streamState, outs []outcome, stale func() error) (down, gone error) {
-	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), start.Add(engine.Budget(r.cfg.Lease)))
-	defer cancel()
-	var (
-		sel   []int // the items to deliver, in stream order
-		batch []claimed
-	)
-	for i := range items {
-		if states[i] == stDirect || states[i] == stLeased {
-			sel = append(sel, i)
-			batch = append(batch, items[i].c)
-		}
-	}
-	return r.fanout().Deliver(ctx, bctx, batch, stale, func(k int, res engine.Result) {
-		i := sel[k]
-		switch res.Kind {
-		case engine.Sent:
-			states[i] = stSent
-		case engine.Failed:
-			states[i], outs[i] = stFailed, res.Out
-		default:
-			states[i] = stDeferred
-		}
-	})
+	return store.ParkRow{Event: it.row, Status: "pending", Due: now, Created: it.c.CreatedAt}
 }
 
 // recordStreamed makes the batch's outcomes durable: failed attempts and
 // deferred events of the stream go to the table in one INSERT, in stream
 // order; the leased rows get the outcome statements of the table path.
 // It retries until it succeeds or ctx ends.
-func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []walItem, leased []bool, states []streamState, outs []outcome, now, lease time.Time) error {
+func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []walItem, leased []bool, states []streamState, outs []store.Outcome, now, lease time.Time) error {
 	var (
 		park       []store.ParkRow
 		sent, back []string
-		fails      []outcome
+		fails      []store.Outcome
 	)
 	for i := range items {
 		it := &items[i]
@@ -204,7 +256,7 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 				continue
 			}
 			o := outs[i]
-			park = append(park, store.ParkRow{Event: rowOf(&it.enc), Status: o.Status, Attempts: 1, LastErr: o.Err, Due: o.Due, Created: it.c.CreatedAt})
+			park = append(park, store.ParkRow{Event: it.row, Status: o.Status, Attempts: 1, LastErr: o.Err, Due: o.Due, Created: it.c.CreatedAt})
 		case stDeferred, stLeased, stDirect:
 			if inTable {
 				back = append(back, it.c.Event.ID)
@@ -215,12 +267,12 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 	}
 	// Each statement is bounded: a connection gone silent must fail the
 	// write (and the session, which reconnects), not hang it.
-	bounded := func(f func(context.Context) error) error {
-		sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	bounded := func(ctx context.Context, f func(context.Context) error) error {
+		sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 		defer cancel()
 		return f(sctx)
 	}
-	write := func() error {
+	write := func(ctx context.Context) error {
 		if len(park) > 0 {
 			if _, err := r.park(ctx, lg, park, now); err != nil {
 				return err
@@ -228,49 +280,41 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 			park = nil
 		}
 		if len(sent) > 0 {
-			if err := bounded(func(ctx context.Context) error { return r.table.MarkSent(ctx, sent, lease) }); err != nil {
+			if err := bounded(ctx, func(ctx context.Context) error { return r.Table.MarkSent(ctx, sent, lease) }); err != nil {
 				return fmt.Errorf("outbox: mark %d events sent: %w", len(sent), err)
 			}
 			sent = nil
 		}
 		if len(fails) > 0 {
-			if err := bounded(func(ctx context.Context) error { return r.table.MarkFailed(ctx, fails, lease) }); err != nil {
+			if err := bounded(ctx, func(ctx context.Context) error { return r.Table.MarkFailed(ctx, fails, lease) }); err != nil {
 				return fmt.Errorf("outbox: record %d failed attempts: %w", len(fails), err)
 			}
 			fails = nil
 		}
 		if len(back) > 0 {
-			if err := bounded(func(ctx context.Context) error { return r.table.Release(ctx, back, lease) }); err != nil {
+			if err := bounded(ctx, func(ctx context.Context) error { return r.Table.Release(ctx, back, lease) }); err != nil {
 				return fmt.Errorf("outbox: hand back %d events: %w", len(back), err)
 			}
 			back = nil
 		}
 		return nil
 	}
-	retry := 100 * time.Millisecond
-	for {
-		err := write()
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil || retry > 5*time.Second {
-			return err
-		}
-		sleepCtx(ctx, retry)
-		retry *= 2
-	}
+	// Not durable means not confirmed, and the batch delivered again by the
+	// next session: worth trying a while.
+	return engine.Retry(ctx, time.Now().Add(recordWindow), 4*r.StatementTimeout, write)
 }
+
+// recordWindow is how long a streamed batch's outcome writes are tried
+// again before the session gives up (and the batch is streamed again).
+const recordWindow = 5 * time.Second
 
 // park writes rows, in chunks, and returns the IDs it inserted.
 func (r *Relay) park(ctx context.Context, lg store.Logical, rows []store.ParkRow, now time.Time) (map[string]bool, error) {
-	sqlDB, err := rawDB(r.db)
-	if err != nil {
-		return nil, err
-	}
+	sqlDB := r.DB
 	inserted := make(map[string]bool, len(rows))
-	for chunk := range slices.Chunk(rows, r.o.limits.InsertRows) {
+	for chunk := range slices.Chunk(rows, r.Store.Limits().InsertRows) {
 		q := lg.Park(chunk, now)
-		sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+		sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 		err := func() error {
 			rs, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
 			if err != nil {
@@ -311,11 +355,8 @@ func (r *Relay) blockedAggregates(ctx context.Context, lg store.Logical, items [
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	sqlDB, err := rawDB(r.db)
-	if err != nil {
-		return nil, err
-	}
-	sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	sqlDB := r.DB
+	sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 	defer cancel()
 	q := lg.Blocked(types, ids)
 	rs, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
@@ -347,12 +388,9 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	for k, i := range skipped {
 		ids[k] = items[i].c.Event.ID
 	}
-	sqlDB, err := rawDB(r.db)
-	if err != nil {
-		return
-	}
-	q := r.o.store.KeysOf(ids)
-	sctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	sqlDB := r.DB
+	q := r.Store.KeysOf(ids)
+	sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 	defer cancel()
 	rows, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
 	if err != nil {
@@ -372,20 +410,7 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	for _, i := range skipped {
 		e := &items[i].c.Event
 		if key, ok := keys[e.ID]; ok && key != e.IdempotencyKey {
-			r.o.dropReusedID(ctx, e)
+			r.Dropped(ctx, e)
 		}
 	}
-}
-
-// dropReusedID records the loss of a committed event whose ID another
-// event took first: Logical mode's one way of losing an event, by the
-// publisher's mistake, which Publish cannot see (README, Logical mode).
-// It is logged at Error and counted in Stats.Dropped.
-func (o *Outbox) dropReusedID(ctx context.Context, e *engine.Event) {
-	if !o.dropSeen.first(e.ID + "\x00" + e.IdempotencyKey) {
-		return // a batch handled again (not confirmed the first time)
-	}
-	o.dropped.Add(1)
-	o.logger.ErrorContext(ctx, "outbox: a committed event reuses the ID of another event with a different idempotency key; it cannot be stored under that ID and is dropped",
-		eventAttrs(Event(*e), nil)...)
 }
