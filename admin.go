@@ -85,8 +85,8 @@ func (f *Filter) validate() error {
 // usable reports why the operating functions cannot run on db, if they
 // cannot.
 func (o *Outbox) usable(db *gorm.DB) error {
-	if o.mode == Memory {
-		return ErrMemoryMode
+	if o.noTable != nil {
+		return o.noTable
 	}
 	if o.store == nil || fromDB(db) != o {
 		return ErrNotInstalled

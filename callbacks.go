@@ -180,7 +180,7 @@ func beginForEvents(db *gorm.DB) {
 	if db.Error != nil || !db.SkipDefaultTransaction || !hasRecorded(db) {
 		return
 	}
-	if o := fromDB(db); o == nil || o.mode == Memory {
+	if o := fromDB(db); o == nil || o.noTable != nil { // memory mode writes nothing in the transaction
 		return
 	}
 	if _, inTx := txhook.Tracked(db.Statement.ConnPool); inTx {

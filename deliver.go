@@ -39,7 +39,7 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 	if r.err != nil {
 		return 0, r.err
 	}
-	if r.o.mode == Logical {
+	if r.stream != nil {
 		n, err := r.stream.Once(ctx)
 		if err != nil {
 			return n, err

@@ -25,12 +25,6 @@ import (
 // db.Use (or a restart of the service) creates the slot again.
 var ErrNoSlot = errs.ErrNoSlot
 
-// logical returns the store's Logical mode statements.
-func (o *Outbox) logical() store.Logical {
-	l, _ := o.store.(store.Logical)
-	return l
-}
-
 // emit writes enc into the transaction's WAL as one message, unless the
 // slot exists, has found its consistent point (before that, a commit may
 // not be decoded) and has not been invalidated.
@@ -43,7 +37,7 @@ func (o *Outbox) emit(ctx context.Context, pool gorm.ConnPool, enc []encoded) er
 	if err != nil {
 		return fmt.Errorf("outbox: encode %d events for the WAL: %w", len(enc), err)
 	}
-	emitted, err := o.logical().Emit(ctx, pool, o.slot, wal.Prefix(o.slot), content)
+	emitted, err := o.wal.Emit(ctx, pool, o.slot, wal.Prefix(o.slot), content)
 	if err != nil {
 		if len(enc) == 1 {
 			return fmt.Errorf("outbox: emit event %s (%s): %w", enc[0].Event.ID, enc[0].Event.Type, err)

@@ -59,7 +59,7 @@ func TestLogicalReplicationConnectionTimeout(t *testing.T) {
 		r := e.relay(RelayConfig{ReplicationDSN: c.dsn})
 		conn, err := pgconn.ConnectConfig(t.Context(), r.repl)
 		require.NoError(t, err)
-		got, err := wal.SessionTimeout(t.Context(), conn, e.ob.logical())
+		got, err := wal.SessionTimeout(t.Context(), conn, e.ob.wal)
 		_ = conn.Close(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, c.want, got, "%s", c.dsn)

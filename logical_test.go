@@ -194,7 +194,7 @@ func TestLogicalNoSlotFailsClosed(t *testing.T) {
 	// db.Use creates it again.
 	sqlDB, err := e.db.DB()
 	require.NoError(t, err)
-	require.NoError(t, e.ob.logical().CreateSlot(t.Context(), sqlDB, e.slot, e.ob.logger))
+	require.NoError(t, e.ob.wal.CreateSlot(t.Context(), sqlDB, e.slot, e.ob.logger))
 	require.NoError(t, Publish(e.db, Event{Type: "order.created"}))
 }
 

@@ -132,6 +132,11 @@ type Outbox struct {
 	store       store.Store // nil in Memory mode, which needs no SQL
 	limits      store.Limits
 
+	// The mode's parts, wired once (Plugin, Initialize): the rest of the
+	// package asks these, never the mode.
+	noTable error         // ErrMemoryMode in Memory mode: no table, no relay
+	wal     store.Logical // Logical mode: the WAL carries new events
+
 	handlers atomic.Pointer[[]route] // copy-on-write, read without locks
 	hooks    atomic.Pointer[hookSet] // copy-on-write; nil until AddHooks
 	keys     recentKeys              // memory mode's idempotency keys
@@ -193,6 +198,9 @@ func Plugin(cfg Config) *Outbox {
 	case cfg.MaxPayloadBytes < 0:
 		o.cfgErr = fmt.Errorf("%w: MaxPayloadBytes is negative (%d); use 0 for the 1 MiB default", ErrInvalidConfig, cfg.MaxPayloadBytes)
 	}
+	if o.mode == Memory {
+		o.noTable = ErrMemoryMode
+	}
 	if o.cfgErr == nil && o.mode == Logical {
 		o.slot = cmp.Or(cfg.Slot, strings.ToLower(o.table)+"_slot")
 		if !slotRE.MatchString(o.slot) {
@@ -234,8 +242,12 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 		if err := o.bindDialect(db); err != nil {
 			return err
 		}
-		if o.mode == Logical && o.logical() == nil {
-			return fmt.Errorf("%w: Logical mode needs PostgreSQL, not %s", ErrUnsupportedDialect, o.dialectName)
+		if o.mode == Logical {
+			l, ok := o.store.(store.Logical)
+			if !ok {
+				return fmt.Errorf("%w: Logical mode needs PostgreSQL, not %s", ErrUnsupportedDialect, o.dialectName)
+			}
+			o.wal = l
 		}
 	}
 	txhook.Install(db, (*txOwner)(o))
@@ -259,7 +271,7 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 		if err != nil {
 			return err
 		}
-		if err := o.logical().CheckLogical(ctx, sqlDB); err != nil {
+		if err := o.wal.CheckLogical(ctx, sqlDB); err != nil {
 			return err
 		}
 	}
@@ -271,7 +283,7 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 		if err != nil {
 			return err
 		}
-		return o.logical().CreateSlot(ctx, sqlDB, o.slot, o.logger)
+		return o.wal.CreateSlot(ctx, sqlDB, o.slot, o.logger)
 	}
 	return nil
 }

@@ -193,7 +193,7 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 		return skipped, nil
 	}
 
-	if o.mode == Memory {
+	if o.noTable != nil { // memory mode: dispatched after the commit
 		switch {
 		case t != nil:
 			if !t.Add(nil, func() { o.dispatchMemory(t.Context(), enc) }) {
@@ -215,7 +215,7 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 		})
 		return skipped, err
 	}
-	if o.mode == Logical {
+	if o.wal != nil {
 		// One message however many events: nothing to wake, the relay
 		// streams it after the commit.
 		return skipped, o.emit(ctx, pool, enc)

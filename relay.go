@@ -211,9 +211,9 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 		Store: o.store, DB: sqlDB, Now: o.now, Lease: r.cfg.Lease,
 		StatementTimeout: r.cfg.StatementTimeout, Ordered: r.cfg.OrderByAggregate,
 	}
-	if o.mode == Logical {
+	if o.wal != nil {
 		r.stream = &wal.Relay{
-			Slot: o.slot, Repl: r.repl, DB: sqlDB, Logical: o.logical(), Store: o.store, Table: r.table,
+			Slot: o.slot, Repl: r.repl, DB: sqlDB, Logical: o.wal, Store: o.store, Table: r.table,
 			Fanout: r.fanout(), Logger: o.logger, Now: o.now,
 			BatchSize: r.cfg.BatchSize, Lease: r.cfg.Lease, StatementTimeout: r.cfg.StatementTimeout,
 			PollInterval: r.cfg.PollInterval, Ordered: r.cfg.OrderByAggregate,
@@ -260,15 +260,15 @@ func (r *Relay) check(c RelayConfig) error {
 	switch {
 	case r.db == nil:
 		return fmt.Errorf("%w: Relay needs a *gorm.DB", ErrInvalidConfig)
-	case r.o.mode == Memory:
-		return ErrMemoryMode
+	case r.o.noTable != nil:
+		return r.o.noTable
 	case fromDB(r.db) != r.o:
 		return fmt.Errorf("%w: the *gorm.DB given to Relay does not have this Outbox installed", ErrNotInstalled)
 	}
 	if _, inTx := txhook.Tracked(r.db.Statement.ConnPool); inTx {
 		return fmt.Errorf("%w: Relay needs the *gorm.DB the plugin is installed on, not a transaction: it runs its own statements and transactions", ErrInvalidConfig)
 	}
-	if r.o.mode == Logical {
+	if r.o.wal != nil {
 		var err error
 		if r.repl, err = r.replicationConfig(); err != nil {
 			return err
@@ -310,7 +310,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.retain(bgCtx) }()
 	}
-	if r.o.mode == Logical {
+	if r.stream != nil {
 		// The stream delivers new events; the loop below retries those
 		// the stream wrote to the table.
 		bg.Add(1)

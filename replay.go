@@ -12,8 +12,8 @@ import (
 // reset, and returns how many it changed. IDs that are not failed are
 // skipped. db may be a transaction.
 func (o *Outbox) Replay(ctx context.Context, db *gorm.DB, ids ...string) (int, error) {
-	if o.mode == Memory {
-		return 0, ErrMemoryMode
+	if o.noTable != nil {
+		return 0, o.noTable
 	}
 	if o.store == nil {
 		return 0, ErrNotInstalled

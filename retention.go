@@ -45,8 +45,8 @@ func (r *Relay) retain(ctx context.Context) {
 // of your own. Failed rows are never deleted. db is the *gorm.DB the
 // plugin is installed on, not a transaction.
 func (o *Outbox) DeleteSent(ctx context.Context, db *gorm.DB, olderThan time.Duration) (int, error) {
-	if o.mode == Memory {
-		return 0, ErrMemoryMode
+	if o.noTable != nil {
+		return 0, o.noTable
 	}
 	if o.store == nil || fromDB(db) != o {
 		return 0, ErrNotInstalled

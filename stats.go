@@ -45,8 +45,8 @@ type Stats struct {
 // request.
 func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 	var st Stats
-	if o.mode == Memory {
-		return st, ErrMemoryMode
+	if o.noTable != nil {
+		return st, o.noTable
 	}
 	st.Dropped = o.dropped.Load()
 	if o.store == nil {
@@ -88,8 +88,8 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 			return st, fmt.Errorf("outbox: stats: %w", err)
 		}
 	}
-	if o.mode == Logical {
-		q := o.logical().SlotStats(o.slot)
+	if o.wal != nil {
+		q := o.wal.SlotStats(o.slot)
 		err := db.Statement.ConnPool.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&st.SlotActive, &st.SlotLagBytes)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
