@@ -44,27 +44,28 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 		if err != nil {
 			return n, err
 		}
-		m, err := r.process(ctx, nil, r.cfg.BatchSize)
+		m, _, err := r.process(ctx, nil, r.cfg.BatchSize)
 		return n + m, err
 	}
-	return r.process(ctx, nil, r.cfg.BatchSize)
+	n, _, err := r.process(ctx, nil, r.cfg.BatchSize)
+	return n, err
 }
 
 // process claims up to limit due events (only those in ids, when given)
-// and delivers them.
-func (r *Relay) process(ctx context.Context, ids []string, limit int) (int, error) {
+// and delivers them: n claimed, sent of them delivered.
+func (r *Relay) process(ctx context.Context, ids []string, limit int) (n, sent int, err error) {
 	if err := r.ensureOrdering(ctx); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	b, err := r.table.Claim(ctx, ids, limit)
 	if err != nil || b == nil {
-		return 0, err
+		return 0, 0, err
 	}
 	down, err := r.fanout().Process(ctx, b)
 	if down != nil {
 		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
 	}
-	return len(b.Items()), err
+	return len(b.Items()), b.Sent(), err
 }
 
 // fanout is the engine's delivery of a batch for this relay.
@@ -94,9 +95,6 @@ func (r *Relay) attempt(bctx context.Context, c *claimed) error {
 // report hands one attempt's outcome to RelayConfig.OnDelivery and the
 // Delivered hooks.
 func (r *Relay) report(c *claimed, res engine.Result, err error, took time.Duration) {
-	if res.Kind == engine.Sent {
-		r.delivered.Store(true)
-	}
 	if r.cfg.OnDelivery == nil && !r.o.observesDeliveries() {
 		return
 	}

@@ -167,7 +167,6 @@ type Relay struct {
 
 	orderingMu   sync.Mutex
 	orderingDone bool
-	delivered    atomic.Bool // a handler succeeded since Run last looked
 	listening    atomic.Bool // a LISTEN connection is up
 }
 
@@ -318,13 +317,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 
 	var (
-		dbDown   bool // the outbox table cannot be reached
-		destDown bool // a handler reported its destination down
-		downAt   time.Time
-		dbRetry  = r.cfg.PollInterval
-		maxRetry = max(5*time.Second, r.cfg.PollInterval) // a failed attempt is cheap; resume soon after an outage
-		probeIn  = destProbeMin
-		timer    = time.NewTimer(0)
+		dbDown   engine.Episode // the outbox table cannot be reached
+		destDown engine.Episode // a handler reported its destination down
+		// A failed attempt is cheap: resume soon after an outage.
+		dbRetry = engine.Backoff{Min: r.cfg.PollInterval, Max: max(5*time.Second, r.cfg.PollInterval)}
+		probe   engine.Probe
+		timer   = time.NewTimer(0)
 	)
 	defer timer.Stop()
 	<-timer.C
@@ -341,7 +339,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		case <-timer.C:
 		case <-wake:
 		case ids := <-fresh:
-			if !destDown { // while it is down, the probes find these events
+			if !destDown.On() { // while it is down, the probes find these events
 				r.deliverFresh(ctx, ids)
 			}
 		}
@@ -354,45 +352,38 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		limit := r.cfg.BatchSize
-		if destDown {
+		if destDown.On() {
 			limit = 1 // probe with one event
 		}
-		n, err := r.process(ctx, nil, limit)
+		n, sent, err := r.process(ctx, nil, limit)
 		if ctx.Err() != nil {
 			break
 		}
 		switch {
 		case err != nil && IsUnavailable(err):
-			if !destDown {
+			if destDown.Begin() {
 				r.o.logger.WarnContext(ctx, "outbox: destination unavailable; delivery paused, probing with one event at a time with backoff (attempts are not counted)", slog.Any("error", err))
-				destDown, downAt = true, time.Now()
 			}
-			r.delivered.Store(false)
-			pause := probeIn
-			if d, ok := retryDelay(err); ok {
-				pause = min(d, maxProbePause) // the destination said when to come back
-			}
-			wait(pause, false)
-			probeIn = min(probeIn*2, destProbeMax)
+			wait(probe.Pause(err), false)
 			continue
 		case err != nil:
-			if !dbDown {
+			if dbDown.Begin() {
 				r.o.logger.ErrorContext(ctx, "outbox: relay cannot reach the outbox table; retrying with backoff", slog.Any("error", err))
-				dbDown = true
 			}
-			wait(dbRetry, false)
-			dbRetry = min(dbRetry*2, maxRetry)
+			wait(dbRetry.Next(), false)
 			continue
 		}
-		if dbDown {
+		if was, _ := dbDown.End(); was {
 			r.o.logger.InfoContext(ctx, "outbox: relay recovered")
-			dbDown, dbRetry = false, r.cfg.PollInterval
+			dbRetry.Reset()
 		}
 		// Resumed once a delivery went through: a probe that failed for
 		// another reason says nothing about the destination.
-		if destDown && r.delivered.Swap(false) {
-			r.o.logger.InfoContext(ctx, "outbox: destination available again; delivery resumed", slog.Duration("paused", time.Since(downAt)))
-			destDown, probeIn = false, destProbeMin
+		if sent > 0 {
+			if was, paused := destDown.End(); was {
+				r.o.logger.InfoContext(ctx, "outbox: destination available again; delivery resumed", slog.Duration("paused", paused))
+			}
+			probe.Reset()
 		}
 		if n >= limit {
 			continue // more may be due right away
@@ -402,19 +393,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// The backoff between probes while a destination is down.
-const (
-	destProbeMin  = 500 * time.Millisecond
-	destProbeMax  = 5 * time.Second
-	maxProbePause = 10 * time.Minute // a RetryAfter inside Unavailable, bounded
-)
-
 // deliverFresh claims and delivers events this process just committed
 // (Config.DeliverAfterCommit), through the same claim as any batch.
 func (r *Relay) deliverFresh(ctx context.Context, ids []string) {
 	for len(ids) > 0 {
 		n := min(len(ids), r.cfg.BatchSize)
-		if _, err := r.process(ctx, ids[:n], n); err != nil {
+		if _, _, err := r.process(ctx, ids[:n], n); err != nil {
 			if ctx.Err() == nil && !IsUnavailable(err) {
 				// The regular claim picks these events up; nothing is lost.
 				r.o.logger.WarnContext(ctx, "outbox: delivering right after commit failed; the relay will retry", slog.Any("error", err))

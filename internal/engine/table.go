@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/store"
@@ -74,7 +75,11 @@ type TableBatch struct {
 	items    []Item
 	deadline time.Time
 	w        *Writer
+	sent     atomic.Int64
 }
+
+// Sent is how many of the batch's items were delivered.
+func (b *TableBatch) Sent() int { return int(b.sent.Load()) }
 
 // Items implements Batch.
 func (b *TableBatch) Items() []Item { return b.items }
@@ -89,6 +94,7 @@ func (b *TableBatch) Stale() error { return nil }
 func (b *TableBatch) Record(i int, r Result) {
 	switch id := b.items[i].Event.ID; r.Kind {
 	case Sent:
+		b.sent.Add(1)
 		b.w.Sent(id)
 	case Failed:
 		b.w.Failed(r.Out)
