@@ -239,10 +239,20 @@ func testOrderByAggregate(t *testing.T, b backend) {
 	// event; a1 fails, which holds back A but not B.
 	n, err := r1.ProcessOnce(t.Context())
 	require.NoError(t, err)
-	assert.Equal(t, 5, n, "a1, b1, n1, n2, n3")
 	mu.Lock()
+	if b.logical {
+		// ProcessOnce streams one batch, here every transaction committed
+		// before it, then claims one batch from the table: the nine
+		// streamed, and a1's retry, whose failure queued a2 and a3
+		// behind it in the table. B and the unordered events are not held.
+		assert.Equal(t, 9+1, n, "nine streamed, and a1 from the table")
+		assert.Subset(t, order, []string{"a1", "b1", "b2", "b3", "n1", "n2", "n3"})
+		assert.NotContains(t, order, "a3")
+	} else {
+		assert.Equal(t, 5, n, "a1, b1, n1, n2, n3")
+		assert.Contains(t, order, "b1")
+	}
 	assert.NotContains(t, order, "a2")
-	assert.Contains(t, order, "b1")
 	mu.Unlock()
 
 	// Two relays drain the rest concurrently.

@@ -86,7 +86,6 @@ func runSuite(t *testing.T, b backend) {
 var notInLogicalMode = func() map[string]string {
 	const (
 		table = "fills the table through Publish and then works on its rows or claims; in Logical mode events reach the table only through the relay (the table path is the same code, tested on every backend)"
-		batch = "counts ProcessOnce's batches, and a streamed batch holds whole transactions (ordering: TestLogicalOrderByAggregate)"
 	)
 	m := map[string]string{
 		"EventIDReusedByAnotherEvent": "Publish cannot see the table; the relay drops and logs the later event (TestLogicalIDReusedByAnotherEvent)",
@@ -95,9 +94,6 @@ var notInLogicalMode = func() map[string]string {
 	for _, n := range []string{"AdminListPaging", "AdminGet", "AdminPurgeBatches", "AdminReplayFilterBatches", "AdminStatsFailedLastHour",
 		"Retention", "RetentionDeletesOnlySent", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish"} {
 		m[n] = table
-	}
-	for _, n := range []string{"RelayDeliversAndMarksSent", "RelayStopsBeforeLeaseRunsOut", "OrderByAggregate"} {
-		m[n] = batch
 	}
 	return m
 }()
