@@ -87,10 +87,7 @@ var notInLogicalMode = func() map[string]string {
 	const (
 		table = "fills the table through Publish and then works on its rows or claims; in Logical mode events reach the table only through the relay (the table path is the same code, tested on every backend)"
 	)
-	m := map[string]string{
-		"EventIDReusedByAnotherEvent": "Publish cannot see the table; the relay drops and logs the later event (TestLogicalIDReusedByAnotherEvent)",
-		"StatsAndOnDelivery":          "expects the Stats of a table without a slot (TestLogicalStatsSlotLag)",
-	}
+	m := map[string]string{}
 	for _, n := range []string{"AdminListPaging", "AdminGet", "AdminPurgeBatches", "AdminReplayFilterBatches", "AdminStatsFailedLastHour",
 		"Retention", "RetentionDeletesOnlySent", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish"} {
 		m[n] = table
