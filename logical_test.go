@@ -532,6 +532,36 @@ func dropSlotAtCleanup(t *testing.T, db *gorm.DB, slot string) {
 	})
 }
 
+// parkInTable, in Logical mode, has the relay of another process, whose
+// destination is down, stream what was committed: it writes each event to
+// the table undelivered, pending, with no attempt counted and due at once,
+// which is the row Persistent mode's Publish writes. The shared tests of
+// the table path (claims, leases, outcomes, admin) work on those rows.
+func (e *testEnv) parkInTable(t *testing.T) {
+	t.Helper()
+	require.Equal(t, Logical, e.ob.mode)
+	if e.parker == nil {
+		db := e.reopen(t)
+		ob := Plugin(Config{Mode: Logical, Slot: e.ob.slot, Table: e.ob.Table(), Logger: e.ob.logger})
+		ob.clock = e.clock.Now // one clock for both processes
+		require.NoError(t, db.Use(ob))
+		ob.Handle(AnyEvent, func(context.Context, Event) error { return Unavailable(errors.New("the destination is down")) })
+		e.parker = ob.Relay(db, RelayConfig{BatchSize: maxBatchSize})
+		require.NoError(t, e.parker.err)
+	}
+	// The streaming side of ProcessOnce alone: its table side would claim
+	// the rows it parks, and hand them back, again and again.
+	for range 100 {
+		n, err := e.parker.streamOnce(t.Context())
+		if n == 0 {
+			require.NoError(t, err)
+			return
+		}
+		require.True(t, IsUnavailable(err), "the parking relay: %v", err)
+	}
+	t.Fatal("the parking relay kept finding events")
+}
+
 // TestLogicalSuite runs the shared suite in Logical mode.
 func TestLogicalSuite(t *testing.T) {
 	t.Parallel()

@@ -88,8 +88,7 @@ var notInLogicalMode = func() map[string]string {
 		table = "fills the table through Publish and then works on its rows or claims; in Logical mode events reach the table only through the relay (the table path is the same code, tested on every backend)"
 	)
 	m := map[string]string{}
-	for _, n := range []string{"AdminListPaging", "AdminGet", "AdminPurgeBatches", "AdminReplayFilterBatches", "AdminStatsFailedLastHour",
-		"Retention", "RetentionDeletesOnlySent", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish"} {
+	for _, n := range []string{"OutcomesWrittenAsWorkersFinish"} {
 		m[n] = table
 	}
 	return m
