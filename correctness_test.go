@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
@@ -353,13 +354,43 @@ func testUnavailableRun(t *testing.T, b backend) {
 func testOutcomesAsWorkersFinish(t *testing.T, b backend) {
 	e := b.setup(t)
 	unblock := make(chan struct{})
+	var delivered atomic.Int32
 	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
 		if ev.ID == "x-00000" {
 			<-unblock // a slow delivery holds one worker
 		}
+		delivered.Add(1)
 		return nil
 	})
 	publishN(t, e.db, "x", 6)
+	if b.logical {
+		// Logical mode confirms a streamed batch as a whole, once every
+		// outcome of it is durable: while x-00000 is in flight the other
+		// five are delivered and the relay goes on reporting its position,
+		// but one before the batch, so a crash now would replay the batch
+		// in flight and no more (README, "Delivery").
+		end := e.commitEnd(t, "x-00000")
+		stop := runRelay(t, e.relay(RelayConfig{Workers: 2, PollInterval: time.Hour}))
+		require.Eventually(t, func() bool { return delivered.Load() == 5 }, 10*time.Second, 5*time.Millisecond)
+		since := time.Now()
+		var flush, confirmed pglogrepl.LSN
+		require.Eventually(t, func() bool {
+			// A position report the relay sent after the five were delivered.
+			reply, f, c := e.slotReport(t)
+			flush, confirmed = f, c
+			return reply.After(since)
+		}, 10*time.Second, 5*time.Millisecond)
+		assert.Less(t, flush, end, "the relay reports a position before the batch in flight")
+		assert.Less(t, confirmed, end, "the slot keeps the batch in flight")
+		close(unblock)
+		require.Eventually(t, func() bool {
+			_, _, c := e.slotReport(t)
+			return c >= end
+		}, 10*time.Second, 5*time.Millisecond, "the batch is confirmed once done")
+		assert.EqualValues(t, 6, e.count("status = ?", StatusSent), "the rows the relay wrote for the explicit IDs")
+		stop()
+		return
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.relay(RelayConfig{Workers: 2}).ProcessOnce(context.Background())

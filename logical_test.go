@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/pgtest"
+	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/postgres"
@@ -560,6 +562,59 @@ func (e *testEnv) parkInTable(t *testing.T) {
 		require.True(t, IsUnavailable(err), "the parking relay: %v", err)
 	}
 	t.Fatal("the parking relay kept finding events")
+}
+
+// commitEnd returns where the transaction that published event id ends in
+// the WAL, as the (inactive) slot decodes it, without consuming anything.
+func (e *testEnv) commitEnd(t *testing.T, id string) pglogrepl.LSN {
+	t.Helper()
+	rows, err := e.db.Raw("SELECT data FROM pg_logical_slot_peek_binary_changes(?, NULL, NULL, 'proto_version', '1', 'publication_names', ?, 'messages', 'true')",
+		e.ob.slot, e.ob.slot).Rows()
+	require.NoError(t, err)
+	defer rows.Close()
+	found := false
+	for rows.Next() {
+		var data []byte
+		require.NoError(t, rows.Scan(&data))
+		msg, err := pglogrepl.Parse(data)
+		require.NoError(t, err)
+		switch m := msg.(type) {
+		case *pglogrepl.LogicalDecodingMessage:
+			found = found || m.Prefix == logicalPrefix(e.ob.slot) && bytes.Contains(m.Content, []byte(`"id":"`+id+`"`))
+		case *pglogrepl.CommitMessage:
+			if found {
+				return m.TransactionEndLSN
+			}
+		}
+	}
+	require.NoError(t, rows.Err())
+	t.Fatalf("no committed transaction in the slot holds event %s", id)
+	return 0
+}
+
+// slotReport returns the last position report of the relay streaming the
+// slot (when the relay sent it, the position it flushed) and the slot's
+// confirmed position.
+func (e *testEnv) slotReport(t *testing.T) (sent time.Time, flush, confirmed pglogrepl.LSN) {
+	t.Helper()
+	var (
+		reply            *time.Time
+		flushed, confirm *string
+	)
+	require.NoError(t, e.db.Raw(`SELECT r.reply_time, r.flush_lsn::text, s.confirmed_flush_lsn::text FROM pg_replication_slots s
+		LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = ?`, e.ob.slot).Row().Scan(&reply, &flushed, &confirm))
+	lsn := func(s *string) pglogrepl.LSN {
+		if s == nil {
+			return 0
+		}
+		l, err := pglogrepl.ParseLSN(*s)
+		require.NoError(t, err)
+		return l
+	}
+	if reply != nil {
+		sent = *reply
+	}
+	return sent, lsn(flushed), lsn(confirm)
 }
 
 // TestLogicalSuite runs the shared suite in Logical mode.

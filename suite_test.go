@@ -73,26 +73,10 @@ func runSuite(t *testing.T, b backend) {
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			if why, ok := notInLogicalMode[name]; ok && b.logical {
-				t.Skip("not in Logical mode: " + why)
-			}
 			fn(t, b)
 		})
 	}
 }
-
-// notInLogicalMode are the suite's tests whose subject Logical mode does
-// not have, and why; logical_test.go covers what it has instead.
-var notInLogicalMode = func() map[string]string {
-	const (
-		table = "fills the table through Publish and then works on its rows or claims; in Logical mode events reach the table only through the relay (the table path is the same code, tested on every backend)"
-	)
-	m := map[string]string{}
-	for _, n := range []string{"OutcomesWrittenAsWorkersFinish"} {
-		m[n] = table
-	}
-	return m
-}()
 
 func ev(typ string, payload any) Event { return Event{Type: typ, Payload: payload} }
 
