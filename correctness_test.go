@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
@@ -153,24 +154,45 @@ func testRecorderWithoutPlugin(t *testing.T, b backend) {
 
 func testRecorderFillsAggregate(t *testing.T, b backend) {
 	e := b.setup(t)
+	c := &collector{}
+	e.ob.Handle(AnyEvent, c.handle)
+	// stored returns the aggregate an event was stored with: its row, or in
+	// Logical mode (a WAL message, no row) what the handler received.
+	stored := func(id string) (typ, aggID string) {
+		t.Helper()
+		if !b.logical {
+			r := e.record(id)
+			return r.AggregateType, r.AggregateID
+		}
+		e.delivered(t, c)
+		for _, d := range c.events {
+			if d.ID == id {
+				return d.AggregateType, d.AggregateID
+			}
+		}
+		t.Fatalf("event %s was not delivered", id)
+		return "", ""
+	}
 	o := Order{Total: 1}
 	o.Record(Event{ID: "filled", Type: "order.created"},
 		Event{ID: "kept", Type: "order.created", AggregateType: "order", AggregateID: "custom"})
 	require.NoError(t, e.db.Create(&o).Error)
 	require.NotZero(t, o.ID)
-	rec := e.record("filled")
-	assert.Equal(t, fmt.Sprint(o.ID), rec.AggregateID, "the auto-increment key, known after the INSERT")
-	assert.Equal(t, "orders", rec.AggregateType)
-	rec = e.record("kept")
-	assert.Equal(t, "custom", rec.AggregateID)
-	assert.Equal(t, "order", rec.AggregateType)
+	typ, id := stored("filled")
+	assert.Equal(t, fmt.Sprint(o.ID), id, "the auto-increment key, known after the INSERT")
+	assert.Equal(t, "orders", typ)
+	typ, id = stored("kept")
+	assert.Equal(t, "custom", id)
+	assert.Equal(t, "order", typ)
 
 	batch := []Order{{Total: 2}, {Total: 3}}
 	batch[0].Record(Event{ID: "b0", Type: "x"})
 	batch[1].Record(Event{ID: "b1", Type: "x"})
 	require.NoError(t, e.db.Create(&batch).Error)
-	assert.Equal(t, fmt.Sprint(batch[0].ID), e.record("b0").AggregateID)
-	assert.Equal(t, fmt.Sprint(batch[1].ID), e.record("b1").AggregateID)
+	_, id = stored("b0")
+	assert.Equal(t, fmt.Sprint(batch[0].ID), id)
+	_, id = stored("b1")
+	assert.Equal(t, fmt.Sprint(batch[1].ID), id)
 }
 
 func testHandlerErrorText(t *testing.T, b backend) {
@@ -200,6 +222,16 @@ func testHugeFailedBatch(t *testing.T, b backend) {
 		events[i] = Event{ID: fmt.Sprintf("f%05d", i), Type: "x"}
 	}
 	require.NoError(t, Publish(e.db, events...))
+	if b.logical {
+		// The rows are the relay's (the IDs are explicit): it streams the
+		// transaction as one batch and records its failures in one go.
+		e.ob.Handle("x", func(context.Context, Event) error { return errors.New("down") })
+		_, err := e.relay(RelayConfig{BatchSize: n, Backoff: func(int) time.Duration { return time.Hour }}).ProcessOnce(t.Context())
+		require.NoError(t, err)
+		assert.EqualValues(t, n, e.count("status = ? AND attempts = 1 AND locked_until IS NULL AND last_error IS NOT NULL", StatusPending),
+			"every failure is recorded")
+		return
+	}
 	r := e.relay(RelayConfig{BatchSize: n})
 	now := e.ob.now()
 	lease := now.Add(time.Minute)
@@ -323,13 +355,43 @@ func testUnavailableRun(t *testing.T, b backend) {
 func testOutcomesAsWorkersFinish(t *testing.T, b backend) {
 	e := b.setup(t)
 	unblock := make(chan struct{})
+	var delivered atomic.Int32
 	e.ob.Handle("x", func(ctx context.Context, ev Event) error {
 		if ev.ID == "x-00000" {
 			<-unblock // a slow delivery holds one worker
 		}
+		delivered.Add(1)
 		return nil
 	})
 	publishN(t, e.db, "x", 6)
+	if b.logical {
+		// Logical mode confirms a streamed batch as a whole, once every
+		// outcome of it is durable: while x-00000 is in flight the other
+		// five are delivered and the relay goes on reporting its position,
+		// but one before the batch, so a crash now would replay the batch
+		// in flight and no more (README, "Delivery").
+		end := e.commitEnd(t, "x-00000")
+		stop := runRelay(t, e.relay(RelayConfig{Workers: 2, PollInterval: time.Hour}))
+		require.Eventually(t, func() bool { return delivered.Load() == 5 }, 10*time.Second, 5*time.Millisecond)
+		since := time.Now()
+		var flush, confirmed pglogrepl.LSN
+		require.Eventually(t, func() bool {
+			// A position report the relay sent after the five were delivered.
+			reply, f, c := e.slotReport(t)
+			flush, confirmed = f, c
+			return reply.After(since)
+		}, 10*time.Second, 5*time.Millisecond)
+		assert.Less(t, flush, end, "the relay reports a position before the batch in flight")
+		assert.Less(t, confirmed, end, "the slot keeps the batch in flight")
+		close(unblock)
+		require.Eventually(t, func() bool {
+			_, _, c := e.slotReport(t)
+			return c >= end
+		}, 10*time.Second, 5*time.Millisecond, "the batch is confirmed once done")
+		assert.EqualValues(t, 6, e.count("status = ?", StatusSent), "the rows the relay wrote for the explicit IDs")
+		stop()
+		return
+	}
 	done := make(chan error, 1)
 	go func() {
 		_, err := e.relay(RelayConfig{Workers: 2}).ProcessOnce(context.Background())
@@ -366,13 +428,30 @@ func testMemoryIdempotency(t *testing.T, b backend) {
 
 func testIDReused(t *testing.T, b backend) {
 	e := b.setup(t)
+	var logs syncBuffer
+	e.ob.logger = slog.New(slog.NewTextHandler(&logs, nil))
+	c := &collector{}
+	e.ob.Handle(AnyEvent, c.handle)
 	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "first", IdempotencyKey: "k1"}))
 	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "first", IdempotencyKey: "k1"}), "the same event again: a no-op")
 	err := Publish(e.db, Event{ID: "same", Type: "second", IdempotencyKey: "k2"})
-	require.Error(t, err, "a different event reusing an ID must not vanish without a word")
-	assert.ErrorContains(t, err, "already used by an event with another idempotency key")
-	assert.ErrorIs(t, err, ErrInvalidEvent, "a validation failure, as README says every one is")
-	assert.ErrorIs(t, err, ErrIDConflict)
+	if b.logical {
+		// Publish cannot see the table in Logical mode: both commit, and
+		// the relay delivers the first, drops the later one, logs it at
+		// Error and counts it (README, "Logical mode").
+		require.NoError(t, err)
+		require.Equal(t, []string{"same"}, e.delivered(t, c), "delivered once")
+		assert.Equal(t, "first", c.events[0].Type)
+		assert.Equal(t, 1, strings.Count(logs.String(), "level=ERROR msg=\"outbox: a committed event reuses the ID of another event"), "the loss is logged once:\n%s", logs.String())
+		st, err := e.ob.Stats(t.Context(), e.db)
+		require.NoError(t, err)
+		assert.EqualValues(t, 1, st.Dropped, "the repeat of the same event is no loss; the other one is")
+	} else {
+		require.Error(t, err, "a different event reusing an ID must not vanish without a word")
+		assert.ErrorContains(t, err, "already used by an event with another idempotency key")
+		assert.ErrorIs(t, err, ErrInvalidEvent, "a validation failure, as README says every one is")
+		assert.ErrorIs(t, err, ErrIDConflict)
+	}
 	assert.EqualValues(t, 1, e.count(""))
 	assert.Equal(t, "first", e.record("same").EventType)
 }
@@ -423,6 +502,8 @@ func testSQLTx(t *testing.T, b backend) {
 	for _, prepare := range []bool{false, true} {
 		t.Run(fmt.Sprint("PrepareStmt=", prepare), func(t *testing.T) {
 			e := b.setup(t, withGorm(&gorm.Config{PrepareStmt: prepare}))
+			c := &collector{}
+			e.ob.Handle("x", c.handle)
 			_, ok := SQLTx(e.db)
 			assert.False(t, ok, "no transaction outside one")
 			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
@@ -436,6 +517,11 @@ func testSQLTx(t *testing.T, b backend) {
 			var n int64
 			require.NoError(t, e.db.Model(&Order{}).Where("total = 42").Count(&n).Error)
 			assert.EqualValues(t, 1, n)
+			if b.logical { // Logical mode's Publish writes a WAL message in the transaction, no row
+				assert.EqualValues(t, 0, e.count(""))
+				assert.Equal(t, []string{"with-sqltx"}, e.delivered(t, c), "committed with the other library's write")
+				return
+			}
 			assert.EqualValues(t, 1, e.count("id = ?", "with-sqltx"))
 		})
 	}

@@ -267,6 +267,8 @@ type testEnv struct {
 	ob    *Outbox
 	clock *fakeClock
 	name  string
+	// parker is the relay of parkInTable (Logical mode).
+	parker *Relay
 }
 
 type setupOpts struct {

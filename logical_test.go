@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,6 +17,8 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/pgtest"
+	"github.com/gorm-outbox/outbox/internal/wal"
+	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/postgres"
@@ -532,6 +535,89 @@ func dropSlotAtCleanup(t *testing.T, db *gorm.DB, slot string) {
 		}
 		_ = db.Exec(`DROP PUBLICATION IF EXISTS "` + slot + `"`).Error
 	})
+}
+
+// parkInTable, in Logical mode, has the relay of another process, whose
+// destination is down, stream what was committed: it writes each event to
+// the table undelivered, pending, with no attempt counted and due at once,
+// which is the row Persistent mode's Publish writes. The shared tests of
+// the table path (claims, leases, outcomes, admin) work on those rows.
+func (e *testEnv) parkInTable(t *testing.T) {
+	t.Helper()
+	require.Equal(t, Logical, e.ob.mode)
+	if e.parker == nil {
+		db := e.reopen(t)
+		ob := Plugin(Config{Mode: Logical, Slot: e.ob.slot, Table: e.ob.Table(), Logger: e.ob.logger})
+		ob.clock = e.clock.Now // one clock for both processes
+		require.NoError(t, db.Use(ob))
+		ob.Handle(AnyEvent, func(context.Context, Event) error { return Unavailable(errors.New("the destination is down")) })
+		e.parker = ob.Relay(db, RelayConfig{BatchSize: maxBatchSize})
+		require.NoError(t, e.parker.err)
+	}
+	// The streaming side of ProcessOnce alone: its table side would claim
+	// the rows it parks, and hand them back, again and again.
+	for range 100 {
+		n, err := e.parker.stream.Once(t.Context())
+		if n == 0 {
+			require.NoError(t, err)
+			return
+		}
+		require.True(t, IsUnavailable(err), "the parking relay: %v", err)
+	}
+	t.Fatal("the parking relay kept finding events")
+}
+
+// commitEnd returns where the transaction that published event id ends in
+// the WAL, as the (inactive) slot decodes it, without consuming anything.
+func (e *testEnv) commitEnd(t *testing.T, id string) pglogrepl.LSN {
+	t.Helper()
+	rows, err := e.db.Raw("SELECT data FROM pg_logical_slot_peek_binary_changes(?, NULL, NULL, 'proto_version', '1', 'publication_names', ?, 'messages', 'true')",
+		e.ob.slot, e.ob.slot).Rows()
+	require.NoError(t, err)
+	defer rows.Close()
+	found := false
+	for rows.Next() {
+		var data []byte
+		require.NoError(t, rows.Scan(&data))
+		msg, err := pglogrepl.Parse(data)
+		require.NoError(t, err)
+		switch m := msg.(type) {
+		case *pglogrepl.LogicalDecodingMessage:
+			found = found || m.Prefix == wal.Prefix(e.ob.slot) && bytes.Contains(m.Content, []byte(`"id":"`+id+`"`))
+		case *pglogrepl.CommitMessage:
+			if found {
+				return m.TransactionEndLSN
+			}
+		}
+	}
+	require.NoError(t, rows.Err())
+	t.Fatalf("no committed transaction in the slot holds event %s", id)
+	return 0
+}
+
+// slotReport returns the last position report of the relay streaming the
+// slot (when the relay sent it, the position it flushed) and the slot's
+// confirmed position.
+func (e *testEnv) slotReport(t *testing.T) (sent time.Time, flush, confirmed pglogrepl.LSN) {
+	t.Helper()
+	var (
+		reply            *time.Time
+		flushed, confirm *string
+	)
+	require.NoError(t, e.db.Raw(`SELECT r.reply_time, r.flush_lsn::text, s.confirmed_flush_lsn::text FROM pg_replication_slots s
+		LEFT JOIN pg_stat_replication r ON r.pid = s.active_pid WHERE s.slot_name = ?`, e.ob.slot).Row().Scan(&reply, &flushed, &confirm))
+	lsn := func(s *string) pglogrepl.LSN {
+		if s == nil {
+			return 0
+		}
+		l, err := pglogrepl.ParseLSN(*s)
+		require.NoError(t, err)
+		return l
+	}
+	if reply != nil {
+		sent = *reply
+	}
+	return sent, lsn(flushed), lsn(confirm)
 }
 
 // TestLogicalSuite runs the shared suite in Logical mode.

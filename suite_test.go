@@ -49,8 +49,12 @@ func runSuite(t *testing.T, b backend) {
 		"RelayRunStopsOnCancel":                 testRelayRun,
 		"RelayConfigValidation":                 testRelayConfig,
 		"DisableAutoMigrate":                    testDisableAutoMigrate,
-		"SQLiteInMemoryRefused":                 testSQLiteInMemoryRefused,
-		"SQLiteSettingsWarning":                 testSQLiteSettingsWarning,
+	}
+	if b.sqlite != nil {
+		// Only SQLite has these subjects; the other backends do not run
+		// them rather than skip them.
+		tests["SQLiteInMemoryRefused"] = testSQLiteInMemoryRefused
+		tests["SQLiteSettingsWarning"] = testSQLiteSettingsWarning
 	}
 	for name, fn := range productionTests {
 		tests[name] = fn
@@ -70,46 +74,18 @@ func runSuite(t *testing.T, b backend) {
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			if why, ok := notInLogicalMode[name]; ok && b.logical {
-				t.Skip("not in Logical mode: " + why)
-			}
 			fn(t, b)
 		})
 	}
 }
-
-// notInLogicalMode are the suite's tests whose subject Logical mode does
-// not have, and why; logical_test.go covers what it has instead.
-var notInLogicalMode = func() map[string]string {
-	const (
-		noRow = "reads the row Publish writes, and Logical mode writes none (it emits a WAL message: TestLogicalCommitRollbackSavepoint, TestLogicalRecorder)"
-		table = "fills the table through Publish and then works on its rows or claims; in Logical mode events reach the table only through the relay (the table path is the same code, tested on every backend)"
-		batch = "counts ProcessOnce's batches, and a streamed batch holds whole transactions (ordering: TestLogicalOrderByAggregate)"
-	)
-	m := map[string]string{
-		"EventIDReusedByAnotherEvent": "Publish cannot see the table; the relay drops and logs the later event (TestLogicalIDReusedByAnotherEvent)",
-		"StatsAndOnDelivery":          "expects the Stats of a table without a slot (TestLogicalStatsSlotLag)",
-	}
-	for _, n := range []string{"PersistentInsertsInCallersTransaction", "PersistentOutsideTransaction", "SQLTx",
-		"AfterCommitUntrackedTransaction", "RecorderSkipDefaultTransaction", "UnsafeTableName", "RecorderFillsAggregateFromModel",
-		"GeneratedEventsInsertPlainly"} {
-		m[n] = noRow
-	}
-	for _, n := range []string{"AdminListPaging", "AdminGet", "AdminPurgeBatches", "AdminReplayFilterBatches", "AdminStatsFailedLastHour",
-		"Retention", "RetentionDeletesOnlySent", "HugeFailedBatchIsRecorded", "OutcomesGuardedByLease", "RelayReclaimsExpiredLease", "OutcomesWrittenAsWorkersFinish"} {
-		m[n] = table
-	}
-	for _, n := range []string{"RelayDeliversAndMarksSent", "RelayStopsBeforeLeaseRunsOut", "OrderByAggregate"} {
-		m[n] = batch
-	}
-	return m
-}()
 
 func ev(typ string, payload any) Event { return Event{Type: typ, Payload: payload} }
 
 func testPersistentInsertsInTx(t *testing.T, b backend) {
 	e := b.setup(t)
 	ctx := t.Context()
+	c := &collector{}
+	e.ob.Handle(AnyEvent, c.handle)
 
 	// Committed: the row is written inside the transaction (visible to it
 	// before the commit), invisible to others until the commit.
@@ -118,15 +94,24 @@ func testPersistentInsertsInTx(t *testing.T, b backend) {
 		require.NoError(t, Publish(tx, Event{ID: "committed", Type: "order.created", Payload: map[string]int{"total": 1}}))
 		var inside int64
 		require.NoError(t, tx.Table(e.ob.Table()).Where("id = ?", "committed").Count(&inside).Error)
-		assert.EqualValues(t, 1, inside, "the row must be INSERTed in the caller's transaction, not after commit")
+		if b.logical { // Logical mode's Publish writes a WAL message in the transaction, no row
+			assert.EqualValues(t, 0, inside, "Logical mode writes no row in the caller's transaction")
+		} else {
+			assert.EqualValues(t, 1, inside, "the row must be INSERTed in the caller's transaction, not after commit")
+		}
 		assert.EqualValues(t, 0, e.count("id = ?", "committed"), "an uncommitted row must be invisible to others")
 		return nil
 	})
 	require.NoError(t, err)
-	r := e.record("committed")
-	assert.Equal(t, StatusPending, r.Status, "a committed row stays pending until a relay delivers it")
-	assert.Equal(t, 0, r.Attempts)
-	assert.Nil(t, r.SentAt)
+	if b.logical { // the event waits in the slot, not in the table, until a relay delivers it
+		assert.EqualValues(t, 0, e.count(""), "Logical mode writes no row on commit either")
+		assert.Empty(t, c.ids(), "nothing is delivered before a relay runs")
+	} else {
+		r := e.record("committed")
+		assert.Equal(t, StatusPending, r.Status, "a committed row stays pending until a relay delivers it")
+		assert.Equal(t, 0, r.Attempts)
+		assert.Nil(t, r.SentAt)
+	}
 
 	// Rolled back: gone with the business row.
 	err = e.db.Transaction(func(tx *gorm.DB) error {
@@ -154,22 +139,42 @@ func testPersistentInsertsInTx(t *testing.T, b backend) {
 		return nil
 	})
 	require.NoError(t, err)
+	if b.logical { // the WAL message is decoded only if, and when, its transaction (or savepoint) commits
+		require.Equal(t, []string{"committed", "outer"}, e.delivered(t, c), "the committed events, in commit order; nothing rolled back")
+		assert.Equal(t, StatusSent, e.record("committed").Status, "an event with an explicit ID gets its row from the relay")
+		var p map[string]int
+		require.NoError(t, c.events[0].DecodePayload(&p))
+		assert.Equal(t, map[string]int{"total": 1}, p)
+	}
 	assert.EqualValues(t, 0, e.count("id IN ?", []string{"manual-rollback", "inner"}))
 	assert.EqualValues(t, 1, e.count("id = ?", "outer"))
 }
 
 func testPersistentOutsideTx(t *testing.T, b backend) {
 	e := b.setup(t)
+	c := &collector{}
+	e.ob.Handle(AnyEvent, c.handle)
 	require.NoError(t, Publish(e.db.WithContext(t.Context()), ev("a", 1), ev("b", 2)))
-	assert.EqualValues(t, 2, e.count("status = ?", StatusPending))
+	published := e.clock.Now()
 
 	// Defaults: UUIDv7 id, key = id, occurred_at now at microsecond precision.
 	var recs []Row
-	require.NoError(t, e.db.Table(e.ob.Table()).Order("event_type").Find(&recs).Error)
+	if b.logical { // Logical mode writes a WAL message, no row: the handler receives what it holds
+		assert.EqualValues(t, 0, e.count(""), "events with generated IDs leave no row")
+		require.Len(t, e.delivered(t, c), 2)
+		assert.EqualValues(t, 0, e.count(""), "nor once delivered")
+		for _, d := range c.events { // one worker: commit order, a then b
+			recs = append(recs, Row{ID: d.ID, EventType: d.Type, IdempotencyKey: d.IdempotencyKey, OccurredAt: d.OccurredAt})
+		}
+	} else {
+		assert.EqualValues(t, 2, e.count("status = ?", StatusPending))
+		require.NoError(t, e.db.Table(e.ob.Table()).Order("event_type").Find(&recs).Error)
+	}
 	require.Len(t, recs, 2)
+	assert.Equal(t, []string{"a", "b"}, []string{recs[0].EventType, recs[1].EventType})
 	assert.Len(t, recs[0].ID, 36)
 	assert.Equal(t, recs[0].ID, recs[0].IdempotencyKey)
-	assert.WithinDuration(t, e.clock.Now(), recs[0].OccurredAt, time.Millisecond)
+	assert.WithinDuration(t, published, recs[0].OccurredAt, time.Millisecond)
 	assert.NotEqual(t, recs[0].ID, recs[1].ID)
 
 	// More events than one INSERT takes (PostgreSQL allows 65535 arguments
@@ -180,12 +185,31 @@ func testPersistentOutsideTx(t *testing.T, b backend) {
 	}
 	require.NoError(t, Publish(e.db, many...))
 	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return Publish(tx, many[:1500]...) }), "duplicates are skipped")
+	bulk := func() int { // the bulk events delivered, each key once
+		keys := map[string]int{}
+		for _, d := range c.events {
+			if d.Type == "bulk" {
+				keys[d.IdempotencyKey]++
+				assert.Equal(t, 1, keys[d.IdempotencyKey], "key %s delivered twice", d.IdempotencyKey)
+			}
+		}
+		return len(keys)
+	}
+	if b.logical { // the relay skips the duplicates (first committed wins) and writes a row for each keyed event
+		e.delivered(t, c)
+		assert.Equal(t, 2500, bulk())
+		assert.EqualValues(t, 2500, e.count("event_type = ? AND status = ?", "bulk", StatusSent))
+	}
 	assert.EqualValues(t, 2500, e.count("event_type = ?", "bulk"))
 	for i := range many {
 		many[i].IdempotencyKey = fmt.Sprint("other-", i)
 	}
 	many[2400].Type = ""
 	require.ErrorIs(t, Publish(e.db, many...), ErrInvalidEvent)
+	if b.logical { // nothing of the rejected call reaches the WAL
+		e.delivered(t, c)
+		assert.Equal(t, 2500, bulk(), "an invalid event rejects the whole call")
+	}
 	assert.EqualValues(t, 2500, e.count("event_type = ?", "bulk"), "an invalid event rejects the whole call")
 }
 
@@ -463,6 +487,8 @@ func testAfterCommitUntracked(t *testing.T, b backend) {
 	for _, mode := range []Mode{Persistent, Memory} {
 		t.Run(mode.String(), func(t *testing.T) {
 			e := b.setup(t, withConfig(Config{Mode: mode}))
+			c := &collector{}
+			e.ob.Handle("x", c.handle)
 			ran := false
 			err := e.db.Connection(func(conn *gorm.DB) error {
 				return conn.Transaction(func(tx *gorm.DB) error {
@@ -486,7 +512,12 @@ func testAfterCommitUntracked(t *testing.T, b backend) {
 				assert.EqualValues(t, 0, n, "and the business write rolled back with it")
 			} else {
 				require.NoError(t, err, "persistent mode writes in any transaction")
-				assert.EqualValues(t, 1, e.count(""))
+				if b.logical { // a WAL message, no row: the relay delivers the event of the untracked commit
+					assert.EqualValues(t, 0, e.count(""))
+					assert.Len(t, e.delivered(t, c), 1)
+				} else {
+					assert.EqualValues(t, 1, e.count(""))
+				}
 			}
 		})
 	}
@@ -577,12 +608,25 @@ func testUnsafeTableName(t *testing.T, b backend) {
 	// the name.
 	for _, name := range []string{"custom_outbox", "order", "MyOutbox", strings.Repeat("t", 40)} {
 		e := b.setup(t, withConfig(Config{Table: name}))
-		require.NoError(t, Publish(e.db, ev("x", 1)), name)
-		assert.EqualValues(t, 1, e.count(""), name)
+		// A generated event and one with a key of its own, of an aggregate:
+		// the claim, ordering and outcome statements (in Logical mode the
+		// relay's own INSERT) all run on the table.
+		require.NoError(t, Publish(e.db, ev("x", 1), Event{Type: "x", IdempotencyKey: "k", AggregateType: "a", AggregateID: "1"}), name)
+		if b.logical { // a WAL message, no row until the relay writes the keyed event's
+			assert.EqualValues(t, 0, e.count(""), name)
+		} else {
+			assert.EqualValues(t, 2, e.count(""), name)
+		}
 		e.ob.Handle("x", func(context.Context, Event) error { return nil })
 		n, err := e.relay(RelayConfig{OrderByAggregate: true}).ProcessOnce(t.Context())
 		require.NoError(t, err, name)
-		assert.Equal(t, 1, n, name)
+		assert.Equal(t, 2, n, name)
+		if b.logical { // the generated event leaves no row
+			assert.EqualValues(t, 1, e.count("status = ? AND idempotency_key = ?", StatusSent, "k"), name)
+			assert.EqualValues(t, 1, e.count(""), name)
+		} else {
+			assert.EqualValues(t, 2, e.count("status = ?", StatusSent), name)
+		}
 	}
 }
 
@@ -606,10 +650,8 @@ func testDisableAutoMigrate(t *testing.T, b backend) {
 	require.NoError(t, ob.Migrate(t.Context(), db))
 }
 
+// testSQLiteInMemoryRefused runs on the SQLite backends only.
 func testSQLiteInMemoryRefused(t *testing.T, b backend) {
-	if b.sqlite == nil {
-		t.Skip("SQLite only")
-	}
 	open := func() *gorm.DB {
 		db, err := gorm.Open(b.sqlite.open(":memory:"), &gorm.Config{Logger: logger.Discard})
 		require.NoError(t, err)
@@ -645,10 +687,8 @@ func TestEventHelpers(t *testing.T) {
 	assert.Nil(t, v)
 }
 
+// testSQLiteSettingsWarning runs on the SQLite backends only.
 func testSQLiteSettingsWarning(t *testing.T, b backend) {
-	if b.sqlite == nil {
-		t.Skip("SQLite only")
-	}
 	install := func(dsn string) string {
 		db, err := gorm.Open(b.sqlite.open("file:"+filepath.Join(t.TempDir(), "w.db")+dsn), &gorm.Config{Logger: logger.Discard})
 		require.NoError(t, err)
