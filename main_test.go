@@ -7,12 +7,10 @@ import (
 )
 
 // TestMain fails the run if a test leaves goroutines behind: a relay that
-// does not stop, a listener that outlives Run. The NOTIFY sender is allowed
-// its idle second before it exits by itself.
+// does not stop, a listener that outlives Run. The NOTIFY sender stops
+// 250 ms after its last wake-up, within goleak's retries.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(stopsServers{m},
-		goleak.IgnoreTopFunction("github.com/gorm-outbox/outbox.(*notifier).loop"),
-		goleak.IgnoreAnyFunction("github.com/gorm-outbox/outbox.(*notifier).send"),
 		// GORM's prepared-statement cache starts a janitor it never stops.
 		goleak.IgnoreAnyFunction("gorm.io/gorm/internal/lru.NewLRU[...].func1"),
 	)

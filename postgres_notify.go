@@ -31,8 +31,15 @@ const (
 	maxNotifyGap = 8 * time.Millisecond
 )
 
-// notifier sends the debounced NOTIFY of one process. Its goroutine runs
-// while there is something to send and exits after a second idle.
+// notifierIdle is how long the notifier's goroutine, and the connection
+// it holds, outlive the last wake-up: long enough to serve a burst of
+// commits on one connection, short enough that no goroutine lingers once
+// writing stops.
+const notifierIdle = 250 * time.Millisecond
+
+// notifier sends the debounced NOTIFY of one process. The Outbox owns it;
+// its goroutine runs while there is something to send and stops
+// notifierIdle after the last.
 type notifier struct {
 	o       *Outbox
 	n       store.Notifier
@@ -67,7 +74,7 @@ func (n *notifier) loop() {
 			_ = conn.Close()
 		}
 	}()
-	idle := time.NewTimer(time.Second)
+	idle := time.NewTimer(notifierIdle)
 	defer idle.Stop()
 	gap := minNotifyGap
 	for {
@@ -79,7 +86,7 @@ func (n *notifier) loop() {
 			if !idle.Stop() {
 				<-idle.C
 			}
-			idle.Reset(time.Second)
+			idle.Reset(notifierIdle)
 		case <-idle.C:
 			n.running.Store(false)
 			// A signal may have come in after the timer fired but before
@@ -87,7 +94,7 @@ func (n *notifier) loop() {
 			if len(n.poke) == 0 || !n.running.CompareAndSwap(false, true) {
 				return
 			}
-			idle.Reset(time.Second)
+			idle.Reset(notifierIdle)
 		}
 	}
 }
@@ -171,10 +178,8 @@ func (r *Relay) listenOnce(ctx context.Context, n store.Notifier, w *waker, list
 		return err
 	}
 	defer conn.Close()
-	defer r.listening.Store(false)
 	return n.Listen(ctx, conn, func() {
 		listening()
-		r.listening.Store(true)
 		w.poke() // events committed before LISTEN took effect
 	}, w.poke)
 }

@@ -144,7 +144,8 @@ func testWakeAcrossProcesses(t *testing.T, b backend) {
 	if b.name != "postgres" {
 		t.Skip("LISTEN/NOTIFY is PostgreSQL's; SQLite relays poll or are woken in-process")
 	}
-	e := b.setup(t)
+	// A table of its own: its NOTIFY channel is this test's alone.
+	e := b.setup(t, withConfig(Config{Table: randomName("wake_")}))
 	got := make(chan string, 10)
 	e.ob.Handle("x", func(_ context.Context, ev Event) error { got <- ev.ID; return nil })
 	r := e.relay(RelayConfig{PollInterval: time.Hour})
@@ -153,13 +154,19 @@ func testWakeAcrossProcesses(t *testing.T, b backend) {
 	// Another "process": its own connection pool and its own Outbox on the
 	// same schema, so no in-process wake-up can reach the relay.
 	writerDB := e.reopen(t)
-	writer := Plugin(Config{Logger: e.ob.logger})
+	writer := Plugin(Config{Logger: e.ob.logger, Table: e.ob.Table()})
 	writer.clock = e.clock.Now // one clock for both "processes"
 	require.NoError(t, writerDB.Use(writer))
 
 	// Once the relay listens, only a NOTIFY can wake it before its hour-long
 	// poll.
-	require.Eventually(t, r.listening.Load, 10*time.Second, time.Millisecond)
+	channel := e.ob.store.(store.Notifier).Channel()
+	require.Eventually(t, func() bool {
+		var n int64
+		require.NoError(t, e.db.Raw("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND query = ?",
+			`LISTEN "`+channel+`"`).Scan(&n).Error)
+		return n > 0
+	}, 10*time.Second, time.Millisecond, "the relay listens")
 	require.NoError(t, writerDB.Transaction(func(tx *gorm.DB) error { return Publish(tx, Event{ID: "remote", Type: "x"}) }))
 	assert.Equal(t, "remote", receive(t, got))
 }

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/engine"
@@ -167,7 +166,6 @@ type Relay struct {
 
 	orderingMu   sync.Mutex
 	orderingDone bool
-	listening    atomic.Bool // a LISTEN connection is up
 }
 
 // Relay returns a relay that delivers the events in db's outbox table to the
