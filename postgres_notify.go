@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
 )
 
@@ -138,14 +139,14 @@ func (n *notifier) send(conn *sql.Conn) *sql.Conn {
 // It reconnects with backoff; if LISTEN cannot work at all it logs that once
 // and returns, leaving the relay to poll.
 func (r *Relay) listen(ctx context.Context, n store.Notifier, w *waker) {
-	retry := r.cfg.PollInterval
-	failing := false
+	retry := engine.Backoff{Min: r.cfg.PollInterval, Max: max(30*time.Second, r.cfg.PollInterval)}
+	var failing engine.Episode
 	for ctx.Err() == nil {
 		err := r.listenOnce(ctx, n, w, func() {
-			if failing {
+			if was, _ := failing.End(); was {
 				r.o.logger.InfoContext(ctx, "outbox: relay listening for notifications again")
 			}
-			failing, retry = false, r.cfg.PollInterval
+			retry.Reset()
 		})
 		if ctx.Err() != nil {
 			return
@@ -154,17 +155,10 @@ func (r *Relay) listen(ctx context.Context, n store.Notifier, w *waker) {
 			r.o.logger.WarnContext(ctx, "outbox: LISTEN unavailable; the relay polls every PollInterval", slog.Any("error", err))
 			return
 		}
-		if !failing {
+		if failing.Begin() {
 			r.o.logger.WarnContext(ctx, "outbox: LISTEN connection lost; polling until it is back", slog.Any("error", err))
-			failing = true
 		}
-		t := time.NewTimer(retry)
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		retry = min(retry*2, 30*time.Second)
+		engine.Sleep(ctx, retry.Next())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/engine"
 	"gorm.io/gorm"
 )
 
@@ -19,7 +20,7 @@ func (r *Relay) retain(ctx context.Context) {
 	every := min(r.cfg.RetainSent/10, time.Minute)
 	t := time.NewTimer(0)
 	defer t.Stop()
-	failing := false
+	var failing engine.Episode
 	for {
 		select {
 		case <-ctx.Done():
@@ -30,10 +31,12 @@ func (r *Relay) retain(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err != nil && !failing {
+		switch {
+		case err != nil && failing.Begin():
 			r.o.logger.WarnContext(ctx, "outbox: deleting old sent events failed; will retry", slog.Any("error", err))
+		case err == nil:
+			failing.End()
 		}
-		failing = err != nil
 		t.Reset(every)
 	}
 }

@@ -498,9 +498,8 @@ func (s *streamer) receive(ctx context.Context) error {
 // stands by while another relay does, and reconnects after errors.
 func (r *Relay) Run(ctx context.Context) {
 	var (
-		standing bool // logged "standing by" for the current episode
-		failing  bool
-		retry    = r.PollInterval
+		standing, failing engine.Episode
+		retry             = engine.Backoff{Min: r.PollInterval, Max: max(5*time.Second, r.PollInterval)}
 	)
 	for ctx.Err() == nil {
 		conn, timeout, err := r.startStream(ctx)
@@ -508,29 +507,29 @@ func (r *Relay) Run(ctx context.Context) {
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, errSlotBusy):
-			if !standing {
+			if standing.Begin() {
 				r.Logger.InfoContext(ctx, "outbox: another relay streams the slot; standing by to take over", slog.String("slot", r.Slot))
-				standing = true
 			}
+			// Jittered, so that standbys do not knock together.
 			engine.Sleep(ctx, time.Duration(500+rand.IntN(500))*time.Millisecond)
 			continue
 		case err != nil:
-			if !failing {
+			if failing.Begin() {
 				r.Logger.ErrorContext(ctx, "outbox: cannot stream the replication slot; retrying with backoff", slog.Any("error", err))
-				failing = true
 			}
-			engine.Sleep(ctx, retry)
-			retry = min(retry*2, 5*time.Second)
+			engine.Sleep(ctx, retry.Next())
 			continue
 		}
-		if standing || failing {
+		wasStanding, _ := standing.End()
+		wasFailing, _ := failing.End()
+		if wasStanding || wasFailing {
 			r.Logger.InfoContext(ctx, "outbox: streaming the replication slot", slog.String("slot", r.Slot))
 		}
-		standing, failing, retry = false, false, r.PollInterval
+		retry.Reset()
 		if _, err := r.stream(ctx, conn, timeout, 0); err != nil && ctx.Err() == nil {
 			r.Logger.ErrorContext(ctx, "outbox: the replication stream broke; reconnecting", slog.Any("error", err))
-			failing = true
-			engine.Sleep(ctx, retry)
+			failing.Begin()
+			engine.Sleep(ctx, retry.Next())
 		}
 	}
 }
