@@ -15,7 +15,6 @@ import (
 	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
-	pgstore "github.com/gorm-outbox/outbox/internal/store/postgres"
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgproto3"
@@ -71,6 +70,14 @@ func setsWalSenderTimeout(params map[string]string) bool {
 	return ok || strings.Contains(params["options"], "wal_sender_timeout")
 }
 
+// sqlState reports whether err is a PostgreSQL error with that SQLSTATE:
+// what the replication protocol answers (the stores classify the errors
+// of their own statements).
+func sqlState(err error, code string) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == code
+}
+
 // errSlotBusy: another connection streams the slot.
 var errSlotBusy = errors.New("outbox: another relay streams the replication slot")
 
@@ -91,10 +98,10 @@ func (r *Relay) startStream(ctx context.Context) (conn *pgconn.PgConn, timeout t
 	}})
 	if err != nil {
 		_ = conn.Close(context.Background())
-		if pgstore.IsSQLState(err, "55006") { // object_in_use: the slot is active for another PID
+		if sqlState(err, "55006") { // object_in_use: the slot is active for another PID
 			return nil, 0, errSlotBusy
 		}
-		if pgstore.IsSQLState(err, "42704") { // undefined_object
+		if sqlState(err, "42704") { // undefined_object
 			return nil, 0, fmt.Errorf("%w: slot %s: %w", errs.ErrNoSlot, r.Slot, err)
 		}
 		return nil, 0, fmt.Errorf("outbox: start streaming slot %s: %w", r.Slot, err)
