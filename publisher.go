@@ -135,37 +135,17 @@ func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []enc
 	for i := range enc {
 		ids[i] = enc[i].ID
 	}
-	q := o.store.KeysOf(ids)
-	rows, err := pool.QueryContext(ctx, q.SQL, q.Args...)
+	held, err := store.HeldIDs(ctx, pool, o.store, ids)
 	if err != nil {
-		return fmt.Errorf("outbox: check skipped events: %w", err)
-	}
-	defer rows.Close()
-	type stored struct {
-		key   string
-		added time.Time
-	}
-	held := make(map[string]stored, len(enc))
-	for rows.Next() {
-		var (
-			id, key string
-			added   store.DBTime
-		)
-		if err := rows.Scan(&id, &key, &added); err != nil {
-			return fmt.Errorf("outbox: check skipped events: %w", err)
-		}
-		held[id] = stored{key, added.T}
-	}
-	if err := rows.Err(); err != nil {
 		return fmt.Errorf("outbox: check skipped events: %w", err)
 	}
 	for i := range enc {
 		row, ok := held[enc[i].ID]
-		if ok && row.key != enc[i].IdempotencyKey {
+		if ok && row.Key != enc[i].IdempotencyKey {
 			return fmt.Errorf("%w: %w: event %s (%s): its ID is already used by an event with another idempotency key",
 				ErrInvalidEvent, ErrIDConflict, enc[i].ID, enc[i].Type)
 		}
-		if skipped != nil && (!ok || !row.added.Equal(now)) {
+		if skipped != nil && (!ok || !row.Created.Equal(now)) {
 			skipped[i] = true
 		}
 	}

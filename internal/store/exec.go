@@ -123,3 +123,35 @@ func (d *DBTime) Scan(v any) error {
 }
 
 var _ sql.Scanner = (*DBTime)(nil)
+
+// Held is what the table holds under an event ID: the idempotency key
+// and when the row was written.
+type Held struct {
+	Key     string
+	Created time.Time
+}
+
+// HeldIDs reads, through w's KeysOf, which of ids the table holds: the one
+// lookup behind every duplicate check (Publish's in Persistent mode, the
+// stream's in Logical mode). An ID held with another key than the event's
+// is a different event reusing it.
+func HeldIDs(ctx context.Context, q Querier, w Writer, ids []string) (map[string]Held, error) {
+	stmt := w.KeysOf(ids)
+	rows, err := q.QueryContext(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	held := make(map[string]Held, len(ids))
+	for rows.Next() {
+		var (
+			id, key string
+			added   DBTime
+		)
+		if err := rows.Scan(&id, &key, &added); err != nil {
+			return nil, err
+		}
+		held[id] = Held{Key: key, Created: added.T}
+	}
+	return held, rows.Err()
+}

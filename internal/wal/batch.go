@@ -388,28 +388,15 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	for k, i := range skipped {
 		ids[k] = items[i].c.Event.ID
 	}
-	sqlDB := r.DB
-	q := r.Store.KeysOf(ids)
 	sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 	defer cancel()
-	rows, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
+	held, err := store.HeldIDs(sctx, r.DB, r.Store, ids)
 	if err != nil {
 		return // a diagnostic only: the outcome does not depend on it
 	}
-	defer rows.Close()
-	keys := map[string]string{}
-	for rows.Next() {
-		var (
-			id, key string
-			added   store.DBTime
-		)
-		if rows.Scan(&id, &key, &added) == nil {
-			keys[id] = key
-		}
-	}
 	for _, i := range skipped {
 		e := &items[i].c.Event
-		if key, ok := keys[e.ID]; ok && key != e.IdempotencyKey {
+		if h, ok := held[e.ID]; ok && h.Key != e.IdempotencyKey {
 			r.Dropped(ctx, e)
 		}
 	}
