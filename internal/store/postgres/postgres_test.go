@@ -1,0 +1,68 @@
+package postgres_test
+
+import (
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/store/postgres"
+	"github.com/gorm-outbox/outbox/internal/store/storetest"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	gormpg "gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+const dsnEnv = "OUTBOX_TEST_POSTGRES_DSN"
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// table is a keyword with capitals: the statements must quote it.
+const table = "Order"
+
+// opener returns an opener of a fresh schema (search_path) per call on the
+// server dsn names, dropped when the test ends, through pgx as the root
+// package opens PostgreSQL (gorm.io/driver/postgres), so that Listen works.
+func opener(t *testing.T, dsn string) storetest.Open {
+	admin, err := sql.Open("pgx", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close() })
+	require.NoError(t, admin.Ping(), "PostgreSQL at %s is unreachable", dsn)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	return func(t *testing.T) (store.Store, *sql.DB) {
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		schema := "storetest_" + hex.EncodeToString(b)
+		_, err := admin.Exec("CREATE SCHEMA " + schema)
+		require.NoError(t, err)
+		t.Cleanup(func() { _, _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE") })
+		gdb, err := gorm.Open(gormpg.Open(dsn+sep+"search_path="+schema), &gorm.Config{Logger: logger.Discard})
+		require.NoError(t, err)
+		db, err := gdb.DB()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		s := postgres.New(table)
+		require.NoError(t, s.Check(t.Context(), gdb, slog.New(slog.DiscardHandler)))
+		return s, db
+	}
+}
+
+// TestStore runs the conformance suite on the server OUTBOX_TEST_POSTGRES_DSN
+// names: skipped when it is not set, failed when it is set and the server
+// is unreachable.
+func TestStore(t *testing.T) {
+	dsn := os.Getenv(dsnEnv)
+	if dsn == "" {
+		t.Skipf("%s is not set; set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run the PostgreSQL store's suite", dsnEnv)
+	}
+	storetest.Exercise(t, opener(t, dsn))
+}
