@@ -45,6 +45,7 @@ func Exercise(t *testing.T, open Open) {
 
 	t.Run("Schema", func(t *testing.T) { t.Parallel(); testSchema(t, open, s.Name()) })
 	t.Run("Writer", func(t *testing.T) { t.Parallel(); testWriter(t, open) })
+	t.Run("Claimer", func(t *testing.T) { t.Parallel(); testClaimer(t, open) })
 }
 
 // env is one subtest's store and database.
