@@ -46,6 +46,7 @@ func Exercise(t *testing.T, open Open) {
 	t.Run("Schema", func(t *testing.T) { t.Parallel(); testSchema(t, open, s.Name()) })
 	t.Run("Writer", func(t *testing.T) { t.Parallel(); testWriter(t, open) })
 	t.Run("Claimer", func(t *testing.T) { t.Parallel(); testClaimer(t, open) })
+	t.Run("Admin", func(t *testing.T) { t.Parallel(); testAdmin(t, open) })
 }
 
 // env is one subtest's store and database.

@@ -1,0 +1,256 @@
+package storetest
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// statRow is one line of Stats.
+type statRow struct {
+	N      int64
+	Oldest time.Time
+}
+
+func (e *env) stats() map[string]statRow {
+	e.t.Helper()
+	q := e.s.Stats()
+	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
+	require.NoError(e.t, err, "%s", q.SQL)
+	defer rs.Close()
+	out := map[string]statRow{}
+	for rs.Next() {
+		var (
+			status string
+			r      statRow
+			oldest store.DBTime
+		)
+		require.NoError(e.t, rs.Scan(&status, &r.N, &oldest))
+		r.Oldest = oldest.T
+		out[status] = r
+	}
+	require.NoError(e.t, rs.Err())
+	return out
+}
+
+func testAdmin(t *testing.T, open Open) {
+	t.Run("Filters", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		with := func(ev store.Event, typ string) store.Event { ev.Type = typ; return ev }
+		e.insert(now.Add(-3*time.Hour), with(agg("r1", "order", "1"), "order.created"))
+		e.insert(now.Add(-2*time.Hour), with(agg("r2", "order", "1"), "order.paid"))
+		e.insert(now.Add(-2*time.Hour), with(agg("r3", "order", "2"), "order.paid"))
+		e.insert(now.Add(-1*time.Hour), with(agg("r4", "user", "1"), "user.created"))
+		e.insert(now, with(agg("r5", "user", "1"), "order.created"), with(ev("r6"), "order.created"))
+		e.failed(now, "Timeout: 50% of the_time", "r2")
+		e.failed(now, "timeout 50 percent of theXtime", "r3")
+		e.failed(now, `disk full! [x] at C:\tmp`, "r6")
+		e.sent(now, "r4")
+		failed := []string{"r2", "r3", "r6"}
+
+		for _, c := range []struct {
+			name string
+			f    store.Filter
+			want []string
+		}{
+			{"None", store.Filter{}, []string{"r1", "r2", "r3", "r4", "r5", "r6"}},
+			{"IDs", store.Filter{IDs: []string{"r4", "r1", "missing"}}, []string{"r1", "r4"}},
+			{"StatusFailed", store.Filter{Statuses: []string{"failed"}}, []string{"r2", "r3", "r6"}},
+			{"StatusesPendingSent", store.Filter{Statuses: []string{"pending", "sent"}}, []string{"r1", "r4", "r5"}},
+			{"Type", store.Filter{Types: []string{"order.paid"}}, []string{"r2", "r3"}},
+			{"Types", store.Filter{Types: []string{"order.created", "user.created"}}, []string{"r1", "r4", "r5", "r6"}},
+			{"AggregateType", store.Filter{AggregateType: "order"}, []string{"r1", "r2", "r3"}},
+			{"Aggregate", store.Filter{AggregateType: "order", AggregateID: "1"}, []string{"r1", "r2"}},
+			{"AggregateID", store.Filter{AggregateID: "1"}, []string{"r1", "r2", "r4", "r5"}},
+			{"CreatedSinceInclusive", store.Filter{CreatedSince: now.Add(-2 * time.Hour)}, []string{"r2", "r3", "r4", "r5", "r6"}},
+			{"CreatedUntilExclusive", store.Filter{CreatedUntil: now.Add(-2 * time.Hour)}, []string{"r1"}},
+			{"CreatedBetween", store.Filter{CreatedSince: now.Add(-2 * time.Hour), CreatedUntil: now.Add(-time.Hour)}, []string{"r2", "r3"}},
+			{"ErrorPercentLiteral", store.Filter{ErrorContains: "50%"}, []string{"r2"}},
+			{"ErrorPercentAlone", store.Filter{ErrorContains: "%"}, []string{"r2"}},
+			{"ErrorUnderscoreLiteral", store.Filter{ErrorContains: "the_time"}, []string{"r2"}},
+			{"ErrorUnderscoreAlone", store.Filter{ErrorContains: "_"}, []string{"r2"}},
+			{"ErrorIgnoresCase", store.Filter{ErrorContains: "TIMEOUT"}, []string{"r2", "r3"}},
+			{"ErrorEscapeCharLiteral", store.Filter{ErrorContains: "full!"}, []string{"r6"}},
+			{"ErrorBrackets", store.Filter{ErrorContains: "[x]"}, []string{"r6"}},
+			{"ErrorBackslash", store.Filter{ErrorContains: `\`}, []string{"r6"}},
+			{"ErrorBackslashLiteral", store.Filter{ErrorContains: `:\t`}, []string{"r6"}},
+			{"ErrorNone", store.Filter{ErrorContains: "nothing like it"}, nil},
+			{"Combined", store.Filter{Statuses: []string{"failed"}, Types: []string{"order.paid"}, AggregateID: "2", ErrorContains: "timeout"}, []string{"r3"}},
+		} {
+			t.Run(c.name, func(t *testing.T) {
+				e := *e
+				e.t = t
+				assert.Equal(t, c.want, nilIfEmpty(e.list(store.Page{Filter: c.f, Limit: 100})), "List")
+				assert.EqualValues(t, len(c.want), e.count(e.s.Count(c.f)), "Count")
+				_, purge := e.seqIDs(e.s.PurgeSelect(c.f, 100))
+				assert.ElementsMatch(t, c.want, purge, "PurgeSelect")
+				// Replay's filter: the root narrows it to failed rows (and
+				// refuses one whose statuses leave them out).
+				if len(c.f.Statuses) > 0 && !slices.Contains(c.f.Statuses, "failed") {
+					return
+				}
+				rf := c.f
+				rf.Statuses = []string{"failed"}
+				var wantFailed []string
+				for _, id := range c.want {
+					if slices.Contains(failed, id) {
+						wantFailed = append(wantFailed, id)
+					}
+				}
+				_, replay := e.seqIDs(e.s.ReplaySelect(rf, 0, 100))
+				assert.Equal(t, wantFailed, replay, "ReplaySelect with Statuses failed")
+			})
+		}
+	})
+
+	t.Run("Paging", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		e.insert(now, ev("p1"), ev("p2"), ev("p3"), ev("p4"), ev("p5"))
+		q1 := agg("q1", "other", "1")
+		q1.Type = "other.created"
+		e.insert(now, q1)
+		seq := e.seqOf("p1", "p2", "p4", "p5")
+		page := func(p store.Page) []string { p.Limit = max(p.Limit, 2); return e.list(p) }
+		assert.Equal(t, []string{"p1", "p2"}, page(store.Page{}), "the first page")
+		assert.Equal(t, []string{"p3", "p4"}, page(store.Page{AfterSeq: seq["p2"]}))
+		assert.Equal(t, []string{"p5", "q1"}, page(store.Page{AfterSeq: seq["p4"]}))
+		assert.Equal(t, []string{"q1", "p5"}, page(store.Page{Newest: true}), "newest first")
+		assert.Equal(t, []string{"p3", "p2"}, page(store.Page{Newest: true, BeforeSeq: seq["p4"]}))
+		assert.Equal(t, []string{"p2", "p3", "p4"}, page(store.Page{AfterSeq: seq["p1"], BeforeSeq: seq["p5"], Limit: 10}))
+		assert.Equal(t, []string{"p5"}, page(store.Page{AfterSeq: seq["p4"], Filter: store.Filter{Types: []string{"order.created"}}, Limit: 10}),
+			"paging and a filter")
+		assert.Equal(t, []string{"p1", "p2", "p3", "p4", "p5", "q1"}, page(store.Page{Limit: 100}))
+	})
+
+	t.Run("Get", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		e.insert(now, ev("g1"), ev("g2"))
+		_, ok := e.find("missing")
+		assert.False(t, ok)
+		e.failed(now.Add(time.Minute), "it broke", "g1")
+		e.sent(now.Add(2*time.Minute), "g2")
+		g1 := e.get("g1")
+		assert.Equal(t, "failed", g1.Status)
+		if assert.NotNil(t, g1.LastError) {
+			assert.Equal(t, "it broke", *g1.LastError)
+		}
+		assert.Nil(t, g1.SentAt)
+		assert.Nil(t, g1.LockedUntil)
+		g2 := e.get("g2")
+		assert.Equal(t, "sent", g2.Status)
+		sameTimePtr(t, now.Add(2*time.Minute), g2.SentAt, "sent_at")
+	})
+
+	t.Run("Replay", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		e.insert(now, ev("f1"), ev("p1"), ev("s1"))
+		e.failed(now, "boom", "f1")
+		e.sent(now, "s1")
+		at := now.Add(time.Hour)
+		assert.EqualValues(t, 1, e.exec(e.s.Replay([]string{"f1", "p1", "s1", "missing"}, at)), "only failed rows")
+		f := e.get("f1")
+		assert.Equal(t, "pending", f.Status)
+		assert.Equal(t, 0, f.Attempts)
+		sameTime(t, at, f.AvailableAt, "due at once")
+		sameTime(t, at, f.UpdatedAt, "updated_at")
+		assert.Nil(t, f.LockedUntil)
+		assert.Equal(t, map[string]state{"f1": {"pending", 0}, "p1": {"pending", 0}, "s1": {"sent", 1}}, e.states())
+		sameTime(t, now, e.get("p1").UpdatedAt, "a pending row is not touched")
+		assert.Equal(t, []string{"f1"}, e.claimIDs(store.ClaimSpec{Now: at, Lease: at.Add(time.Minute), Limit: 10, IDs: []string{"f1"}}))
+	})
+
+	t.Run("ReplayFilter", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		with := func(ev store.Event, typ string) store.Event { ev.Type = typ; return ev }
+		e.insert(now, with(ev("f1"), "a"), with(ev("f2"), "b"), with(ev("f3"), "a"), with(ev("f4"), "a"), with(ev("p1"), "a"))
+		e.failed(now, "boom", "f4", "f3", "f2", "f1")
+		f := store.Filter{Statuses: []string{"failed"}, Types: []string{"a"}}
+		seq := e.seqOf("f1", "f3", "f4")
+
+		seqs, got := e.seqIDs(e.s.ReplaySelect(f, 0, 2))
+		assert.Equal(t, []string{"f1", "f3"}, got, "the first batch, by seq")
+		assert.Equal(t, []int64{seq["f1"], seq["f3"]}, seqs)
+		_, got = e.seqIDs(e.s.ReplaySelect(f, seq["f3"], 2))
+		assert.Equal(t, []string{"f4"}, got, "after the last seq")
+		_, got = e.seqIDs(e.s.ReplaySelect(f, seq["f4"], 2))
+		assert.Empty(t, got)
+
+		at := now.Add(time.Hour)
+		assert.EqualValues(t, 2, e.exec(e.s.ReplayUpdate(f, []string{"f1", "f3", "f2", "p1"}, at)), "the rows read that still match")
+		for _, id := range []string{"f1", "f3"} {
+			r := e.get(id)
+			assert.Equal(t, "pending", r.Status, id)
+			assert.Equal(t, 0, r.Attempts, id)
+			sameTime(t, at, r.AvailableAt, "available_at of %s", id)
+			assert.Nil(t, r.LockedUntil, id)
+		}
+		assert.Equal(t, map[string]state{"f1": {"pending", 0}, "f2": {"failed", 1}, "f3": {"pending", 0}, "f4": {"failed", 1}, "p1": {"pending", 0}}, e.states())
+		assert.EqualValues(t, 0, e.exec(e.s.ReplayUpdate(f, []string{"f1"}, at)), "a row replayed meanwhile no longer matches")
+	})
+
+	t.Run("Purge", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		with := func(ev store.Event, typ string) store.Event { ev.Type = typ; return ev }
+		e.insert(now, with(ev("s1"), "a"), with(ev("s2"), "b"), with(ev("f1"), "a"), with(ev("p1"), "a"))
+		e.sent(now, "s1", "s2")
+		e.failed(now, "boom", "f1")
+		f := store.Filter{Statuses: []string{"sent", "failed"}, Types: []string{"a"}}
+		_, got := e.seqIDs(e.s.PurgeSelect(f, 10))
+		assert.ElementsMatch(t, []string{"s1", "f1"}, got)
+		_, got = e.seqIDs(e.s.PurgeSelect(f, 1))
+		assert.Len(t, got, 1, "at most limit")
+		assert.EqualValues(t, 2, e.exec(e.s.PurgeDelete(f, []string{"s1", "f1", "s2", "p1"})), "the rows read that still match")
+		assert.Equal(t, map[string]state{"s2": {"sent", 1}, "p1": {"pending", 0}}, e.states())
+		assert.EqualValues(t, 0, e.exec(e.s.PurgeDelete(f, []string{"s1", "f1"})))
+	})
+
+	t.Run("Stats", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		assert.Empty(t, e.stats(), "an empty table")
+		e.insert(now.Add(-3*time.Hour), ev("s1"))
+		e.insert(now.Add(-2*time.Hour), ev("p1"), ev("f1"))
+		e.insert(now.Add(-1*time.Hour), ev("p2"), ev("f2"))
+		e.insert(now, ev("f3"))
+		e.sent(now, "s1")
+		e.failed(now.Add(-2*time.Hour), "x", "f1")
+		e.failed(now.Add(-1*time.Hour), "x", "f2")
+		e.failed(now, "x", "f3")
+		got := e.stats()
+		want := map[string]statRow{
+			"pending": {2, now.Add(-2 * time.Hour)},
+			"sent":    {1, now.Add(-3 * time.Hour)},
+			"failed":  {3, now.Add(-2 * time.Hour)},
+		}
+		require.Len(t, got, len(want))
+		for status, w := range want {
+			assert.Equal(t, w.N, got[status].N, "count of %s", status)
+			sameTime(t, w.Oldest, got[status].Oldest, "oldest creation of %s", status)
+		}
+
+		// FailedSince: rows failed at or after the time (updated_at is when).
+		e.insert(now, ev("p3"))
+		lease := e.settle("p3")
+		e.exec(e.s.MarkFailed([]store.Outcome{{ID: "p3", Status: "pending", Err: "retry", Due: now}}, now, lease))
+		assert.EqualValues(t, 2, e.count(e.s.FailedSince(now.Add(-time.Hour))), "failed since an hour, inclusive; a retry is not failed")
+		assert.EqualValues(t, 3, e.count(e.s.FailedSince(now.Add(-3*time.Hour))))
+		assert.EqualValues(t, 0, e.count(e.s.FailedSince(now.Add(µs))))
+	})
+}
+
+func nilIfEmpty(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	return s
+}
