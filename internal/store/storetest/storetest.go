@@ -47,6 +47,8 @@ func Exercise(t *testing.T, open Open) {
 	t.Run("Writer", func(t *testing.T) { t.Parallel(); testWriter(t, open) })
 	t.Run("Claimer", func(t *testing.T) { t.Parallel(); testClaimer(t, open) })
 	t.Run("Admin", func(t *testing.T) { t.Parallel(); testAdmin(t, open) })
+	t.Run("Limits", func(t *testing.T) { t.Parallel(); testLimits(t, open) })
+	t.Run("Concurrency", func(t *testing.T) { t.Parallel(); testConcurrency(t, open) })
 }
 
 // env is one subtest's store and database.
