@@ -49,6 +49,17 @@ func Exercise(t *testing.T, open Open) {
 	t.Run("Admin", func(t *testing.T) { t.Parallel(); testAdmin(t, open) })
 	t.Run("Limits", func(t *testing.T) { t.Parallel(); testLimits(t, open) })
 	t.Run("Concurrency", func(t *testing.T) { t.Parallel(); testConcurrency(t, open) })
+	// The optional roles, where the store has them.
+	if _, ok := s.(store.Notifier); ok {
+		t.Run("Notifier", func(t *testing.T) { t.Parallel(); testNotifier(t, open) })
+	} else {
+		t.Logf("%s implements no store.Notifier", s.Name())
+	}
+	if _, ok := s.(store.Logical); ok {
+		t.Run("Logical", func(t *testing.T) { t.Parallel(); testLogical(t, open) })
+	} else {
+		t.Logf("%s implements no store.Logical", s.Name())
+	}
 }
 
 // env is one subtest's store and database.
