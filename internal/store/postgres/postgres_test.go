@@ -4,11 +4,14 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/gorm-outbox/outbox/internal/pgtest"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/store/postgres"
 	"github.com/gorm-outbox/outbox/internal/store/storetest"
@@ -21,7 +24,18 @@ import (
 
 const dsnEnv = "OUTBOX_TEST_POSTGRES_DSN"
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(stopsServer{m}) }
+
+// stopsServer stops the cluster TestSlots started once the tests are done.
+type stopsServer struct{ m *testing.M }
+
+func (s stopsServer) Run() int {
+	code := s.m.Run()
+	if logical.s != nil {
+		logical.s.Close()
+	}
+	return code
+}
 
 // table is a keyword with capitals: the statements must quote it.
 const table = "Order"
@@ -65,4 +79,28 @@ func TestStore(t *testing.T) {
 		t.Skipf("%s is not set; set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run the PostgreSQL store's suite", dsnEnv)
 	}
 	storetest.Exercise(t, opener(t, dsn))
+}
+
+// logical is the cluster TestSlots starts: the shared server's wal_level
+// cannot change without a restart.
+var logical struct {
+	once sync.Once
+	s    *pgtest.Server
+	err  error
+}
+
+// TestSlots runs the Logical statements that need wal_level=logical on a
+// cluster of the test's own. Under CI a missing PostgreSQL installation
+// fails it; elsewhere it skips it.
+func TestSlots(t *testing.T) {
+	logical.once.Do(func() {
+		logical.s, logical.err = pgtest.Start("wal_level=logical", "max_replication_slots=4", "max_wal_senders=4")
+	})
+	if err := logical.err; err != nil {
+		if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+			t.Skipf("the slot checks need a PostgreSQL installation: %v", err)
+		}
+		t.Fatalf("cannot start a PostgreSQL with wal_level=logical: %v", err)
+	}
+	storetest.ExerciseSlots(t, opener(t, logical.s.DSN("postgres")))
 }

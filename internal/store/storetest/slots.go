@@ -1,0 +1,84 @@
+package storetest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"testing"
+
+	"github.com/gorm-outbox/outbox/internal/errs"
+	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// ExerciseSlots checks the store.Logical statements that need a server
+// decoding its WAL (PostgreSQL with wal_level=logical), which Exercise
+// leaves out: CreateSlot, and Emit and SlotStats on a slot that exists.
+// open's databases must be on such a server. Slots belong to the whole
+// cluster: the suite drops the ones it creates.
+func ExerciseSlots(t *testing.T, open Open) {
+	t.Helper()
+	e := setup(t, open)
+	lg, ok := e.s.(store.Logical)
+	require.True(t, ok, "%T implements no store.Logical", e.s)
+	require.NoError(t, lg.CheckLogical(e.ctx, e.db), "ExerciseSlots needs a server that decodes its WAL")
+
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	slot := "storetest_" + hex.EncodeToString(b)
+	other := slot + "_td"
+	t.Cleanup(func() {
+		// A fresh context: t's has ended by now.
+		for _, s := range []string{slot, other} {
+			_, _ = e.db.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '" + s + "'")
+			_, _ = e.db.Exec(`DROP PUBLICATION IF EXISTS "` + s + `"`)
+		}
+	})
+	logger := slog.New(slog.DiscardHandler)
+
+	t.Run("CreateSlot", func(t *testing.T) {
+		emitted, err := lg.Emit(e.ctx, e.db, slot, "outbox", []byte(`{"id":"before"}`))
+		require.NoError(t, err)
+		assert.False(t, emitted, "Emit before the slot exists")
+		require.NoError(t, lg.CreateSlot(e.ctx, e.db, slot, logger))
+		require.NoError(t, lg.CreateSlot(e.ctx, e.db, slot, logger), "CreateSlot of a slot that exists")
+		var plugin string
+		require.NoError(t, e.db.QueryRowContext(e.ctx, "SELECT plugin FROM pg_replication_slots WHERE slot_name = '"+slot+"'").Scan(&plugin))
+		assert.Equal(t, "pgoutput", plugin)
+	})
+
+	t.Run("Emit", func(t *testing.T) {
+		emitted, err := lg.Emit(e.ctx, e.db, slot, "outbox", []byte(`{"id":"x"}`))
+		require.NoError(t, err)
+		assert.True(t, emitted, "Emit once the slot exists")
+		tx, err := e.db.BeginTx(e.ctx, nil)
+		require.NoError(t, err)
+		emitted, err = lg.Emit(e.ctx, tx, slot, "outbox", []byte(`{"id":"y"}`))
+		require.NoError(t, err)
+		assert.True(t, emitted, "Emit in a transaction")
+		require.NoError(t, tx.Rollback())
+	})
+
+	t.Run("SlotStats", func(t *testing.T) {
+		var (
+			active bool
+			lag    int64
+		)
+		q := lg.SlotStats(slot)
+		require.NoError(t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&active, &lag))
+		assert.False(t, active, "nobody streams the slot")
+		assert.GreaterOrEqual(t, lag, int64(0))
+		var held bool
+		q = lg.SlotHeldBy(slot, 1)
+		require.NoError(t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&held))
+		assert.False(t, held)
+	})
+
+	t.Run("RefusesOtherPlugin", func(t *testing.T) {
+		_, err := e.db.ExecContext(e.ctx, "SELECT pg_create_logical_replication_slot('"+other+"', 'test_decoding')")
+		require.NoError(t, err)
+		err = lg.CreateSlot(e.ctx, e.db, other, logger)
+		assert.ErrorIs(t, err, errs.ErrInvalidConfig, "a slot of another plugin")
+	})
+}
