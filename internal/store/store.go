@@ -148,7 +148,12 @@ type Schema interface {
 // Writer is what Publish runs on the caller's transaction.
 type Writer interface {
 	// Insert writes rows as pending events; a row whose ID or key is
-	// already in the table is skipped (the first write wins).
+	// already in the table is skipped (the first write wins). One edge
+	// differs by database: on PostgreSQL and SQLite the key is unique
+	// among the rows whose key is not their own ID (the schema's partial
+	// index), so an event whose key equals an earlier default event's ID,
+	// or a default event whose ID equals an earlier event's own key, is
+	// written; MySQL, without partial indexes, skips both.
 	Insert(rows []Event, now time.Time) Query
 	// KeysOf reads the keys and creation times of the rows with the IDs.
 	KeysOf(ids []string) Query

@@ -96,18 +96,19 @@ func (s *Syntax) Count(f store.Filter) store.Query {
 func (s *Syntax) ReplaySelect(f store.Filter, after int64, limit int) store.Query {
 	b := s.Build()
 	b.W("SELECT seq, id FROM ", s.Table)
-	s.Where(b, f, "seq > "+b.Arg(after))
+	s.Where(b, f, "status = 'failed'", "seq > "+b.Arg(after))
 	b.W(" ORDER BY seq LIMIT ", b.Arg(limit))
 	return b.Query()
 }
 
 // ReplayUpdate implements store.Admin: the rows read beforehand that
-// still match.
+// still match and are still failed (a replay never touches another
+// status, whatever f says).
 func (s *Syntax) ReplayUpdate(f store.Filter, ids []string, now time.Time) store.Query {
 	u := s.Build()
 	u.W("UPDATE ", s.Table, " SET status = 'pending', attempts = 0, available_at = ", u.Time(now),
 		", updated_at = ", u.Time(now), ", locked_until = NULL")
-	s.Where(u, f, u.IDs("id", ids))
+	s.Where(u, f, "status = 'failed'", u.IDs("id", ids))
 	return u.Query()
 }
 

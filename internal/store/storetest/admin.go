@@ -197,6 +197,20 @@ func testAdmin(t *testing.T, open Open) {
 		assert.EqualValues(t, 0, e.exec(e.s.ReplayUpdate(f, []string{"f1"}, at)), "a row replayed meanwhile no longer matches")
 	})
 
+	// Admin's doc: ReplaySelect reads the failed rows matching f, and
+	// ReplayUpdate turns them back to pending, whatever f's Statuses.
+	t.Run("ReplayFilterFailedOnly", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		e.insert(now, ev("p1"), ev("f1"), ev("s1"))
+		e.failed(now, "boom", "f1")
+		e.sent(now, "s1")
+		_, got := e.seqIDs(e.s.ReplaySelect(store.Filter{}, 0, 10))
+		assert.Equal(t, []string{"f1"}, got, "ReplaySelect without Statuses")
+		assert.EqualValues(t, 1, e.exec(e.s.ReplayUpdate(store.Filter{}, []string{"p1", "f1", "s1"}, now.Add(time.Hour))), "ReplayUpdate without Statuses")
+		assert.Equal(t, map[string]state{"p1": {"pending", 0}, "f1": {"pending", 0}, "s1": {"sent", 1}}, e.states(), "a sent row stays sent")
+	})
+
 	t.Run("Purge", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, open)
