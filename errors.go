@@ -67,9 +67,6 @@ func IsPermanent(err error) bool { return errs.IsPermanent(err) }
 // counts towards MaxAttempts. A nil err yields nil.
 func RetryAfter(err error, d time.Duration) error { return errs.RetryAfter(err, d) }
 
-// retryDelay returns the delay a RetryAfter in err's chain asks for.
-func retryDelay(err error) (time.Duration, bool) { return errs.RetryDelay(err) }
-
 // Unavailable wraps err to tell the relay that the event's destination is
 // down (a broker or endpoint that cannot be reached), not that the event is
 // bad. The relay hands the event back without counting the attempt, stops
