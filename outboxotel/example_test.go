@@ -36,6 +36,11 @@ func ExampleInstrument() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer sqlDB.Close()
 	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err := db.Use(ob); err != nil {
 		log.Fatal(err)
