@@ -1,0 +1,11 @@
+package nats_test
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain fails the run if a test leaves goroutines behind: a relay that
+// does not stop, a NATS connection a test does not close.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
