@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/goleak"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 )
@@ -42,12 +43,20 @@ func logicalDB(t testing.TB) *gorm.DB {
 	return openGorm(t, postgres.Open(logicalServer.s.DSN("postgres")))
 }
 
-func TestMain(m *testing.M) {
-	code := m.Run()
+// TestMain fails the run if a test leaves goroutines behind, once the
+// logical cluster the tests started is stopped.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(stopsServer{m}) }
+
+// stopsServer stops the PostgreSQL cluster the tests started once they are
+// done.
+type stopsServer struct{ m *testing.M }
+
+func (s stopsServer) Run() int {
+	code := s.m.Run()
 	if logicalServer.s != nil {
 		logicalServer.s.Close()
 	}
-	os.Exit(code)
+	return code
 }
 
 // installLogical opens a database on the logical cluster and installs an
