@@ -7,6 +7,7 @@ require (
 	github.com/gorm-outbox/outbox v0.1.0
 	github.com/gorm-outbox/outbox/outboxui v0.1.0
 	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
 	gorm.io/driver/mysql v1.6.0
 	gorm.io/driver/postgres v1.6.3
 	gorm.io/driver/sqlite v1.6.0
