@@ -13,8 +13,6 @@ import (
 	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
-	"github.com/gorm-outbox/outbox/internal/store"
-	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
@@ -244,62 +242,4 @@ func firstErrs(errs []error) []error {
 		return append(errs[:5:5], errors.New("…"))
 	}
 	return errs
-}
-
-// TestMySQLOrderedClaimSeesCommitsMidScan: with OrderByAggregate, a claim
-// must not hand out an event while an older event of its aggregate is
-// unsent, even when both were committed while the claim's scan ran. The
-// scan is a locking read and sees rows committed after the statement
-// began; a predecessor probe inside the same statement reads an older
-// snapshot and does not. Here the scan is slowed down on purpose on a
-// first row, and another session commits two events of one aggregate
-// meanwhile: the claim may return the first, never the second.
-func TestMySQLOrderedClaimSeesCommitsMidScan(t *testing.T) {
-	t.Parallel()
-	e := mysqlBackend(t).setup(t)
-	r := e.relay(RelayConfig{OrderByAggregate: true})
-	require.NoError(t, r.ensureOrdering(t.Context()))
-	require.NoError(t, Publish(e.db, Event{ID: "first", Type: "x", AggregateType: "a", AggregateID: "other"}))
-	d := e.ob.store.(*mysqlstore.Store)
-	d.ScanDelay = time.Second
-
-	sqlDB, err := e.db.DB()
-	require.NoError(t, err)
-	type result struct {
-		batch []store.Claimed
-		err   error
-	}
-	done := make(chan result, 1)
-	e.clock.Advance(time.Second) // "first" and the two below are all due
-	go func() {
-		now := e.ob.now()
-		b, err := d.Claim(context.Background(), sqlDB, store.ClaimSpec{Now: now.Add(time.Hour), Lease: now.Add(2 * time.Hour), Limit: 10, Ordered: true})
-		done <- result{b, err}
-	}()
-	// The claim is sleeping on its first row: its snapshot is taken.
-	var db string
-	require.NoError(t, sqlDB.QueryRowContext(t.Context(), "SELECT DATABASE()").Scan(&db))
-	waitUntil(t, 10*time.Second, "the claim to sleep on its first row", func() bool {
-		var n int
-		require.NoError(t, sqlDB.QueryRowContext(t.Context(),
-			"SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID() AND info LIKE 'SELECT%SLEEP(%'", db).Scan(&n))
-		return n > 0
-	})
-	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
-		return Publish(tx,
-			Event{ID: "n", Type: "x", AggregateType: "a", AggregateID: "one"},
-			Event{ID: "n+1", Type: "x", AggregateType: "a", AggregateID: "one"})
-	}))
-	var running int
-	require.NoError(t, sqlDB.QueryRowContext(t.Context(),
-		"SELECT COUNT(*) FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID() AND info LIKE 'SELECT%SLEEP(%'", db).Scan(&running))
-	require.Equal(t, 1, running, "the commit must land while the claim's scan runs")
-	res := <-done
-	require.NoError(t, res.err)
-	var ids []string
-	for _, c := range res.batch {
-		ids = append(ids, c.ID)
-	}
-	assert.Contains(t, ids, "first")
-	assert.NotContains(t, ids, "n+1", "the claim handed out an event while an older event of its aggregate (n) was unsent")
 }

@@ -1,0 +1,110 @@
+package mysql
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	gormmysql "gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// TestOrderedClaimSeesCommitsMidScan: an ordered claim must not hand out
+// an event while an older event of its aggregate is unsent, even when both
+// were committed while the claim's scan ran. The scan is a locking read and
+// sees rows committed after the statement began; a predecessor probe
+// inside the same statement reads an older snapshot and does not. Here the
+// scan is slowed down on purpose on a first row, and another session
+// commits two events of one aggregate meanwhile: the claim may return the
+// first, never the second (it returned both before dropOvertaking).
+func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
+	t.Parallel()
+	d, db := openStore(t)
+	name, ddl := d.OrderingIndex()
+	require.NoError(t, store.Ensure(t.Context(), db, d, name, ddl...))
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	ev := func(id, agg string) store.Event {
+		return store.Event{ID: id, Type: "x", AggregateType: "a", AggregateID: agg, Key: id, Payload: []byte("{}"), OccurredAt: now}
+	}
+	exec := func(x interface {
+		ExecContext(context.Context, string, ...any) (sql.Result, error)
+	}, q store.Query) {
+		_, err := x.ExecContext(t.Context(), q.SQL, q.Args...)
+		require.NoError(t, err)
+	}
+	exec(db, d.Insert([]store.Event{ev("first", "other")}, now))
+
+	type result struct {
+		batch []store.Claimed
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		later := now.Add(time.Hour)
+		b, err := d.claim(context.Background(), db, store.ClaimSpec{Now: later, Lease: later.Add(time.Hour), Limit: 10, Ordered: true}, time.Second)
+		done <- result{b, err}
+	}()
+	sleeping := func() int {
+		var n int
+		require.NoError(t, db.QueryRowContext(t.Context(),
+			"SELECT COUNT(*) FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID() AND info LIKE 'SELECT%SLEEP(%'").Scan(&n))
+		return n
+	}
+	// The claim is sleeping on its first row: its snapshot is taken.
+	require.Eventually(t, func() bool { return sleeping() > 0 }, 10*time.Second, 5*time.Millisecond, "the claim to sleep on its first row")
+	tx, err := db.BeginTx(t.Context(), nil)
+	require.NoError(t, err)
+	exec(tx, d.Insert([]store.Event{ev("n", "one"), ev("n+1", "one")}, now))
+	require.NoError(t, tx.Commit())
+	require.Equal(t, 1, sleeping(), "the commit must land while the claim's scan runs")
+	res := <-done
+	require.NoError(t, res.err)
+	var ids []string
+	for _, c := range res.batch {
+		ids = append(ids, c.ID)
+	}
+	assert.Contains(t, ids, "first")
+	assert.NotContains(t, ids, "n+1", "the claim handed out an event while an older event of its aggregate (n) was unsent")
+}
+
+// openStore is the store on a database of its own on OUTBOX_TEST_MYSQL_DSN,
+// its table created.
+func openStore(t *testing.T) (*Store, *sql.DB) {
+	t.Helper()
+	dsn := os.Getenv("OUTBOX_TEST_MYSQL_DSN")
+	if dsn == "" {
+		t.Skip("OUTBOX_TEST_MYSQL_DSN is not set")
+	}
+	cfg, err := mysqldriver.ParseDSN(dsn)
+	require.NoError(t, err)
+	admin, err := sql.Open("mysql", dsn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = admin.Close() })
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "scan_" + hex.EncodeToString(b)
+	_, err = admin.Exec("CREATE DATABASE " + name)
+	require.NoError(t, err, "OUTBOX_TEST_MYSQL_DSN is set but MySQL is unreachable")
+	t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE " + name) })
+	c := cfg.Clone()
+	c.DBName = name
+	gdb, err := gorm.Open(gormmysql.Open(c.FormatDSN()), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	db, err := gdb.DB()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	s := New(store.DefaultTable)
+	require.NoError(t, s.Check(t.Context(), gdb, slog.New(slog.DiscardHandler)))
+	require.NoError(t, store.Create(t.Context(), db, s))
+	return s, db
+}
