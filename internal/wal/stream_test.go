@@ -268,3 +268,57 @@ func newTestRelay(t *testing.T, attempt func(context.Context, *engine.Item) erro
 	}
 	return r, db
 }
+
+// TestStreamedBatchRules runs the engine's rules over the WAL source, as
+// TestTableSource (internal/engine) does over the table: with ordering, a
+// failure holds its aggregate back, and whatever reaches the table does so
+// in stream order; a generated event delivered from the stream leaves no
+// row.
+func TestStreamedBatchRules(t *testing.T) {
+	t.Parallel()
+	var (
+		mu  sync.Mutex
+		got []string
+	)
+	r, db := newTestRelay(t, func(_ context.Context, it *engine.Item) error {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, it.Event.ID)
+		if it.Event.ID == "a1" {
+			return errors.New("a1 fails")
+		}
+		return nil
+	})
+	r.Ordered, r.Fanout.Ordered = true, true
+	msg, err := json.Marshal([]walEvent{
+		{ID: "a1", Type: "x", AggregateType: "o", AggregateID: "a", Payload: json.RawMessage(`1`)},
+		{ID: "b1", Type: "x", AggregateType: "o", AggregateID: "b", Payload: json.RawMessage(`2`)},
+		{ID: "a2", Type: "x", AggregateType: "o", AggregateID: "a", Payload: json.RawMessage(`3`), Checked: true},
+		{ID: "a3", Type: "x", AggregateType: "o", AggregateID: "a", Payload: json.RawMessage(`4`)},
+	})
+	require.NoError(t, err)
+	items, err := decodeWAL(msg, time.Now())
+	require.NoError(t, err)
+	res, err := r.handleStream(t.Context(), items, func() error { return nil })
+	require.NoError(t, err)
+	assert.NoError(t, res.down)
+	assert.Equal(t, 4, res.handled)
+	assert.Equal(t, 1, res.sent)
+	assert.ElementsMatch(t, []string{"a1", "b1"}, got, "a2 and a3 are held behind a1")
+
+	rows, err := db.Query("SELECT id, status, attempts FROM outbox_events ORDER BY seq")
+	require.NoError(t, err)
+	defer rows.Close()
+	var table []string
+	for rows.Next() {
+		var (
+			id, status string
+			attempts   int
+		)
+		require.NoError(t, rows.Scan(&id, &status, &attempts))
+		table = append(table, id+":"+status+":"+string(rune('0'+attempts)))
+	}
+	require.NoError(t, rows.Err())
+	assert.Equal(t, []string{"a1:pending:1", "a2:pending:0", "a3:pending:0"}, table,
+		"in stream order: a1 (to retry), a2 and a3 (held back); b1, generated and delivered, leaves no row")
+}
