@@ -380,7 +380,7 @@ func (m *mysqlServer) explainClaim(ctx context.Context, db *sql.DB, table string
 		// ANALYZE runs the statement (locks taken, then rolled back) and
 		// reports what it read.
 		var raw string
-		if err := tx.QueryRowContext(ctx, "ANALYZE FORMAT=JSON "+q, now, batch).Scan(&raw); err != nil {
+		if err := tx.QueryRowContext(ctx, "ANALYZE FORMAT=JSON "+q, now, now, batch).Scan(&raw); err != nil {
 			return "", fmt.Errorf("analyze claim on %s: %w", table, err)
 		}
 		var a struct {
