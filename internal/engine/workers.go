@@ -29,7 +29,11 @@ type Fanout struct {
 // Unavailable error a handler returned (down) and stale's error (gone),
 // if any.
 func (f *Fanout) Deliver(ctx, bctx context.Context, items []Item, stale func() error, record func(i int, r Result)) (down, gone error) {
-	groups := f.groups(items)
+	groups := f.groups(items) // nil without ordering: item g is group g
+	n := len(items)
+	if groups != nil {
+		n = len(groups)
+	}
 	var (
 		next     atomic.Int64
 		downErr  atomic.Pointer[error]
@@ -38,11 +42,15 @@ func (f *Fanout) Deliver(ctx, bctx context.Context, items []Item, stale func() e
 	work := func() {
 		for {
 			g := int(next.Add(1)) - 1
-			if g >= len(groups) {
+			if g >= n {
 				return
 			}
+			group := []int{g}
+			if groups != nil {
+				group = groups[g]
+			}
 			held := false
-			for _, i := range groups[g] {
+			for _, i := range group {
 				if stale != nil && staleErr.Load() == nil {
 					if err := stale(); err != nil {
 						staleErr.CompareAndSwap(nil, &err)
@@ -61,7 +69,7 @@ func (f *Fanout) Deliver(ctx, bctx context.Context, items []Item, stale func() e
 			}
 		}
 	}
-	run(min(f.Workers, len(groups)), work)
+	run(min(f.Workers, n), work)
 	if p := staleErr.Load(); p != nil {
 		gone = *p
 	}
@@ -85,15 +93,18 @@ func (f *Fanout) one(bctx context.Context, it *Item) Result {
 }
 
 // groups are the item indexes each worker delivers one after the other:
-// one item each, or with ordering an aggregate's items together, in batch
-// order.
+// with ordering, an aggregate's items together, in batch order; nil
+// without, when every item is a group of its own.
 func (f *Fanout) groups(items []Item) [][]int {
+	if !f.Ordered {
+		return nil
+	}
 	groups := make([][]int, 0, len(items))
 	type agg struct{ typ, id string }
 	var byAgg map[agg]int
 	for i := range items {
 		e := &items[i].Event
-		if f.Ordered && e.AggregateID != "" {
+		if e.AggregateID != "" {
 			if byAgg == nil {
 				byAgg = map[agg]int{}
 			}
