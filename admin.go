@@ -2,26 +2,12 @@ package outbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
-)
-
-// Errors of the operating functions ([Outbox.List], [Outbox.Get],
-// [Outbox.Count], [Outbox.ReplayFilter], [Outbox.Purge]).
-var (
-	// ErrNotFound is returned by [Outbox.Get] for an ID the table does not
-	// hold.
-	ErrNotFound = errors.New("outbox: event not found")
-
-	// ErrInvalidFilter is wrapped by errors about a [Filter] or
-	// [ListParams] value: an unknown status, a negative limit, a purge that
-	// asks for pending rows.
-	ErrInvalidFilter = errors.New("outbox: invalid filter")
 )
 
 // Filter selects rows of the outbox table, for the operating functions

@@ -8,47 +8,68 @@ import (
 )
 
 // Sentinel errors. Callers test for them with [errors.Is]; the errors this
-// package returns wrap them with the event or table involved.
+// package returns wrap them with the event, table or setting involved.
 var (
-	// ErrInvalidEvent is wrapped by every validation or encoding failure of an
-	// [Event]. Such an event is rejected before the database is touched, so the
-	// caller's transaction is still usable and can roll back cleanly.
+	// ErrInvalidEvent: an [Event] failed validation or encoding. It is
+	// refused before the database is touched, so the transaction can still
+	// roll back cleanly.
 	ErrInvalidEvent = errs.ErrInvalidEvent
 
-	// ErrIDConflict is wrapped, with [ErrInvalidEvent], by the error of
-	// [Publish] for an event whose ID the table already holds for another
-	// event (one with a different idempotency key): the first write keeps
-	// the ID, and the later event is refused rather than lost.
+	// ErrIDConflict (with [ErrInvalidEvent]): the table holds the event's ID
+	// for another event (other idempotency key); the first write keeps it.
 	ErrIDConflict = errs.ErrIDConflict
 
-	// ErrInvalidConfig is wrapped by errors about a [Config] or [RelayConfig]
-	// value, such as an unsafe table name or a negative batch size.
+	// ErrInvalidConfig: a [Config] or [RelayConfig] value is unusable, such
+	// as an unsafe table name or a negative batch size.
 	ErrInvalidConfig = errs.ErrInvalidConfig
 
-	// ErrNotInstalled is returned by [Publish] when the *gorm.DB it is given
-	// has no outbox plugin: install it with db.Use(outbox.Plugin(...)).
+	// ErrInvalidFilter: a [Filter] or [ListParams] value is unusable (an
+	// unknown status, a negative limit, a purge that asks for pending rows).
+	ErrInvalidFilter = errors.New("outbox: invalid filter")
+
+	// ErrNotFound: [Outbox.Get] was given an ID the table does not hold.
+	ErrNotFound = errors.New("outbox: event not found")
+
+	// ErrNotInstalled: the *gorm.DB has no outbox plugin; install it with
+	// db.Use(outbox.Plugin(cfg)).
 	ErrNotInstalled = errors.New("outbox: plugin not installed on this *gorm.DB (call db.Use(outbox.Plugin(cfg)) first)")
 
-	// ErrUntrackedTransaction is added to a transaction the plugin cannot see
-	// commit, such as one begun inside db.Connection, when an after-commit hook
-	// or a memory-mode event is attached to it. Failing closed keeps the
-	// commit from silently dropping the hook.
+	// ErrUntrackedTransaction: an after-commit hook or a memory-mode event was
+	// attached to a transaction whose commit the plugin cannot see (one begun
+	// inside db.Connection); failing closed keeps the hook from being dropped.
 	ErrUntrackedTransaction = errors.New("outbox: transaction not tracked by the outbox plugin (was it begun inside db.Connection, or before db.Use?); after-commit hooks cannot run on it")
 
-	// ErrUnsupportedDialect is returned by db.Use for a database other than
-	// PostgreSQL, SQLite and MySQL/MariaDB (other than PostgreSQL in Logical
-	// mode), or for a server version or setting the outbox cannot work with
-	// (in Logical mode: before PostgreSQL 14, wal_level other than logical,
-	// a role that may not replicate). Memory mode works on any database.
+	// ErrUnsupportedDialect: the database itself is not supported: other
+	// than PostgreSQL, SQLite or MySQL/MariaDB, or other than PostgreSQL in
+	// [Logical] mode. [Memory] mode works on any database.
 	ErrUnsupportedDialect = errs.ErrUnsupportedDialect
 
-	// ErrMemoryMode is returned by relay operations on an outbox in [Memory]
-	// mode, which keeps no table.
+	// ErrUnsupportedVersion: the database server is too old (MariaDB before
+	// 10.6, MySQL before 8.0.1, PostgreSQL before 14 in [Logical] mode).
+	ErrUnsupportedVersion = errs.ErrUnsupportedVersion
+
+	// ErrServerSetting: a server setting rules the outbox out until it is
+	// changed (binlog_format=STATEMENT on MySQL/MariaDB, a wal_level other
+	// than logical in [Logical] mode); the error names the fix.
+	ErrServerSetting = errs.ErrServerSetting
+
+	// ErrPrivilege: the database role lacks a privilege the mode needs (in
+	// [Logical] mode, REPLICATION).
+	ErrPrivilege = errs.ErrPrivilege
+
+	// ErrNoSlot: in [Logical] mode, Publish found the outbox's replication
+	// slot missing or invalidated, so the event would never be decoded.
+	// Return it from the transaction function so the business writes roll
+	// back; db.Use (a restart) creates the slot again.
+	ErrNoSlot = errs.ErrNoSlot
+
+	// ErrMemoryMode: the operation needs a table, and a [Memory] outbox keeps
+	// none.
 	ErrMemoryMode = errors.New("outbox: operation needs Persistent mode (Memory mode keeps no table)")
 
-	// ErrNoHandler is the failure recorded for an event no handler was
-	// registered for. The relay retries such events rather than mark them
-	// sent, so registering the handler later still delivers them.
+	// ErrNoHandler: the failure recorded for an event no handler is
+	// registered for. Such events are retried, not marked sent, so a handler
+	// registered later still gets them.
 	ErrNoHandler = errors.New("outbox: no handler registered for event type")
 )
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/gorm-outbox/outbox/internal/engine"
-	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/wal"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -17,13 +16,6 @@ import (
 // transactional logical decoding messages, one message per Publish call
 // holding its events in order, emitted only while the slot that will read
 // them exists.
-
-// ErrNoSlot is returned by Publish in [Logical] mode when the outbox's
-// replication slot does not exist (or PostgreSQL has invalidated it): an
-// event written then would never be decoded. Return it from the
-// transaction function so that the business writes roll back with it;
-// db.Use (or a restart of the service) creates the slot again.
-var ErrNoSlot = errs.ErrNoSlot
 
 // emit writes enc into the transaction's WAL as one message, unless the
 // slot exists, has found its consistent point (before that, a commit may

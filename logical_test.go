@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/pgtest"
+	pgstore "github.com/gorm-outbox/outbox/internal/store/postgres"
 	"github.com/gorm-outbox/outbox/internal/wal"
 	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/assert"
@@ -360,6 +361,33 @@ func waitUntil(t *testing.T, timeout time.Duration, what string, cond func() boo
 	}
 }
 
+// TestLogicalServerChecks: each thing a server can lack for Logical mode
+// has its own sentinel, and the error names the fix.
+func TestLogicalServerChecks(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, pgstore.CheckLogicalServer(150004, "logical", "app", true))
+	for _, c := range []struct {
+		err      error
+		version  int
+		walLevel string
+		canRepl  bool
+		fix      string
+	}{
+		{ErrUnsupportedVersion, 130012, "logical", true, "PostgreSQL 14 or later"},
+		{ErrServerSetting, 160001, "replica", true, "ALTER SYSTEM SET wal_level = logical"},
+		{ErrPrivilege, 160001, "logical", false, `ALTER ROLE "app" REPLICATION`},
+	} {
+		err := pgstore.CheckLogicalServer(c.version, c.walLevel, "app", c.canRepl)
+		require.ErrorIs(t, err, c.err)
+		assert.ErrorContains(t, err, c.fix)
+		for _, other := range []error{ErrUnsupportedDialect, ErrUnsupportedVersion, ErrServerSetting, ErrPrivilege} {
+			if other != c.err {
+				assert.NotErrorIs(t, err, other, "one sentinel per cause")
+			}
+		}
+	}
+}
+
 func TestLogicalRefused(t *testing.T) {
 	t.Parallel()
 	// SQLite and MySQL have no WAL to carry events.
@@ -369,7 +397,8 @@ func TestLogicalRefused(t *testing.T) {
 	if os.Getenv(postgresDSNEnv) != "" {
 		pg := postgresBackend(t).open(t, &gorm.Config{Logger: logger.Discard})
 		err := pg.Use(Plugin(Config{Mode: Logical, Slot: randomName("s_")}))
-		require.ErrorIs(t, err, ErrUnsupportedDialect)
+		require.ErrorIs(t, err, ErrServerSetting)
+		assert.NotErrorIs(t, err, ErrUnsupportedDialect, "the database is supported; its setting is not")
 		assert.Contains(t, err.Error(), "wal_level = logical")
 	}
 	if os.Getenv(mysqlDSNEnv) != "" {

@@ -113,7 +113,7 @@ func TestMySQLChecks(t *testing.T) {
 		if c.ok {
 			assert.NoError(t, err, c.version)
 		} else {
-			assert.ErrorIs(t, err, ErrUnsupportedDialect, c.version)
+			assert.ErrorIs(t, err, ErrUnsupportedVersion, c.version)
 			assert.ErrorContains(t, err, "SKIP LOCKED", c.version)
 		}
 	}
@@ -121,7 +121,7 @@ func TestMySQLChecks(t *testing.T) {
 	assert.NoError(t, mysqlstore.CheckBinlog(true, "ROW"))
 	assert.NoError(t, mysqlstore.CheckBinlog(true, "MIXED"))
 	err := mysqlstore.CheckBinlog(true, "STATEMENT")
-	assert.ErrorIs(t, err, ErrUnsupportedDialect)
+	assert.ErrorIs(t, err, ErrServerSetting)
 	assert.ErrorContains(t, err, "binlog_format")
 
 	// A DSN without parseTime=True is refused at db.Use in persistent mode,

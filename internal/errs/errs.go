@@ -11,5 +11,8 @@ var (
 	ErrIDConflict         = errors.New("outbox: event ID taken by another event")
 	ErrInvalidConfig      = errors.New("outbox: invalid config")
 	ErrUnsupportedDialect = errors.New("outbox: unsupported database dialect")
+	ErrUnsupportedVersion = errors.New("outbox: unsupported database server version")
+	ErrServerSetting      = errors.New("outbox: database server setting the outbox cannot work with")
+	ErrPrivilege          = errors.New("outbox: database role lacks a privilege the outbox needs")
 	ErrNoSlot             = errors.New("outbox: the replication slot does not exist; the event would be lost")
 )

@@ -317,7 +317,7 @@ func (d *Store) Check(ctx context.Context, gdb *gorm.DB, _ *slog.Logger) error {
 // CheckBinlog refuses statement-based binary logging.
 func CheckBinlog(logBin bool, format string) error {
 	if logBin && strings.EqualFold(format, "STATEMENT") {
-		return fmt.Errorf("%w: binlog_format=STATEMENT: the relay claims rows at READ COMMITTED, which statement-based binary logging refuses (error 1665); set binlog_format=ROW (or MIXED) on the server", errs.ErrUnsupportedDialect)
+		return fmt.Errorf("%w: binlog_format=STATEMENT: the relay claims rows at READ COMMITTED, which statement-based binary logging refuses (error 1665); set binlog_format=ROW (or MIXED) on the server", errs.ErrServerSetting)
 	}
 	return nil
 }
@@ -345,9 +345,9 @@ func CheckVersion(version string) error {
 	}
 	switch {
 	case mariadb && !ok([3]int{10, 6, 0}):
-		return fmt.Errorf("%w: MariaDB %s; the outbox needs MariaDB 10.6 or later (FOR UPDATE SKIP LOCKED)", errs.ErrUnsupportedDialect, version)
+		return fmt.Errorf("%w: MariaDB %s; the outbox needs MariaDB 10.6 or later (FOR UPDATE SKIP LOCKED)", errs.ErrUnsupportedVersion, version)
 	case !mariadb && !ok([3]int{8, 0, 1}):
-		return fmt.Errorf("%w: MySQL %s; the outbox needs MySQL 8.0.1 or later (FOR UPDATE SKIP LOCKED)", errs.ErrUnsupportedDialect, version)
+		return fmt.Errorf("%w: MySQL %s; the outbox needs MySQL 8.0.1 or later (FOR UPDATE SKIP LOCKED)", errs.ErrUnsupportedVersion, version)
 	}
 	return nil
 }

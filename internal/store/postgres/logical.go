@@ -34,13 +34,19 @@ func (s *Store) CheckLogical(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return fmt.Errorf("outbox: check the server for Logical mode: %w", err)
 	}
+	return CheckLogicalServer(version, walLevel, role, canRepl)
+}
+
+// CheckLogicalServer judges what CheckLogical read from the server: its
+// version number, wal_level, role and whether that role may replicate.
+func CheckLogicalServer(version int, walLevel, role string, canRepl bool) error {
 	switch {
 	case version < minLogicalVersion:
-		return fmt.Errorf("%w: Logical mode needs PostgreSQL 14 or later (pgoutput's messages option); this server is %d", errs.ErrUnsupportedDialect, version)
+		return fmt.Errorf("%w: Logical mode needs PostgreSQL 14 or later (pgoutput's messages option); this server is %d", errs.ErrUnsupportedVersion, version)
 	case walLevel != "logical":
-		return fmt.Errorf("%w: Logical mode needs wal_level = logical, the server has %s: set it (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL", errs.ErrUnsupportedDialect, walLevel)
+		return fmt.Errorf("%w: Logical mode needs wal_level = logical, the server has %s: set it (ALTER SYSTEM SET wal_level = logical) and restart PostgreSQL", errs.ErrServerSetting, walLevel)
 	case !canRepl:
-		return fmt.Errorf("%w: Logical mode streams from a replication slot and role %q may not: ALTER ROLE %q REPLICATION (or use a role that has it)", errs.ErrUnsupportedDialect, role, role)
+		return fmt.Errorf("%w: Logical mode streams from a replication slot and role %q may not: ALTER ROLE %q REPLICATION (or use a role that has it)", errs.ErrPrivilege, role, role)
 	}
 	return nil
 }
