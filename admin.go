@@ -19,7 +19,7 @@ type Filter struct {
 	IDs []string
 	// Statuses matches these statuses: [StatusPending], [StatusSent],
 	// [StatusFailed]. Anything else is [ErrInvalidFilter].
-	Statuses []string
+	Statuses []Status
 	// Types matches these event types.
 	Types []string
 	// AggregateType and AggregateID match the event's aggregate.
@@ -83,10 +83,22 @@ func (o *Outbox) usable(db *gorm.DB) error {
 // filter is f as the store takes it.
 func (f *Filter) filter() store.Filter {
 	return store.Filter{
-		IDs: f.IDs, Statuses: f.Statuses, Types: f.Types,
+		IDs: f.IDs, Statuses: statusStrings(f.Statuses), Types: f.Types,
 		AggregateType: f.AggregateType, AggregateID: f.AggregateID,
 		CreatedSince: f.CreatedSince, CreatedUntil: f.CreatedUntil, ErrorContains: f.ErrorContains,
 	}
+}
+
+// statusStrings is ss as the store takes them.
+func statusStrings(ss []Status) []string {
+	if ss == nil {
+		return nil
+	}
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = string(s)
+	}
+	return out
 }
 
 // queryRows runs a query of rows in the store's row order.
@@ -103,7 +115,7 @@ func queryRows(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]Row, e
 	for i, r := range got {
 		out[i] = Row{
 			ID: r.ID, Seq: r.Seq, EventType: r.EventType, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
-			IdempotencyKey: r.Key, Payload: r.Payload, Headers: r.Headers, Status: r.Status, Attempts: r.Attempts,
+			IdempotencyKey: r.Key, Payload: r.Payload, Headers: r.Headers, Status: Status(r.Status), Attempts: r.Attempts,
 			LastError: r.LastError, AvailableAt: r.AvailableAt, LockedUntil: r.LockedUntil, OccurredAt: r.OccurredAt,
 			CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, SentAt: r.SentAt,
 		}
@@ -191,7 +203,7 @@ func (o *Outbox) ReplayFilter(ctx context.Context, db *gorm.DB, f Filter) (int, 
 	if len(f.Statuses) > 0 && !slices.Contains(f.Statuses, StatusFailed) {
 		return 0, fmt.Errorf("%w: replay changes only failed rows; statuses %v leave them out", ErrInvalidFilter, f.Statuses)
 	}
-	f.Statuses = []string{StatusFailed}
+	f.Statuses = []Status{StatusFailed}
 	sf := f.filter()
 	pool := db.Statement.ConnPool
 	lim := o.limits
@@ -236,7 +248,7 @@ func (o *Outbox) Purge(ctx context.Context, db *gorm.DB, f Filter) (int, error) 
 		return 0, fmt.Errorf("%w: purge never deletes pending rows (replay or wait for them instead)", ErrInvalidFilter)
 	}
 	if len(f.Statuses) == 0 {
-		f.Statuses = []string{StatusSent, StatusFailed}
+		f.Statuses = []Status{StatusSent, StatusFailed}
 	}
 	sf := f.filter()
 	pool := db.Statement.ConnPool

@@ -39,7 +39,7 @@ func BenchmarkAdmin(b *testing.B) {
 			mustExec(fail)
 			mustExec("ANALYZE")
 			ctx := b.Context()
-			failed := Filter{Statuses: []string{StatusFailed}}
+			failed := Filter{Statuses: []Status{StatusFailed}}
 			run := func(name string, fn func() error) {
 				b.Run(name, func(b *testing.B) {
 					for b.Loop() {

@@ -94,8 +94,8 @@ func testAdminListFilters(t *testing.T, b backend) {
 	}
 	all := []string{"pay-0", "pay-1", "ship-0", "ship-1"}
 	assert.Equal(t, all, list(Filter{}))
-	assert.Equal(t, []string{"pay-0", "pay-1"}, list(Filter{Statuses: []string{StatusFailed}}))
-	assert.Equal(t, []string{"ship-0", "ship-1"}, list(Filter{Statuses: []string{StatusSent, StatusPending}}))
+	assert.Equal(t, []string{"pay-0", "pay-1"}, list(Filter{Statuses: []Status{StatusFailed}}))
+	assert.Equal(t, []string{"ship-0", "ship-1"}, list(Filter{Statuses: []Status{StatusSent, StatusPending}}))
 	assert.Equal(t, []string{"ship-0", "ship-1"}, list(Filter{Types: []string{"order.shipped"}}))
 	assert.Equal(t, []string{"pay-1", "ship-0"}, list(Filter{IDs: []string{"ship-0", "pay-1", "nope"}}))
 	assert.Equal(t, []string{"pay-0", "ship-0"}, list(Filter{AggregateType: "order", AggregateID: "1"}))
@@ -276,7 +276,7 @@ func testAdminReplayFilter(t *testing.T, b backend) {
 	assert.Equal(t, StatusSent, e.record("pay-0").Status)
 	assert.Equal(t, StatusSent, e.record("pay-1").Status)
 
-	_, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []string{StatusSent}})
+	_, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []Status{StatusSent}})
 	require.ErrorIs(t, err, ErrInvalidFilter, "a replay that cannot touch failed rows is a mistake")
 }
 
@@ -303,7 +303,7 @@ func testAdminReplayFilterBatches(t *testing.T, b backend) {
 		failRows(t, e, "bulk", "boom")
 		failRows(t, e, "other", "boom")
 	}
-	n, err := e.ob.ReplayFilter(t.Context(), e.db, Filter{Types: []string{"bulk"}, Statuses: []string{StatusFailed}})
+	n, err := e.ob.ReplayFilter(t.Context(), e.db, Filter{Types: []string{"bulk"}, Statuses: []Status{StatusFailed}})
 	require.NoError(t, err)
 	assert.Equal(t, lim.AdminScan+lim.AdminBatch+5, n)
 	assert.EqualValues(t, lim.AdminScan+lim.AdminBatch+5, e.count("status = ? AND attempts = 0", StatusPending))
@@ -315,9 +315,9 @@ func testAdminPurge(t *testing.T, b backend) {
 	ctx := t.Context()
 	adminFixture(t, e, nil)
 
-	_, err := e.ob.Purge(ctx, e.db, Filter{Statuses: []string{StatusPending}})
+	_, err := e.ob.Purge(ctx, e.db, Filter{Statuses: []Status{StatusPending}})
 	require.ErrorIs(t, err, ErrInvalidFilter)
-	_, err = e.ob.Purge(ctx, e.db, Filter{Statuses: []string{StatusSent, StatusPending}})
+	_, err = e.ob.Purge(ctx, e.db, Filter{Statuses: []Status{StatusSent, StatusPending}})
 	require.ErrorIs(t, err, ErrInvalidFilter)
 
 	// A poison event: purging it by ID.
@@ -328,7 +328,7 @@ func testAdminPurge(t *testing.T, b backend) {
 	assert.EqualValues(t, 1, e.count("id = ?", "ship-1"))
 
 	// Sent rows created before a time.
-	n, err = e.ob.Purge(ctx, e.db, Filter{Statuses: []string{StatusSent}, CreatedUntil: e.clock.Now()})
+	n, err = e.ob.Purge(ctx, e.db, Filter{Statuses: []Status{StatusSent}, CreatedUntil: e.clock.Now()})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.Equal(t, []string{"pay-1", "ship-1"}, func() []string {
@@ -369,7 +369,7 @@ func testAdminPurgeBatches(t *testing.T, b backend) {
 func testAdminInvalidFilter(t *testing.T, b backend) {
 	e := b.setup(t)
 	ctx := t.Context()
-	bad := Filter{Statuses: []string{"stuck"}}
+	bad := Filter{Statuses: []Status{"stuck"}}
 	_, err := e.ob.List(ctx, e.db, ListParams{Filter: bad})
 	require.ErrorIs(t, err, ErrInvalidFilter)
 	assert.Contains(t, err.Error(), `"stuck"`)
@@ -471,13 +471,13 @@ func testAdminReplayOnlyFailed(t *testing.T, b backend) {
 	unchanged(sent)
 	unchanged(pending)
 
-	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []string{StatusFailed, StatusPending}, AggregateID: "2"})
+	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []Status{StatusFailed, StatusPending}, AggregateID: "2"})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "pay-1 only")
 	assert.Equal(t, StatusPending, e.record("pay-1").Status)
 	unchanged(pending)
 
-	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []string{StatusSent, StatusFailed}, AggregateID: "1"})
+	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []Status{StatusSent, StatusFailed}, AggregateID: "1"})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "pay-0 only")
 	unchanged(sent)

@@ -240,7 +240,7 @@ func testHugeFailedBatch(t *testing.T, b backend) {
 	require.Len(t, batch, n)
 	outs := make([]outcome, n)
 	for i, c := range batch {
-		outs[i] = outcome{ID: c.Event.ID, Status: StatusPending, Err: "down", Due: now.Add(time.Hour)}
+		outs[i] = outcome{ID: c.Event.ID, Status: string(StatusPending), Err: "down", Due: now.Add(time.Hour)}
 	}
 	// One batch's failures, recorded at once (the relay records them in
 	// one go when its handlers fail fast).
@@ -704,7 +704,7 @@ func testSchemaUpgrade(t *testing.T, b backend) {
 	require.NoError(t, err)
 	require.NoError(t, db.Exec(string(v1)).Error)
 	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Microsecond)
-	row := func(id, aggID, status string, attempts int, at time.Duration) {
+	row := func(id, aggID string, status Status, attempts int, at time.Duration) {
 		ts := base.Add(at)
 		var sentAt any
 		if status == StatusSent {

@@ -99,7 +99,7 @@ func (r *Relay) report(c *claimed, res engine.Result, err error, took time.Durat
 		return
 	}
 	d := Delivery{
-		Event: Event(c.Event), Attempt: c.Attempts, Status: res.Status(), Err: err,
+		Event: Event(c.Event), Attempt: c.Attempts, Status: Status(res.Status()), Err: err,
 		Duration: took, Latency: r.o.now().Sub(c.CreatedAt),
 	}
 	if r.cfg.OnDelivery != nil {

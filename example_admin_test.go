@@ -38,7 +38,7 @@ func ExampleOutbox_ReplayFilter() {
 	}
 
 	failed, err := ob.List(ctx, db, outbox.ListParams{Filter: outbox.Filter{
-		Statuses: []string{outbox.StatusFailed}, ErrorContains: "mailbox unavailable",
+		Statuses: []outbox.Status{outbox.StatusFailed}, ErrorContains: "mailbox unavailable",
 	}})
 	if err != nil {
 		log.Fatal(err)

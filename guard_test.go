@@ -25,9 +25,9 @@ func testOutcomeGuards(t *testing.T, b backend) {
 		write func(ctx context.Context, id string, lease time.Time) error
 		check func(t *testing.T, rec Row)
 	}
-	fail := func(status string) func(ctx context.Context, id string, lease time.Time) error {
+	fail := func(status Status) func(ctx context.Context, id string, lease time.Time) error {
 		return func(ctx context.Context, id string, lease time.Time) error {
-			return r.markFailed(ctx, []outcome{{ID: id, Status: status, Err: "boom", Due: e.ob.now().Add(time.Hour)}}, lease)
+			return r.markFailed(ctx, []outcome{{ID: id, Status: string(status), Err: "boom", Due: e.ob.now().Add(time.Hour)}}, lease)
 		}
 	}
 	steps := []step{

@@ -2,16 +2,19 @@ package outbox
 
 import "time"
 
-// Status values of an outbox row.
+// Status is an outbox row's status, as the status column holds it.
+type Status string
+
+// The statuses of an outbox row.
 const (
 	// StatusPending: waiting for delivery, including a scheduled retry and a
 	// row currently claimed by a relay.
-	StatusPending = "pending"
+	StatusPending Status = "pending"
 	// StatusSent: delivered to every handler of its type.
-	StatusSent = "sent"
+	StatusSent Status = "sent"
 	// StatusFailed: gave up after RelayConfig.MaxAttempts attempts (or a
 	// [Permanent] error). It stays for a human; [Outbox.Replay] retries it.
-	StatusFailed = "failed"
+	StatusFailed Status = "failed"
 )
 
 // Row is one row of the outbox table, for reading it with GORM:
@@ -34,7 +37,7 @@ type Row struct {
 	IdempotencyKey string `gorm:"size:255;not null;uniqueIndex"`
 	Payload        string `gorm:"not null"`
 	Headers        *string
-	Status         string `gorm:"size:16;not null;default:pending"`
+	Status         Status `gorm:"size:16;not null;default:pending"`
 	Attempts       int    `gorm:"not null;default:0"`
 	LastError      *string
 	AvailableAt    time.Time `gorm:"not null"`

@@ -534,7 +534,7 @@ func testStatsAndOnDelivery(t *testing.T, b backend) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Len(t, ds, 4)
-	byStatus := map[string]int{}
+	byStatus := map[Status]int{}
 	for _, d := range ds {
 		byStatus[d.Status]++
 		assert.Equal(t, 1, d.Attempt)
@@ -547,7 +547,7 @@ func testStatsAndOnDelivery(t *testing.T, b backend) {
 			assert.Error(t, d.Err)
 		}
 	}
-	assert.Equal(t, map[string]int{StatusSent: 2, StatusFailed: 1, StatusPending: 1}, byStatus)
+	assert.Equal(t, map[Status]int{StatusSent: 2, StatusFailed: 1, StatusPending: 1}, byStatus)
 }
 
 // otherConn is a pgx connection behind a type the relay does not know, as a

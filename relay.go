@@ -115,7 +115,7 @@ type Delivery struct {
 	Attempt int
 	// Status is the row's status after the attempt: StatusSent,
 	// StatusPending (a retry is scheduled) or StatusFailed.
-	Status string
+	Status Status
 	// Err is the handlers' error, nil when delivered.
 	Err error
 	// Duration is how long the handlers ran.

@@ -67,7 +67,7 @@ func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
 		if err := rows.Scan(&status, &n, &oldest); err != nil {
 			return st, fmt.Errorf("outbox: stats: %w", err)
 		}
-		switch status {
+		switch Status(status) {
 		case StatusPending:
 			st.Pending = n
 			if !oldest.T.IsZero() {

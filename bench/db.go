@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gorm-outbox/outbox"
 	"gorm.io/gorm"
 )
 
@@ -45,7 +46,7 @@ type server interface {
 	// the handlers use to check that every event arrives once), 1 µs apart
 	// in available_at and created_at, oldest first, like a real backlog;
 	// then it refreshes the planner's statistics.
-	fill(ctx context.Context, db *sql.DB, table string, n int, status string) error
+	fill(ctx context.Context, db *sql.DB, table string, n int, status outbox.Status) error
 
 	// floorClaim is the library's claim on this database written by hand:
 	// it leases up to batch due pending rows of table until lease, oldest

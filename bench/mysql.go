@@ -137,13 +137,13 @@ func (m *mysqlServer) timeArg(t time.Time) any { return t.UTC().Format(mysqlTime
 // CTEs are capped at 1000 levels by default on both).
 const fillChunk = 100000
 
-func (m *mysqlServer) fill(ctx context.Context, db *sql.DB, table string, n int, status string) error {
+func (m *mysqlServer) fill(ctx context.Context, db *sql.DB, table string, n int, status outbox.Status) error {
 	t0 := "CAST('" + time.Now().UTC().Add(-24*time.Hour).Format(mysqlTimeFormat) + "' AS DATETIME(6))"
 	sentAt := "NULL"
 	if status == outbox.StatusSent {
 		sentAt = "t0 + INTERVAL g MICROSECOND"
 	}
-	prefix := status[:1]
+	prefix := string(status)[:1]
 	const digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4" +
 		" UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
 	for base := 0; base < n; base += fillChunk {
@@ -157,7 +157,7 @@ func (m *mysqlServer) fill(ctx context.Context, db *sql.DB, table string, n int,
 			status, attempts, available_at, occurred_at, created_at, updated_at, sent_at)
 		SELECT CONCAT('` + prefix + `', LPAD(g, 10, '0')), 'order.created', 'order', CAST(g AS CHAR), CONCAT('` + prefix + `', LPAD(g, 10, '0')),
 			JSON_OBJECT('order_id', g, 'total', 42), NULL,
-			'` + status + `', 0, t0 + INTERVAL g MICROSECOND, t0, t0 + INTERVAL g MICROSECOND, t0, ` + sentAt + `
+			'` + string(status) + `', 0, t0 + INTERVAL g MICROSECOND, t0, t0 + INTERVAL g MICROSECOND, t0, ` + sentAt + `
 		FROM (SELECT ` + g + ` AS g FROM ` + strings.Join(from, ", ") + `) s, (SELECT ` + t0 + ` AS t0) t
 		WHERE g <= ` + fmt.Sprint(n) + ` ORDER BY g`
 		if _, err := db.ExecContext(ctx, q); err != nil {

@@ -129,17 +129,17 @@ func (p *pgServer) floorInsert(table string) (string, int) {
 
 func (p *pgServer) timeArg(t time.Time) any { return t }
 
-func (p *pgServer) fill(ctx context.Context, db *sql.DB, table string, n int, status string) error {
+func (p *pgServer) fill(ctx context.Context, db *sql.DB, table string, n int, status outbox.Status) error {
 	sentAt := "NULL"
 	if status == outbox.StatusSent {
 		sentAt = "t0 + g * interval '1 microsecond'"
 	}
-	prefix := status[:1]
+	prefix := string(status)[:1]
 	q := `INSERT INTO "` + table + `" (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers,
 		status, attempts, available_at, occurred_at, created_at, updated_at, sent_at)
 	SELECT '` + prefix + `' || lpad(g::text, 10, '0'), 'order.created', 'order', g::text, '` + prefix + `' || lpad(g::text, 10, '0'),
 		jsonb_build_object('order_id', g, 'total', 42), NULL,
-		'` + status + `', 0, t0 + g * interval '1 microsecond', t0, t0 + g * interval '1 microsecond', t0, ` + sentAt + `
+		'` + string(status) + `', 0, t0 + g * interval '1 microsecond', t0, t0 + g * interval '1 microsecond', t0, ` + sentAt + `
 	FROM generate_series(1, $1::int) g, (SELECT now() - interval '1 day' AS t0) t`
 	if _, err := db.ExecContext(ctx, q, n); err != nil {
 		return fmt.Errorf("fill %s with %d %s rows: %w", table, n, status, err)

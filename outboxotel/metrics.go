@@ -185,9 +185,9 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 		instruments = append(instruments, lag, active, dropped)
 	}
 	c := &statsCache{ob: ob, db: db, every: every}
-	pending := metric.WithAttributes(system, StatusKey.String(outbox.StatusPending))
-	sent := metric.WithAttributes(system, StatusKey.String(outbox.StatusSent))
-	failed := metric.WithAttributes(system, StatusKey.String(outbox.StatusFailed))
+	pending := metric.WithAttributes(system, StatusKey.String(string(outbox.StatusPending)))
+	sent := metric.WithAttributes(system, StatusKey.String(string(outbox.StatusSent)))
+	failed := metric.WithAttributes(system, StatusKey.String(string(outbox.StatusFailed)))
 	sys := metric.WithAttributes(system)
 	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		st, ok := c.get(ctx)

@@ -164,12 +164,12 @@ func assertHistCount(t *testing.T, rm metricdata.ResourceMetrics, name string, w
 	assert.Equal(t, want, n, "%s count", name)
 }
 
-func assertGauge(t *testing.T, rm metricdata.ResourceMetrics, status string, want int64) {
+func assertGauge(t *testing.T, rm metricdata.ResourceMetrics, status outbox.Status, want int64) {
 	t.Helper()
 	m, ok := findMetric(rm, "outbox.events")
 	require.True(t, ok, "metric outbox.events")
 	for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
-		if v, _ := dp.Attributes.Value(outboxotel.StatusKey); v.AsString() == status {
+		if v, _ := dp.Attributes.Value(outboxotel.StatusKey); v.AsString() == string(status) {
 			assert.Equal(t, want, dp.Value, "outbox.events{%s}", status)
 			return
 		}

@@ -37,12 +37,12 @@ func BenchmarkPages(b *testing.B) {
 				"Stats": func() error { _, err := e.ob.Stats(ctx, e.db); return err },
 				"Count": func() error { _, err := e.ob.Count(ctx, e.db, outbox.Filter{}); return err },
 				"CountFailed": func() error {
-					_, err := e.ob.Count(ctx, e.db, outbox.Filter{Statuses: []string{outbox.StatusFailed}})
+					_, err := e.ob.Count(ctx, e.db, outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}})
 					return err
 				},
 				"List": func() error { _, err := e.ob.List(ctx, e.db, outbox.ListParams{Limit: 51}); return err },
 				"ListFailed": func() error {
-					_, err := e.ob.List(ctx, e.db, outbox.ListParams{Limit: 51, Filter: outbox.Filter{Statuses: []string{outbox.StatusFailed}}})
+					_, err := e.ob.List(ctx, e.db, outbox.ListParams{Limit: 51, Filter: outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}}})
 					return err
 				},
 			} {

@@ -61,10 +61,10 @@ func readForm(v url.Values) form {
 	return f
 }
 
-var statusOrder = []string{outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed}
+var statusOrder = []outbox.Status{outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed}
 
 func statusRank(s string) int {
-	if i := slices.Index(statusOrder, s); i >= 0 {
+	if i := slices.Index(statusOrder, outbox.Status(s)); i >= 0 {
 		return i
 	}
 	return len(statusOrder)
@@ -106,7 +106,7 @@ type choice struct {
 func (f form) statusChoices() []choice {
 	var out []choice
 	for _, s := range statusOrder {
-		out = append(out, choice{s, slices.Contains(f.Statuses, s)})
+		out = append(out, choice{string(s), slices.Contains(f.Statuses, string(s))})
 	}
 	for _, s := range f.Statuses {
 		if !slices.ContainsFunc(out, func(c choice) bool { return c.Value == s }) {
@@ -131,9 +131,9 @@ func (f form) filter(now time.Time) (outbox.Filter, error) {
 		ErrorContains: f.Error,
 	}
 	for _, s := range f.Statuses {
-		switch s {
+		switch st := outbox.Status(s); st {
 		case outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed:
-			out.Statuses = append(out.Statuses, s)
+			out.Statuses = append(out.Statuses, st)
 		default:
 			return out, fmt.Errorf("unknown status %q: want %s, %s or %s", s, outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed)
 		}
@@ -262,8 +262,8 @@ func (f form) where() string {
 
 // statusWords names statuses for a count of n events: "failed", "sent and
 // failed events", "sent or failed event".
-func statusWords(statuses []string, n int64) string {
-	st := slices.Clone(statuses)
+func statusWords(statuses []outbox.Status, n int64) string {
+	st := strs(statuses)
 	slices.SortStableFunc(st, func(a, b string) int { return statusRank(a) - statusRank(b) })
 	if len(st) < 2 {
 		return strings.Join(st, "")
@@ -273,6 +273,15 @@ func statusWords(statuses []string, n int64) string {
 		conj = " or "
 	}
 	return strings.Join(st[:len(st)-1], ", ") + conj + st[len(st)-1]
+}
+
+// strs is ss as plain strings, for joining into text.
+func strs[S ~string](ss []S) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = string(s)
+	}
+	return out
 }
 
 // String is the filter for the log: criteria, never event data beyond

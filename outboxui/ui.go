@@ -227,7 +227,7 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	failed, err := h.ob.List(ctx, h.db.WithContext(ctx), outbox.ListParams{
-		Filter: outbox.Filter{Statuses: []string{outbox.StatusFailed}}, Limit: 10,
+		Filter: outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}}, Limit: 10,
 	})
 	if err != nil {
 		h.dbError(w, r, "list failed events", err)
@@ -267,7 +267,7 @@ type bulkAction struct {
 type scope struct {
 	Verb     string
 	Count    int64
-	Statuses []string
+	Statuses []outbox.Status
 	Where    string
 }
 
@@ -299,18 +299,18 @@ func (s scope) String() string {
 
 // actionStatuses are the statuses an action can touch: replay puts
 // failed events back, purge never deletes pending ones.
-func actionStatuses(verb string) []string {
+func actionStatuses(verb string) []outbox.Status {
 	if verb == "replay" {
-		return []string{outbox.StatusFailed}
+		return []outbox.Status{outbox.StatusFailed}
 	}
-	return []string{outbox.StatusSent, outbox.StatusFailed}
+	return []outbox.Status{outbox.StatusSent, outbox.StatusFailed}
 }
 
 // refusal says why an action has nothing it may touch under a filter
 // whose statuses are asked.
 func refusal(verb string, asked []string) string {
 	return fmt.Sprintf("%s touches only %s events; this filter asks for %s",
-		verb, strings.Join(actionStatuses(verb), " or "), strings.Join(asked, ", "))
+		verb, strings.Join(strs(actionStatuses(verb)), " or "), strings.Join(asked, ", "))
 }
 
 // bulk says what a bulk action of the list would act on under the list's
@@ -543,7 +543,7 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 		}
 		var left []string
 		for _, s := range fm.Statuses {
-			if !slices.Contains(f.Statuses, s) {
+			if !slices.Contains(f.Statuses, outbox.Status(s)) {
 				left = append(left, s)
 			}
 		}
@@ -592,12 +592,12 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 
 // restrict narrows f's statuses to allowed (all of allowed when f has
 // none); false when nothing is left.
-func restrict(f outbox.Filter, allowed []string) (outbox.Filter, bool) {
+func restrict(f outbox.Filter, allowed []outbox.Status) (outbox.Filter, bool) {
 	if len(f.Statuses) == 0 {
 		f.Statuses = allowed
 		return f, true
 	}
-	var keep []string
+	var keep []outbox.Status
 	for _, s := range f.Statuses {
 		if slices.Contains(allowed, s) && !slices.Contains(keep, s) {
 			keep = append(keep, s)

@@ -767,7 +767,7 @@ func testBulkScope(t *testing.T, b backend) {
 	resp = e.post("replay", submitted(t, confirm, `action="replay"`))
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
 	assert.Contains(t, resp.Header.Get("Location"), "n=2")
-	for id, st := range map[string]string{"bad-1": outbox.StatusPending, "bad-2": outbox.StatusPending,
+	for id, st := range map[string]outbox.Status{"bad-1": outbox.StatusPending, "bad-2": outbox.StatusPending,
 		"ok-1": outbox.StatusSent, "ok-2": outbox.StatusSent, "new-1": outbox.StatusPending, "new-2": outbox.StatusPending} {
 		assert.Equal(t, st, e.row(id).Status, id)
 	}

@@ -158,7 +158,7 @@ func testCrashRecovery(t *testing.T, s server) {
 	assert.Zero(t, q(`SELECT count(*) FROM crash_deliveries d WHERE NOT EXISTS (SELECT 1 FROM crash_orders o WHERE o.event_id = d.event_id)`),
 		"an event was delivered whose transaction did not commit")
 	assert.Zero(t, q(`SELECT count(*) FROM crash_orders WHERE id LIKE 'rb-%'`), "a rolled-back transaction committed")
-	assert.Equal(t, map[string]int64{outbox.StatusSent: committed}, statusCounts(t, db, table))
+	assert.Equal(t, map[outbox.Status]int64{outbox.StatusSent: committed}, statusCounts(t, db, table))
 
 	deliveries := q(`SELECT count(*) FROM crash_deliveries`)
 	distinct := q(`SELECT count(DISTINCT event_id) FROM crash_deliveries`)

@@ -229,14 +229,14 @@ func (d *deliveries) summary() (distinct, duplicates int) {
 }
 
 // statusCounts returns the number of outbox rows per status.
-func statusCounts(t testing.TB, db *gorm.DB, table string) map[string]int64 {
+func statusCounts(t testing.TB, db *gorm.DB, table string) map[outbox.Status]int64 {
 	t.Helper()
 	var rows []struct {
-		Status string
+		Status outbox.Status
 		N      int64
 	}
 	require.NoError(t, db.Table(table).Select("status, count(*) AS n").Group("status").Scan(&rows).Error)
-	out := map[string]int64{}
+	out := map[outbox.Status]int64{}
 	for _, r := range rows {
 		out[r.Status] = r.N
 	}

@@ -220,7 +220,7 @@ func testUserStringsAreData(t *testing.T, db *gorm.DB) {
 	require.NoError(t, db.Raw(`SELECT v FROM sec_canary ORDER BY id`).Scan(&canary).Error)
 	assert.Equal(t, []string{"intact", "business row"}, canary)
 	c := statusCounts(t, db, ob.Table())
-	assert.Equal(t, map[string]int64{outbox.StatusSent: int64(len(want))}, c)
+	assert.Equal(t, map[outbox.Status]int64{outbox.StatusSent: int64(len(want))}, c)
 
 	// Replay with SQL-looking IDs replays nothing but what they name.
 	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "victim", Type: "fail-me"}))

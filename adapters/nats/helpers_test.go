@@ -94,7 +94,7 @@ func openDB(t *testing.T) (*gorm.DB, *outbox.Outbox) {
 	return outboxtest.SQLite(t, outbox.Config{})
 }
 
-func status(t *testing.T, db *gorm.DB, id string) string {
+func status(t *testing.T, db *gorm.DB, id string) outbox.Status {
 	t.Helper()
 	return outboxtest.Row(t, db, id).Status
 }

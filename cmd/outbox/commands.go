@@ -197,15 +197,15 @@ func (c *cli) replay(ctx context.Context, args []string) error {
 		return usagef("replay needs event IDs, a filter (--type, --error, --since, ...) or --all")
 	}
 	if len(f.Statuses) > 0 && !contains(f.Statuses, outbox.StatusFailed) {
-		return usagef("replay changes only failed events; --status %s leaves them out", strings.Join(f.Statuses, ","))
+		return usagef("replay changes only failed events; --status %s leaves them out", strings.Join(strs(f.Statuses), ","))
 	}
-	f.Statuses = []string{outbox.StatusFailed}
+	f.Statuses = []outbox.Status{outbox.StatusFailed}
 	t, err := c.open(ctx, o.resolved(), true, false)
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	named, err := c.namedEvents(ctx, t, &f, func(status string) string {
+	named, err := c.namedEvents(ctx, t, &f, func(status outbox.Status) string {
 		if status != outbox.StatusFailed {
 			return "replay changes only failed events"
 		}
@@ -259,26 +259,26 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 			f.CreatedUntil = until
 		}
 		if len(f.Statuses) == 0 {
-			f.Statuses = []string{outbox.StatusSent}
+			f.Statuses = []outbox.Status{outbox.StatusSent}
 		}
 	}
 	if empty(f) && !*s.all {
 		return usagef("purge needs event IDs, --older-than, a filter (--status failed, --type, ...) or --all")
 	}
 	if len(f.Statuses) == 0 {
-		f.Statuses = []string{outbox.StatusSent, outbox.StatusFailed}
+		f.Statuses = []outbox.Status{outbox.StatusSent, outbox.StatusFailed}
 	}
 	t, err := c.open(ctx, o.resolved(), true, false)
 	if err != nil {
 		return err
 	}
 	defer t.close()
-	named, err := c.namedEvents(ctx, t, &f, func(status string) string {
+	named, err := c.namedEvents(ctx, t, &f, func(status outbox.Status) string {
 		switch {
 		case status == outbox.StatusPending:
 			return "purge never deletes pending events"
 		case !contains(f.Statuses, status):
-			return "this purge deletes only " + strings.Join(f.Statuses, " and ") + " events"
+			return "this purge deletes only " + strings.Join(strs(f.Statuses), " and ") + " events"
 		}
 		return ""
 	})
@@ -288,7 +288,7 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 	if named != nil && len(f.IDs) == 0 {
 		return named // none left; without IDs, f would select more
 	}
-	ok, err := c.confirm(ctx, t, s, f, "delete", strings.Join(f.Statuses, " and ")+" events")
+	ok, err := c.confirm(ctx, t, s, f, "delete", strings.Join(strs(f.Statuses), " and ")+" events")
 	if err != nil || !ok {
 		return cmp.Or(err, named)
 	}
@@ -298,7 +298,11 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 }
 
 // statusError is a named event in a status the command does not act on.
-type statusError struct{ id, status, why string }
+type statusError struct {
+	id     string
+	status outbox.Status
+	why    string
+}
 
 func (e statusError) Error() string { return fmt.Sprintf("event %s is %s; %s", e.id, e.status, e.why) }
 
@@ -314,7 +318,7 @@ func (n namedProblems) Unwrap() error { return n.error }
 // as a namedProblems, or nil. It leaves in f.IDs only the other IDs, once
 // each, so that the command acts on what it checked. When it leaves none,
 // f no longer narrows by ID: the caller must not act on it.
-func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why func(status string) string) (problems, err error) {
+func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why func(status outbox.Status) string) (problems, err error) {
 	if len(f.IDs) == 0 {
 		return nil, nil
 	}
@@ -326,7 +330,7 @@ func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why 
 			ids = append(ids, id)
 		}
 	}
-	status := make(map[string]string, len(ids))
+	status := make(map[string]outbox.Status, len(ids))
 	// One query per 1000 IDs rather than one per ID: the IDs may come from
 	// a script by the thousand. IDs are unique, so a chunk is one page.
 	for chunk := range slices.Chunk(ids, 1000) {
@@ -369,7 +373,16 @@ func selectionFlags(fs *flag.FlagSet, allUsage string) *selection {
 	return s
 }
 
-func contains(list []string, s string) bool {
+// strs is ss as plain strings, for joining into text.
+func strs[S ~string](ss []S) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = string(s)
+	}
+	return out
+}
+
+func contains[S comparable](list []S, s S) bool {
 	for _, v := range list {
 		if v == s {
 			return true

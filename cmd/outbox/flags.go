@@ -121,15 +121,15 @@ func (ff *filterFlags) add(fs *flag.FlagSet) {
 func (ff *filterFlags) filter(now time.Time, ids []string) (outbox.Filter, error) {
 	f := outbox.Filter{
 		IDs:           append(append([]string(nil), ff.ids...), ids...),
-		Statuses:      ff.statuses,
 		Types:         ff.types,
 		AggregateType: ff.aggType,
 		AggregateID:   ff.aggID,
 		ErrorContains: ff.errIn,
 	}
-	for _, s := range f.Statuses {
-		switch s {
+	for _, s := range ff.statuses {
+		switch st := outbox.Status(s); st {
 		case outbox.StatusPending, outbox.StatusSent, outbox.StatusFailed:
+			f.Statuses = append(f.Statuses, st)
 		default:
 			return f, usagef("unknown status %q (use pending, sent or failed)", s)
 		}

@@ -19,7 +19,7 @@ func (f *fixture) statuses(t *testing.T) map[string]string {
 	rows, err := f.ob.List(t.Context(), f.db, outbox.ListParams{})
 	require.NoError(t, err)
 	for _, r := range rows {
-		out[r.ID] = r.Status
+		out[r.ID] = string(r.Status)
 	}
 	return out
 }

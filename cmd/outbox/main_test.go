@@ -136,7 +136,7 @@ func (f *fixture) status(t *testing.T, id string) string {
 	t.Helper()
 	r, err := f.ob.Get(t.Context(), f.db, id)
 	require.NoError(t, err)
-	return r.Status
+	return string(r.Status)
 }
 
 func (f *fixture) ids(t *testing.T, fl outbox.Filter) []string {
@@ -210,7 +210,7 @@ func TestStats(t *testing.T) {
 		assert.Less(t, st["oldest_pending_seconds"], 3600.0)
 
 		// Nothing failed, nothing pending: every check passes.
-		_, err := f.ob.Purge(t.Context(), f.db, outbox.Filter{Statuses: []string{outbox.StatusFailed}})
+		_, err := f.ob.Purge(t.Context(), f.db, outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}})
 		require.NoError(t, err)
 		require.NoError(t, f.db.Table(f.table).Where("id = ?", "wait-1").Delete(nil).Error)
 		code, out, errOut = f.run(t, "", "stats", "--max-failed", "0", "--max-pending-age", "1ns", "--max-failed-last-hour", "0")
@@ -358,7 +358,7 @@ func TestReplay(t *testing.T) {
 		after, err := f.ob.Get(ctx, f.db, "bad-1")
 		require.NoError(t, err)
 		assert.Equal(t, before, after, "a dry run changes nothing")
-		assert.Equal(t, []string{"bad-1", "bad-2"}, f.ids(t, outbox.Filter{Statuses: []string{outbox.StatusFailed}}))
+		assert.Equal(t, []string{"bad-1", "bad-2"}, f.ids(t, outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}}))
 
 		// The question, answered no, or not at all.
 		code, _, errOut = f.run(t, "n\n", "replay", "bad-1")

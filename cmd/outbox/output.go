@@ -22,7 +22,7 @@ type jsonRow struct {
 	AggregateType  string          `json:"aggregate_type"`
 	AggregateID    string          `json:"aggregate_id"`
 	IdempotencyKey string          `json:"idempotency_key"`
-	Status         string          `json:"status"`
+	Status         outbox.Status   `json:"status"`
 	Attempts       int             `json:"attempts"`
 	LastError      *string         `json:"last_error"`
 	AvailableAt    time.Time       `json:"available_at"`
@@ -134,7 +134,7 @@ func writeRow(w io.Writer, r outbox.Row, payload bool) error {
 	}
 	field("aggregate", agg)
 	field("idempotency key", clean(r.IdempotencyKey, false))
-	field("status", r.Status)
+	field("status", string(r.Status))
 	field("attempts", strconv.Itoa(r.Attempts))
 	lastErr := "-"
 	if r.LastError != nil {

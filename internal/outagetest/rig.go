@@ -131,14 +131,14 @@ func (r *Rig) Stop() {
 }
 
 // Statuses counts the rows by status.
-func (r *Rig) Statuses() map[string]int {
+func (r *Rig) Statuses() map[outbox.Status]int {
 	r.t.Helper()
 	var rows []struct {
-		Status string
+		Status outbox.Status
 		N      int
 	}
 	require.NoError(r.t, r.db.Table(outbox.DefaultTable).Select("status, count(*) AS n").Group("status").Scan(&rows).Error)
-	m := map[string]int{}
+	m := map[outbox.Status]int{}
 	for _, row := range rows {
 		m[row.Status] = row.N
 	}
@@ -147,7 +147,7 @@ func (r *Rig) Statuses() map[string]int {
 
 // Attempts counts the rows of a status by their attempts column: for sent
 // rows, the attempts the delivery took (a hand-back does not count).
-func (r *Rig) Attempts(status string) map[int]int {
+func (r *Rig) Attempts(status outbox.Status) map[int]int {
 	r.t.Helper()
 	var rows []struct {
 		Attempts int
