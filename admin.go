@@ -126,8 +126,10 @@ func queryRows(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]Row, e
 // List returns one page of the rows matching p.Filter, oldest first (or
 // newest first with p.Newest), ordered by Seq so that paging with AfterSeq
 // or BeforeSeq is stable while rows are added. Times are UTC on every
-// database. db may be a transaction; ctx governs the query.
-func (o *Outbox) List(ctx context.Context, db *gorm.DB, p ListParams) ([]Row, error) {
+// database. db may be a transaction; its context governs the query
+// (db.WithContext(ctx)).
+func (o *Outbox) List(db *gorm.DB, p ListParams) ([]Row, error) {
+	ctx := db.Statement.Context
 	if err := o.usable(db); err != nil {
 		return nil, err
 	}
@@ -150,8 +152,9 @@ func (o *Outbox) List(ctx context.Context, db *gorm.DB, p ListParams) ([]Row, er
 }
 
 // Get returns the row of the event with the given ID, or an error wrapping
-// [ErrNotFound]. db may be a transaction.
-func (o *Outbox) Get(ctx context.Context, db *gorm.DB, id string) (Row, error) {
+// [ErrNotFound]. db may be a transaction; its context governs the query.
+func (o *Outbox) Get(db *gorm.DB, id string) (Row, error) {
+	ctx := db.Statement.Context
 	if err := o.usable(db); err != nil {
 		return Row{}, err
 	}
@@ -165,11 +168,13 @@ func (o *Outbox) Get(ctx context.Context, db *gorm.DB, id string) (Row, error) {
 	return out[0], nil
 }
 
-// Count returns how many rows match f: what a dry run of ReplayFilter
-// (with Statuses set to failed) or Purge would touch. It scans the
-// matching rows, so a dashboard should not call it per request on a large
-// table without a narrow filter. db may be a transaction.
-func (o *Outbox) Count(ctx context.Context, db *gorm.DB, f Filter) (int64, error) {
+// Count returns how many rows match f: what a dry run of Replay (with
+// Statuses set to failed) or Purge would touch. It scans the matching
+// rows, so a dashboard should not call it per request on a large table
+// without a narrow filter. db may be a transaction; its context governs
+// the query.
+func (o *Outbox) Count(db *gorm.DB, f Filter) (int64, error) {
+	ctx := db.Statement.Context
 	if err := o.usable(db); err != nil {
 		return 0, err
 	}
@@ -184,16 +189,19 @@ func (o *Outbox) Count(ctx context.Context, db *gorm.DB, f Filter) (int64, error
 	return n, nil
 }
 
-// ReplayFilter puts the failed rows matching f back to pending, due now,
-// with their attempts reset, as [Outbox.Replay] does, and returns how many
-// it changed. Rows that are not failed are skipped; a filter whose
-// Statuses leave out failed is [ErrInvalidFilter]. It works in batches of
-// at most 1000 rows, each an UPDATE of rows read beforehand in Seq order
-// that still match, so it never holds many row locks at once and a row
-// that fails again while it runs is not replayed twice.
-// db may be a transaction (the batches then share it); on error, the
-// batches before it stay replayed and are counted in the result.
-func (o *Outbox) ReplayFilter(ctx context.Context, db *gorm.DB, f Filter) (int, error) {
+// Replay puts the failed rows matching f back to pending, due now, with
+// their attempts reset, and returns how many it changed: a relay delivers
+// them again as if new. Replay(db, Filter{IDs: ids}) replays those events;
+// a filter with no field set replays every failed row. Rows that are not
+// failed are skipped; a filter whose Statuses leave out failed is
+// [ErrInvalidFilter]. It works in batches of at most 1000 rows, each an
+// UPDATE of rows read beforehand in Seq order that still match, so it never
+// holds many row locks at once and a row that fails again while it runs is
+// not replayed twice. db may be a transaction (the batches then share it);
+// its context governs the statements. On error, the batches before it stay
+// replayed and are counted in the result.
+func (o *Outbox) Replay(db *gorm.DB, f Filter) (int, error) {
+	ctx := db.Statement.Context
 	if err := o.usable(db); err != nil {
 		return 0, err
 	}
@@ -235,9 +243,14 @@ func (o *Outbox) ReplayFilter(ctx context.Context, db *gorm.DB, f Filter) (int, 
 // holds back the later events of its aggregate (RelayConfig.OrderByAggregate).
 // It works in batches of at most 1000 rows, each a DELETE of rows read
 // beforehand that still match, so it never holds many row locks at once; a
-// row replayed while it runs is not deleted. db may be a transaction; on
-// error, the batches before it stay deleted and are counted in the result.
-func (o *Outbox) Purge(ctx context.Context, db *gorm.DB, f Filter) (int, error) {
+// row replayed while it runs is not deleted. Purge(db, Filter{Statuses:
+// []Status{StatusSent}, CreatedUntil: t}) deletes the sent events created
+// before t (RelayConfig.RetainSent deletes sent rows by the time they were
+// sent, in the background). db may be a
+// transaction; its context governs the statements. On error, the batches
+// before it stay deleted and are counted in the result.
+func (o *Outbox) Purge(db *gorm.DB, f Filter) (int, error) {
+	ctx := db.Statement.Context
 	if err := o.usable(db); err != nil {
 		return 0, err
 	}

@@ -49,22 +49,22 @@ func BenchmarkAdmin(b *testing.B) {
 					}
 				})
 			}
-			run("ListFirstPage", func() error { _, err := ob.List(ctx, db, ListParams{}); return err })
-			run("ListNewestPage", func() error { _, err := ob.List(ctx, db, ListParams{Newest: true}); return err })
-			run("ListFailedPage", func() error { _, err := ob.List(ctx, db, ListParams{Filter: failed}); return err })
+			run("ListFirstPage", func() error { _, err := ob.List(db.WithContext(ctx), ListParams{}); return err })
+			run("ListNewestPage", func() error { _, err := ob.List(db.WithContext(ctx), ListParams{Newest: true}); return err })
+			run("ListFailedPage", func() error { _, err := ob.List(db.WithContext(ctx), ListParams{Filter: failed}); return err })
 			run("ListErrorContains", func() error {
-				_, err := ob.List(ctx, db, ListParams{Filter: Filter{ErrorContains: "UNPROCESSABLE"}})
+				_, err := ob.List(db.WithContext(ctx), ListParams{Filter: Filter{ErrorContains: "UNPROCESSABLE"}})
 				return err
 			})
-			run("CountFailed", func() error { _, err := ob.Count(ctx, db, failed); return err })
-			run("Get", func() error { _, err := ob.Get(ctx, db, fmt.Sprintf("e%07d", rows/2)); return err })
-			run("Stats", func() error { _, err := ob.Stats(ctx, db); return err })
-			b.Run("ReplayFilterAllFailed", func(b *testing.B) {
+			run("CountFailed", func() error { _, err := ob.Count(db.WithContext(ctx), failed); return err })
+			run("Get", func() error { _, err := ob.Get(db.WithContext(ctx), fmt.Sprintf("e%07d", rows/2)); return err })
+			run("Stats", func() error { _, err := ob.Stats(db.WithContext(ctx)); return err })
+			b.Run("ReplayAllFailed", func(b *testing.B) {
 				for b.Loop() {
 					b.StopTimer()
 					mustExec(fail)
 					b.StartTimer()
-					n, err := ob.ReplayFilter(ctx, db, failed)
+					n, err := ob.Replay(db.WithContext(ctx), failed)
 					if err != nil || n != rows/20 {
 						b.Fatalf("replayed %d of %d: %v", n, rows/20, err)
 					}

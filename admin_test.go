@@ -20,8 +20,8 @@ var adminTests = map[string]func(*testing.T, backend){
 	"AdminListFilters":         testAdminListFilters,
 	"AdminListPaging":          testAdminListPaging,
 	"AdminGet":                 testAdminGet,
-	"AdminReplayFilter":        testAdminReplayFilter,
-	"AdminReplayFilterBatches": testAdminReplayFilterBatches,
+	"AdminReplay":              testAdminReplay,
+	"AdminReplayBatches":       testAdminReplayBatches,
 	"AdminPurge":               testAdminPurge,
 	"AdminPurgeBatches":        testAdminPurgeBatches,
 	"AdminInvalidFilter":       testAdminInvalidFilter,
@@ -85,9 +85,9 @@ func testAdminListFilters(t *testing.T, b backend) {
 	start := adminFixture(t, e, nil)
 	list := func(f Filter) []string {
 		t.Helper()
-		rows, err := e.ob.List(ctx, e.db, ListParams{Filter: f})
+		rows, err := e.ob.List(e.db.WithContext(ctx), ListParams{Filter: f})
 		require.NoError(t, err)
-		n, err := e.ob.Count(ctx, e.db, f)
+		n, err := e.ob.Count(e.db.WithContext(ctx), f)
 		require.NoError(t, err)
 		assert.EqualValues(t, len(rows), n, "Count agrees with List for %+v", f)
 		return rowIDs(rows)
@@ -128,14 +128,14 @@ func testAdminListPaging(t *testing.T, b backend) {
 		e.parkInTable(t)
 	}
 
-	rows, err := e.ob.List(ctx, e.db, ListParams{})
+	rows, err := e.ob.List(e.db.WithContext(ctx), ListParams{})
 	require.NoError(t, err)
 	assert.Len(t, rows, defaultListLimit, "the default page")
 
 	var got []string
 	var after int64
 	for {
-		rows, err := e.ob.List(ctx, e.db, ListParams{Limit: 25, AfterSeq: after})
+		rows, err := e.ob.List(e.db.WithContext(ctx), ListParams{Limit: 25, AfterSeq: after})
 		require.NoError(t, err)
 		if len(rows) == 0 {
 			break
@@ -156,7 +156,7 @@ func testAdminListPaging(t *testing.T, b backend) {
 	var newest []string
 	var before int64
 	for {
-		rows, err := e.ob.List(ctx, e.db, ListParams{Limit: 40, Newest: true, BeforeSeq: before, Filter: Filter{Types: []string{"page"}}})
+		rows, err := e.ob.List(e.db.WithContext(ctx), ListParams{Limit: 40, Newest: true, BeforeSeq: before, Filter: Filter{Types: []string{"page"}}})
 		require.NoError(t, err)
 		if len(rows) == 0 {
 			break
@@ -170,10 +170,10 @@ func testAdminListPaging(t *testing.T, b backend) {
 	}
 
 	// A window between two seqs, and a limit above the maximum is lowered.
-	all, err := e.ob.List(ctx, e.db, ListParams{Limit: 5000})
+	all, err := e.ob.List(e.db.WithContext(ctx), ListParams{Limit: 5000})
 	require.NoError(t, err)
 	require.Len(t, all, 121)
-	mid, err := e.ob.List(ctx, e.db, ListParams{AfterSeq: all[9].Seq, BeforeSeq: all[20].Seq})
+	mid, err := e.ob.List(e.db.WithContext(ctx), ListParams{AfterSeq: all[9].Seq, BeforeSeq: all[20].Seq})
 	require.NoError(t, err)
 	assert.Equal(t, rowIDs(all[10:20]), rowIDs(mid))
 }
@@ -191,7 +191,7 @@ func testAdminGet(t *testing.T, b backend) {
 	_, err := e.relay(RelayConfig{}).ProcessOnce(ctx)
 	require.NoError(t, err)
 
-	r, err := e.ob.Get(ctx, e.db, "g1")
+	r, err := e.ob.Get(e.db.WithContext(ctx), "g1")
 	require.NoError(t, err)
 	assert.Positive(t, r.Seq)
 	assert.Equal(t, "t", r.EventType)
@@ -226,7 +226,7 @@ func testAdminGet(t *testing.T, b backend) {
 	}
 	assert.True(t, e.record("g1").CreatedAt.Equal(r.CreatedAt), "Get and a GORM read agree")
 
-	_, err = e.ob.Get(ctx, e.db, "missing")
+	_, err = e.ob.Get(e.db.WithContext(ctx), "missing")
 	require.ErrorIs(t, err, ErrNotFound)
 
 	// Sent rows carry SentAt; in a transaction too.
@@ -235,7 +235,7 @@ func testAdminGet(t *testing.T, b backend) {
 	_, err = e.relay(RelayConfig{}).ProcessOnce(ctx)
 	require.NoError(t, err)
 	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
-		r, err := e.ob.Get(ctx, tx, "g2")
+		r, err := e.ob.Get(tx.WithContext(ctx), "g2")
 		require.NoError(t, err)
 		require.NotNil(t, r.SentAt)
 		assert.Equal(t, time.UTC, r.SentAt.Location())
@@ -244,13 +244,13 @@ func testAdminGet(t *testing.T, b backend) {
 	}))
 }
 
-func testAdminReplayFilter(t *testing.T, b backend) {
+func testAdminReplay(t *testing.T, b backend) {
 	e := b.setup(t)
 	ctx := t.Context()
 	var heal atomic.Bool
 	adminFixture(t, e, &heal)
 
-	n, err := e.ob.ReplayFilter(ctx, e.db, Filter{ErrorContains: "declined"})
+	n, err := e.ob.Replay(e.db.WithContext(ctx), Filter{ErrorContains: "declined"})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	r := e.record("pay-0")
@@ -260,12 +260,12 @@ func testAdminReplayFilter(t *testing.T, b backend) {
 	assert.Equal(t, StatusFailed, e.record("pay-1").Status)
 
 	// Sent and pending rows matching the filter are left alone.
-	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{AggregateID: "2"})
+	n, err = e.ob.Replay(e.db.WithContext(ctx), Filter{AggregateID: "2"})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.Equal(t, StatusPending, e.record("pay-1").Status)
 	assert.Equal(t, StatusSent, e.record("ship-0").Status)
-	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{})
+	n, err = e.ob.Replay(e.db.WithContext(ctx), Filter{})
 	require.NoError(t, err)
 	assert.Equal(t, 0, n, "nothing is failed any more")
 
@@ -276,7 +276,7 @@ func testAdminReplayFilter(t *testing.T, b backend) {
 	assert.Equal(t, StatusSent, e.record("pay-0").Status)
 	assert.Equal(t, StatusSent, e.record("pay-1").Status)
 
-	_, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []Status{StatusSent}})
+	_, err = e.ob.Replay(e.db.WithContext(ctx), Filter{Statuses: []Status{StatusSent}})
 	require.ErrorIs(t, err, ErrInvalidFilter, "a replay that cannot touch failed rows is a mistake")
 }
 
@@ -287,7 +287,7 @@ func failRows(t *testing.T, e *testEnv, typ, msg string) {
 		Updates(map[string]any{"status": StatusFailed, "last_error": msg, "attempts": 3}).Error)
 }
 
-func testAdminReplayFilterBatches(t *testing.T, b backend) {
+func testAdminReplayBatches(t *testing.T, b backend) {
 	e := b.setup(t)
 	skipPureGo(t, e)
 	lim := e.ob.limits
@@ -303,7 +303,7 @@ func testAdminReplayFilterBatches(t *testing.T, b backend) {
 		failRows(t, e, "bulk", "boom")
 		failRows(t, e, "other", "boom")
 	}
-	n, err := e.ob.ReplayFilter(t.Context(), e.db, Filter{Types: []string{"bulk"}, Statuses: []Status{StatusFailed}})
+	n, err := e.ob.Replay(e.db.WithContext(t.Context()), Filter{Types: []string{"bulk"}, Statuses: []Status{StatusFailed}})
 	require.NoError(t, err)
 	assert.Equal(t, lim.AdminScan+lim.AdminBatch+5, n)
 	assert.EqualValues(t, lim.AdminScan+lim.AdminBatch+5, e.count("status = ? AND attempts = 0", StatusPending))
@@ -315,30 +315,30 @@ func testAdminPurge(t *testing.T, b backend) {
 	ctx := t.Context()
 	adminFixture(t, e, nil)
 
-	_, err := e.ob.Purge(ctx, e.db, Filter{Statuses: []Status{StatusPending}})
+	_, err := e.ob.Purge(e.db.WithContext(ctx), Filter{Statuses: []Status{StatusPending}})
 	require.ErrorIs(t, err, ErrInvalidFilter)
-	_, err = e.ob.Purge(ctx, e.db, Filter{Statuses: []Status{StatusSent, StatusPending}})
+	_, err = e.ob.Purge(e.db.WithContext(ctx), Filter{Statuses: []Status{StatusSent, StatusPending}})
 	require.ErrorIs(t, err, ErrInvalidFilter)
 
 	// A poison event: purging it by ID.
-	n, err := e.ob.Purge(ctx, e.db, Filter{IDs: []string{"pay-0", "ship-1"}})
+	n, err := e.ob.Purge(e.db.WithContext(ctx), Filter{IDs: []string{"pay-0", "ship-1"}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "the pending ship-1 is never deleted")
 	assert.EqualValues(t, 0, e.count("id = ?", "pay-0"))
 	assert.EqualValues(t, 1, e.count("id = ?", "ship-1"))
 
 	// Sent rows created before a time.
-	n, err = e.ob.Purge(ctx, e.db, Filter{Statuses: []Status{StatusSent}, CreatedUntil: e.clock.Now()})
+	n, err = e.ob.Purge(e.db.WithContext(ctx), Filter{Statuses: []Status{StatusSent}, CreatedUntil: e.clock.Now()})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.Equal(t, []string{"pay-1", "ship-1"}, func() []string {
-		rows, err := e.ob.List(ctx, e.db, ListParams{})
+		rows, err := e.ob.List(e.db.WithContext(ctx), ListParams{})
 		require.NoError(t, err)
 		return rowIDs(rows)
 	}())
 
 	// No statuses: sent and failed, never pending.
-	n, err = e.ob.Purge(ctx, e.db, Filter{})
+	n, err = e.ob.Purge(e.db.WithContext(ctx), Filter{})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	assert.EqualValues(t, 1, e.count(""))
@@ -360,7 +360,7 @@ func testAdminPurgeBatches(t *testing.T, b backend) {
 		require.NoError(t, e.db.Table(e.ob.Table()).Where("event_type = ?", "bulk").
 			Updates(map[string]any{"status": StatusSent}).Error)
 	}
-	n, err := e.ob.Purge(t.Context(), e.db, Filter{Types: []string{"bulk", "keep"}})
+	n, err := e.ob.Purge(e.db.WithContext(t.Context()), Filter{Types: []string{"bulk", "keep"}})
 	require.NoError(t, err)
 	assert.Equal(t, e.ob.limits.AdminScan+e.ob.limits.AdminBatch+7, n)
 	assert.EqualValues(t, 2, e.count(""))
@@ -370,24 +370,24 @@ func testAdminInvalidFilter(t *testing.T, b backend) {
 	e := b.setup(t)
 	ctx := t.Context()
 	bad := Filter{Statuses: []Status{"stuck"}}
-	_, err := e.ob.List(ctx, e.db, ListParams{Filter: bad})
+	_, err := e.ob.List(e.db.WithContext(ctx), ListParams{Filter: bad})
 	require.ErrorIs(t, err, ErrInvalidFilter)
 	assert.Contains(t, err.Error(), `"stuck"`)
-	_, err = e.ob.Count(ctx, e.db, bad)
+	_, err = e.ob.Count(e.db.WithContext(ctx), bad)
 	require.ErrorIs(t, err, ErrInvalidFilter)
-	_, err = e.ob.ReplayFilter(ctx, e.db, bad)
+	_, err = e.ob.Replay(e.db.WithContext(ctx), bad)
 	require.ErrorIs(t, err, ErrInvalidFilter)
-	_, err = e.ob.Purge(ctx, e.db, bad)
+	_, err = e.ob.Purge(e.db.WithContext(ctx), bad)
 	require.ErrorIs(t, err, ErrInvalidFilter)
-	_, err = e.ob.List(ctx, e.db, ListParams{Limit: -1})
+	_, err = e.ob.List(e.db.WithContext(ctx), ListParams{Limit: -1})
 	require.ErrorIs(t, err, ErrInvalidFilter)
 
 	// The db must be the one the outbox is installed on.
 	other := b.open(t, &gorm.Config{Logger: logger.Discard})
-	_, err = Plugin(Config{}).List(ctx, other, ListParams{})
+	_, err = Plugin(Config{}).List(other.WithContext(ctx), ListParams{})
 	require.ErrorIs(t, err, ErrNotInstalled)
 	mem := Plugin(Config{Mode: Memory})
-	_, err = mem.Count(ctx, e.db, Filter{})
+	_, err = mem.Count(e.db.WithContext(ctx), Filter{})
 	require.ErrorIs(t, err, ErrMemoryMode)
 }
 
@@ -408,7 +408,7 @@ func testAdminStatsFailedLastHour(t *testing.T, b backend) {
 		e.parkInTable(t)
 	}
 
-	st, err := e.ob.Stats(ctx, e.db)
+	st, err := e.ob.Stats(e.db.WithContext(ctx))
 	require.NoError(t, err)
 	assert.EqualValues(t, 3, st.Failed)
 	assert.EqualValues(t, 1, st.FailedLastHour, "the two failed two hours ago are not new")
@@ -428,7 +428,7 @@ func testAdminStatsFailedLastHour(t *testing.T, b backend) {
 func TestMigrateChecksConfig(t *testing.T) {
 	t.Parallel()
 	db := sqliteBackend.open(t, &gorm.Config{Logger: logger.Discard})
-	err := Plugin(Config{Table: `x"; DROP TABLE y; --`}).Migrate(t.Context(), db)
+	err := Plugin(Config{Table: `x"; DROP TABLE y; --`}).Migrate(db.WithContext(t.Context()))
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	var n int
 	require.NoError(t, db.Raw("SELECT COUNT(*) FROM sqlite_master").Scan(&n).Error)
@@ -444,7 +444,7 @@ func skipPureGo(t *testing.T, e *testEnv) {
 	}
 }
 
-// testAdminReplayOnlyFailed: Replay and ReplayFilter change failed rows
+// testAdminReplayOnlyFailed: Replay changes failed rows
 // and nothing else, whatever the caller names: a sent event put back to
 // pending is delivered again, and a pending one loses its attempts and its
 // backoff.
@@ -465,19 +465,19 @@ func testAdminReplayOnlyFailed(t *testing.T, b backend) {
 		assert.Equal(t, want.SentAt, got.SentAt, "%s", want.ID)
 	}
 
-	n, err := e.ob.Replay(ctx, e.db, "ship-0", "ship-1", "nope")
+	n, err := e.ob.Replay(e.db.WithContext(ctx), Filter{IDs: []string{"ship-0", "ship-1", "nope"}})
 	require.NoError(t, err)
 	assert.Equal(t, 0, n, "Replay changes failed events only")
 	unchanged(sent)
 	unchanged(pending)
 
-	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []Status{StatusFailed, StatusPending}, AggregateID: "2"})
+	n, err = e.ob.Replay(e.db.WithContext(ctx), Filter{Statuses: []Status{StatusFailed, StatusPending}, AggregateID: "2"})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "pay-1 only")
 	assert.Equal(t, StatusPending, e.record("pay-1").Status)
 	unchanged(pending)
 
-	n, err = e.ob.ReplayFilter(ctx, e.db, Filter{Statuses: []Status{StatusSent, StatusFailed}, AggregateID: "1"})
+	n, err = e.ob.Replay(e.db.WithContext(ctx), Filter{Statuses: []Status{StatusSent, StatusFailed}, AggregateID: "1"})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "pay-0 only")
 	unchanged(sent)
@@ -506,7 +506,7 @@ func testRetentionDeletesOnlySent(t *testing.T, b backend) {
 	require.NoError(t, e.db.Table(e.ob.Table()).Where("id IN ?", []string{"later-00000", "bad-00000"}).Update("sent_at", e.timeArg(e.ob.now())).Error)
 
 	e.clock.Advance(48 * time.Hour)
-	n, err := e.ob.DeleteSent(ctx, e.db, time.Hour)
+	n, err := e.ob.deleteSent(ctx, e.db, time.Hour, defaultStatementTimeout)
 	require.NoError(t, err)
 	assert.Equal(t, 3, n)
 	assert.EqualValues(t, 0, e.count("status = ?", StatusSent))

@@ -95,7 +95,7 @@ func BenchmarkRelayCycle(b *testing.B) {
 		b.Run(backend, func(b *testing.B) {
 			db, ob := benchOutbox(b, backend, Config{DisableNotify: true})
 			ob.Handle("order.created", func(context.Context, Event) error { return nil })
-			relay := ob.Relay(db, RelayConfig{BatchSize: relayCycleBatch, RetainSent: RetainForever})
+			relay := mustRelay(b, ob, db, RelayConfig{BatchSize: relayCycleBatch, RetainSent: RetainForever})
 			ctx := context.Background()
 			events := make([]Event, relayCycleBatch)
 			var (

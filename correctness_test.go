@@ -267,12 +267,11 @@ func testRelayConfigLimits(t *testing.T, b backend) {
 		{RelayConfig{Lease: 2 * time.Second, HandlerTimeout: 3 * time.Second}, "exceeds Lease"},
 		{RelayConfig{HandlerTimeout: 2 * time.Minute}, "exceeds Lease"},
 	} {
-		before := strings.Count(logs.String(), "will not run")
-		r := ob.Relay(e.db, c.cfg)
-		assert.Equal(t, before+1, strings.Count(logs.String(), "will not run"), "logged at construction: %+v", c.cfg)
-		_, err := r.ProcessOnce(t.Context())
-		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", c.cfg)
+		r, err := ob.Relay(e.db, c.cfg)
+		require.ErrorIs(t, err, ErrInvalidConfig, "returned at construction: %+v", c.cfg)
 		assert.ErrorContains(t, err, c.what)
+		_, err = r.ProcessOnce(t.Context())
+		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", c.cfg)
 		require.ErrorIs(t, r.Run(t.Context()), ErrInvalidConfig)
 	}
 	assert.Contains(t, logs.String(), "the relay is not running", "Run logs it too")
@@ -280,12 +279,12 @@ func testRelayConfigLimits(t *testing.T, b backend) {
 	// A transaction is not a relay's database, and says so at once.
 	tx := e.db.Begin()
 	defer tx.Rollback()
-	_, err := ob.Relay(tx, RelayConfig{}).ProcessOnce(t.Context())
+	_, err := ob.Relay(tx, RelayConfig{})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.ErrorContains(t, err, "not a transaction")
 
-	r := ob.Relay(e.db, RelayConfig{Lease: time.Second, HandlerTimeout: time.Second, BatchSize: maxBatchSize})
-	require.NoError(t, r.err, "the limits themselves are valid")
+	_, err = ob.Relay(e.db, RelayConfig{Lease: time.Second, HandlerTimeout: time.Second, BatchSize: maxBatchSize})
+	require.NoError(t, err, "the limits themselves are valid")
 }
 
 func testUnavailableProcessOnce(t *testing.T, b backend) {
@@ -443,7 +442,7 @@ func testIDReused(t *testing.T, b backend) {
 		require.Equal(t, []string{"same"}, e.delivered(t, c), "delivered once")
 		assert.Equal(t, "first", c.events[0].Type)
 		assert.Equal(t, 1, strings.Count(logs.String(), "level=ERROR msg=\"outbox: a committed event reuses the ID of another event"), "the loss is logged once:\n%s", logs.String())
-		st, err := e.ob.Stats(t.Context(), e.db)
+		st, err := e.ob.Stats(e.db.WithContext(t.Context()))
 		require.NoError(t, err)
 		assert.EqualValues(t, 1, st.Dropped, "the repeat of the same event is no loss; the other one is")
 	} else {
@@ -750,17 +749,17 @@ func testSchemaUpgrade(t *testing.T, b backend) {
 
 	c := &collector{}
 	ob.Handle("x", c.handle)
-	drain(t, ob.Relay(dbs[0], RelayConfig{OrderByAggregate: true, Workers: 4}))
+	drain(t, mustRelay(t, ob, dbs[0], RelayConfig{OrderByAggregate: true, Workers: 4}))
 	assert.Equal(t, []string{"b-3", "b-2", "b-1"}, filterPrefix(c.ids(), "b-"))
 	assert.Equal(t, []string{"a-2", "a-1"}, filterPrefix(c.ids(), "a-"))
-	st, err := ob.Stats(t.Context(), dbs[0])
+	st, err := ob.Stats(dbs[0].WithContext(t.Context()))
 	require.NoError(t, err)
 	assert.Equal(t, int64(6), st.Sent)
 	assert.Equal(t, int64(1), st.Failed)
-	n, err := ob.Replay(t.Context(), dbs[0], "failed-1")
+	n, err := ob.Replay(dbs[0], Filter{IDs: []string{"failed-1"}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
-	drain(t, ob.Relay(dbs[0], RelayConfig{}))
+	drain(t, mustRelay(t, ob, dbs[0], RelayConfig{}))
 	assert.Contains(t, c.ids(), "failed-1")
 
 	// Idempotency keys of the old rows still hold, new events get on.
@@ -789,6 +788,6 @@ func testUpgradeSQLByHand(t *testing.T, b backend) {
 	require.NoError(t, Publish(db, Event{ID: "after", Type: "x"}))
 	c := &collector{}
 	ob.Handle("x", c.handle)
-	drain(t, ob.Relay(db, RelayConfig{}))
+	drain(t, mustRelay(t, ob, db, RelayConfig{}))
 	assert.Equal(t, []string{"after"}, c.ids())
 }

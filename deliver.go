@@ -92,20 +92,15 @@ func (r *Relay) attempt(bctx context.Context, c *claimed) error {
 	return r.o.deliver(context.WithValue(hctx, attemptKey{}, c.Attempts), Event(c.Event))
 }
 
-// report hands one attempt's outcome to RelayConfig.OnDelivery and the
-// Delivered hooks.
+// report hands one attempt's outcome to the Delivered hooks.
 func (r *Relay) report(c *claimed, res engine.Result, err error, took time.Duration) {
-	if r.cfg.OnDelivery == nil && !r.o.observesDeliveries() {
+	if !r.o.observesDeliveries() {
 		return
 	}
-	d := Delivery{
+	r.o.delivered(Delivery{
 		Event: Event(c.Event), Attempt: c.Attempts, Status: Status(res.Status()), Err: err,
 		Duration: took, Latency: r.o.now().Sub(c.CreatedAt),
-	}
-	if r.cfg.OnDelivery != nil {
-		r.cfg.OnDelivery(d)
-	}
-	r.o.delivered(d)
+	})
 }
 
 type attemptKey struct{}

@@ -9,10 +9,10 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// List, ReplayFilter and Purge are what an operator needs when events fail:
+// List, Replay and Purge are what an operator needs when events fail:
 // see which failed and why, put them back, or drop one that can never be
 // delivered. The outbox command and the dashboard are built on them.
-func ExampleOutbox_ReplayFilter() {
+func ExampleOutbox_Replay() {
 	db, done := openDB()
 	defer done()
 	ob := outbox.Plugin(outbox.Config{Logger: quiet})
@@ -32,12 +32,15 @@ func ExampleOutbox_ReplayFilter() {
 			log.Fatal(err)
 		}
 	}
-	relay := ob.Relay(db, outbox.RelayConfig{})
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	if _, err := relay.ProcessOnce(ctx); err != nil {
 		log.Fatal(err)
 	}
 
-	failed, err := ob.List(ctx, db, outbox.ListParams{Filter: outbox.Filter{
+	failed, err := ob.List(db.WithContext(ctx), outbox.ListParams{Filter: outbox.Filter{
 		Statuses: []outbox.Status{outbox.StatusFailed}, ErrorContains: "mailbox unavailable",
 	}})
 	if err != nil {
@@ -48,14 +51,14 @@ func ExampleOutbox_ReplayFilter() {
 	}
 
 	down = false
-	n, err := ob.ReplayFilter(ctx, db, outbox.Filter{IDs: []string{"inv-1"}})
+	n, err := ob.Replay(db.WithContext(ctx), outbox.Filter{IDs: []string{"inv-1"}})
 	fmt.Println("replayed", n, err)
-	n, err = ob.Purge(ctx, db, outbox.Filter{IDs: []string{"inv-2"}})
+	n, err = ob.Purge(db.WithContext(ctx), outbox.Filter{IDs: []string{"inv-2"}})
 	fmt.Println("purged", n, err)
 	if _, err := relay.ProcessOnce(ctx); err != nil {
 		log.Fatal(err)
 	}
-	st, err := ob.Stats(ctx, db)
+	st, err := ob.Stats(db.WithContext(ctx))
 	fmt.Printf("sent %d, failed %d, pending %d, %v\n", st.Sent, st.Failed, st.Pending, err)
 	// Output:
 	// inv-1 failed permanent: mailer: 550 mailbox unavailable

@@ -88,7 +88,11 @@ func ExamplePublish() {
 		log.Fatal(err)
 	}
 
-	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(context.Background())
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	n, err := relay.ProcessOnce(context.Background())
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -165,7 +169,11 @@ func ExampleRelay_Run() {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan error)
-	go func() { stopped <- ob.Relay(db, outbox.RelayConfig{}).Run(ctx) }()
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	go func() { stopped <- relay.Run(ctx) }()
 
 	if err := outbox.Publish(db, outbox.Event{Type: "order.created", IdempotencyKey: "order-1"}); err != nil {
 		log.Fatal(err)

@@ -23,6 +23,7 @@ import (
 
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
@@ -155,7 +156,7 @@ type publishEnv struct {
 
 func newPublishEnv(t testing.TB, fdb *fuzzDB) *publishEnv {
 	e := &publishEnv{name: fdb.name, db: fdb.open(t)}
-	e.ob = outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
+	e.ob = outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler), DisableNotify: true})
 	require.NoError(t, e.db.Use(e.ob))
 	require.NoError(t, e.db.AutoMigrate(&fuzzOrder{}))
 	e.ob.Handle(outbox.AnyEvent, func(_ context.Context, ev outbox.Event) error {
@@ -164,7 +165,7 @@ func newPublishEnv(t testing.TB, fdb *fuzzDB) *publishEnv {
 		e.mu.Unlock()
 		return nil
 	})
-	e.relay = e.ob.Relay(e.db, outbox.RelayConfig{DisableListen: true, RetainSent: outbox.RetainForever})
+	e.relay = outboxtest.Relay(t, e.ob, e.db, outbox.RelayConfig{RetainSent: outbox.RetainForever})
 	return e
 }
 

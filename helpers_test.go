@@ -288,8 +288,8 @@ func (b backend) setup(t *testing.T, opts ...func(*setupOpts)) *testEnv {
 	}
 	if b.logical && o.cfg.Mode == Persistent {
 		o.cfg.Mode = Logical
-		o.cfg.Slot = randomName("s_")
-		dropSlotAtCleanup(t, db, o.cfg.Slot)
+		o.cfg.Logical.Slot = randomName("s_")
+		dropSlotAtCleanup(t, db, o.cfg.Logical.Slot)
 	}
 	ob := Plugin(o.cfg)
 	clock := &fakeClock{t: time.Now().UTC()}
@@ -345,9 +345,7 @@ func (e *testEnv) record(id string) Row {
 }
 
 func (e *testEnv) relay(cfg RelayConfig) *Relay {
-	r := e.ob.Relay(e.db, cfg)
-	require.NoError(e.t, r.err)
-	return r
+	return mustRelay(e.t, e.ob, e.db, cfg)
 }
 
 // collector is a handler that records what it receives.
@@ -404,4 +402,12 @@ func (r *Relay) markFailed(ctx context.Context, outs []outcome, lease time.Time)
 
 func (r *Relay) release(ctx context.Context, ids []string, lease time.Time) error {
 	return r.table.Release(ctx, ids, lease)
+}
+
+// mustRelay is o's relay on db, the test failing when cfg is refused.
+func mustRelay(t testing.TB, o *Outbox, db *gorm.DB, cfg RelayConfig) *Relay {
+	t.Helper()
+	r, err := o.Relay(db, cfg)
+	require.NoError(t, err)
+	return r
 }

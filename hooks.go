@@ -48,8 +48,9 @@ type Hooks struct {
 	// handler's is.
 	Deliver func(next Handler) Handler
 
-	// Delivered is called after every delivery attempt with its outcome,
-	// as [RelayConfig.OnDelivery] is, for every relay of this Outbox; in
+	// Delivered is called after every delivery attempt with its outcome
+	// and timings, from the delivering goroutine, for every relay of this
+	// Outbox: build metrics or traces on it (package outboxotel does). In
 	// memory mode too, after each event's dispatch, with Attempt 0, Status
 	// StatusSent or StatusFailed (memory mode does not retry), and Latency
 	// counted from the start of the after-commit dispatch. It must be fast

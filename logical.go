@@ -57,16 +57,17 @@ func (o *Outbox) dropReusedID(ctx context.Context, e *engine.Event) {
 }
 
 // replicationConfig is the replication connection's configuration: the
-// DSN the *gorm.DB was opened with unless RelayConfig.ReplicationDSN is set.
+// DSN the *gorm.DB was opened with unless LogicalConfig.ReplicationDSN is
+// set.
 func (r *Relay) replicationConfig() (*pgconn.Config, error) {
-	dsn := r.cfg.ReplicationDSN
+	dsn := r.o.replicationDSN
 	if dsn == "" {
 		if d, ok := r.db.Dialector.(*postgres.Dialector); ok && d.Config != nil {
 			dsn = d.Config.DSN
 		}
 	}
 	if dsn == "" {
-		return nil, fmt.Errorf("%w: Logical mode needs a replication connection and the *gorm.DB was not opened from a DSN: set RelayConfig.ReplicationDSN", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: Logical mode needs a replication connection and the *gorm.DB was not opened from a DSN: set Config.Logical.ReplicationDSN", ErrInvalidConfig)
 	}
 	cfg, err := pgconn.ParseConfig(dsn)
 	if err != nil {

@@ -31,7 +31,7 @@ func TestLogicalReplicationConfigSetsWalSenderTimeout(t *testing.T) {
 		{"the DSN's own, in options", "postgres://u@h/db?options=-c%20wal_sender_timeout%3D20s", "", "-c wal_sender_timeout=20s"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r := &Relay{cfg: RelayConfig{ReplicationDSN: c.dsn}}
+			r := &Relay{o: &Outbox{replicationDSN: c.dsn}}
 			cfg, err := r.replicationConfig()
 			require.NoError(t, err)
 			assert.Equal(t, "database", cfg.RuntimeParams["replication"])
@@ -56,7 +56,8 @@ func TestLogicalReplicationConnectionTimeout(t *testing.T) {
 		{e.dsn + "&wal_sender_timeout=7s", 7 * time.Second},
 		{e.dsn + "&options=-c%20wal_sender_timeout%3D8000", 8 * time.Second},
 	} {
-		r := e.relay(RelayConfig{ReplicationDSN: c.dsn})
+		e.ob.replicationDSN = c.dsn
+		r := e.relay(RelayConfig{})
 		conn, err := pgconn.ConnectConfig(t.Context(), r.repl)
 		require.NoError(t, err)
 		got, err := wal.SessionTimeout(t.Context(), conn, e.ob.wal)
@@ -92,7 +93,8 @@ func TestLogicalBusyDispatcherKeepsSession(t *testing.T) {
 	for i := range n {
 		require.NoError(t, Publish(e.db, Event{ID: fmt.Sprintf("e-%03d", i), Type: "x"}))
 	}
-	r := e.relay(RelayConfig{BatchSize: 1, Workers: 1, ReplicationDSN: e.dsn + "&wal_sender_timeout=" + timeout.String()})
+	e.ob.replicationDSN = e.dsn + "&wal_sender_timeout=" + timeout.String()
+	r := e.relay(RelayConfig{BatchSize: 1, Workers: 1})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -123,7 +125,8 @@ func TestLogicalProcessOnceSlowBatch(t *testing.T) {
 		return got.handle(ctx, ev)
 	})
 	// wal_sender_timeout 2s: the session may go 1s without a report.
-	r := e.relay(RelayConfig{Workers: 1, ReplicationDSN: e.dsn + "&wal_sender_timeout=2s"})
+	e.ob.replicationDSN = e.dsn + "&wal_sender_timeout=2s"
+	r := e.relay(RelayConfig{Workers: 1})
 	require.NoError(t, Publish(e.db, Event{Type: "slow"}, Event{Type: "slow"}, Event{Type: "slow"}))
 	n, err := r.ProcessOnce(t.Context())
 	require.NoError(t, err)

@@ -83,8 +83,8 @@ func setupLogical(t *testing.T, cfg Config) *logicalEnv {
 	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err)
 	cfg.Mode = Logical
-	if cfg.Slot == "" {
-		cfg.Slot = randomName("s_")
+	if cfg.Logical.Slot == "" {
+		cfg.Logical.Slot = randomName("s_")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -100,7 +100,7 @@ func setupLogical(t *testing.T, cfg Config) *logicalEnv {
 	})
 	// Cleanups run last in, first out: the database closes, then the slot
 	// is dropped, then the schema.
-	dropSlotAtCleanup(t, admin, cfg.Slot)
+	dropSlotAtCleanup(t, admin, cfg.Logical.Slot)
 	t.Cleanup(func() {
 		if sqlDB, err := db.DB(); err == nil {
 			_ = sqlDB.Close()
@@ -108,7 +108,7 @@ func setupLogical(t *testing.T, cfg Config) *logicalEnv {
 	})
 	require.NoError(t, db.Use(ob))
 	require.NoError(t, db.AutoMigrate(&Order{}))
-	return &logicalEnv{testEnv: &testEnv{t: t, db: db, ob: ob, clock: clock, name: "postgres"}, dsn: dsn, slot: cfg.Slot}
+	return &logicalEnv{testEnv: &testEnv{t: t, db: db, ob: ob, clock: clock, name: "postgres"}, dsn: dsn, slot: cfg.Logical.Slot}
 }
 
 // drainLogical runs ProcessOnce until it finds nothing to do.
@@ -248,7 +248,7 @@ func TestLogicalRetriesFailedReplayNoHandler(t *testing.T) {
 	assert.Equal(t, 3, e.record("f").Attempts)
 
 	cured.Store("p", true)
-	replayed, err := e.ob.Replay(t.Context(), e.db, "p")
+	replayed, err := e.ob.Replay(e.db, Filter{IDs: []string{"p"}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, replayed)
 	e.drain(r)
@@ -332,7 +332,7 @@ func TestLogicalRunStandbyTakesOver(t *testing.T) {
 	}
 	stopA := run(e.relay(RelayConfig{PollInterval: 50 * time.Millisecond}))
 	waitUntil(t, 10*time.Second, "a relay streams the slot", func() bool {
-		st, err := e.ob.Stats(t.Context(), e.db)
+		st, err := e.ob.Stats(e.db.WithContext(t.Context()))
 		return err == nil && st.SlotActive
 	})
 	stopB := run(e.relay(RelayConfig{PollInterval: 50 * time.Millisecond}))
@@ -344,7 +344,7 @@ func TestLogicalRunStandbyTakesOver(t *testing.T) {
 	require.NoError(t, Publish(e.db, Event{ID: "2", Type: "x"}))
 	waitUntil(t, 10*time.Second, "the standby takes over and delivers event 2", func() bool { return got.len() >= 2 })
 	assert.Equal(t, []string{"1", "2"}, got.ids())
-	st, err := e.ob.Stats(t.Context(), e.db)
+	st, err := e.ob.Stats(e.db.WithContext(t.Context()))
 	require.NoError(t, err)
 	assert.True(t, st.SlotActive)
 }
@@ -396,7 +396,7 @@ func TestLogicalRefused(t *testing.T) {
 	// The shared server runs with wal_level=replica.
 	if os.Getenv(postgresDSNEnv) != "" {
 		pg := postgresBackend(t).open(t, &gorm.Config{Logger: logger.Discard})
-		err := pg.Use(Plugin(Config{Mode: Logical, Slot: randomName("s_")}))
+		err := pg.Use(Plugin(Config{Mode: Logical, Logical: LogicalConfig{Slot: randomName("s_")}}))
 		require.ErrorIs(t, err, ErrServerSetting)
 		assert.NotErrorIs(t, err, ErrUnsupportedDialect, "the database is supported; its setting is not")
 		assert.Contains(t, err.Error(), "wal_level = logical")
@@ -406,7 +406,7 @@ func TestLogicalRefused(t *testing.T) {
 		require.ErrorIs(t, my.Use(Plugin(Config{Mode: Logical})), ErrUnsupportedDialect)
 		assert.False(t, my.Migrator().HasTable(DefaultTable), "refused before anything is created")
 	}
-	assert.ErrorIs(t, Plugin(Config{Mode: Logical, Slot: "Bad-Name"}).cfgErr, ErrInvalidConfig)
+	assert.ErrorIs(t, Plugin(Config{Mode: Logical, Logical: LogicalConfig{Slot: "Bad-Name"}}).cfgErr, ErrInvalidConfig)
 }
 
 func TestLogicalProcessOnceIdleIsQuick(t *testing.T) {
@@ -504,7 +504,7 @@ func TestLogicalStatsSlotLag(t *testing.T) {
 	var before Stats
 	waitUntil(t, 10*time.Second, "the slot is released after ProcessOnce", func() bool {
 		var err error
-		before, err = e.ob.Stats(t.Context(), e.db)
+		before, err = e.ob.Stats(e.db.WithContext(t.Context()))
 		require.NoError(t, err)
 		return !before.SlotActive
 	})
@@ -512,11 +512,11 @@ func TestLogicalStatsSlotLag(t *testing.T) {
 	for range 4 {
 		require.NoError(t, Publish(e.db, Event{Type: "x", Payload: map[string]string{"pad": big}}))
 	}
-	lagging, err := e.ob.Stats(t.Context(), e.db)
+	lagging, err := e.ob.Stats(e.db.WithContext(t.Context()))
 	require.NoError(t, err)
 	assert.Greater(t, lagging.SlotLagBytes, before.SlotLagBytes+4*64<<10, "the unconfirmed messages are kept")
 	e.drain(r)
-	after, err := e.ob.Stats(t.Context(), e.db)
+	after, err := e.ob.Stats(e.db.WithContext(t.Context()))
 	require.NoError(t, err)
 	assert.Less(t, after.SlotLagBytes, lagging.SlotLagBytes)
 }
@@ -576,11 +576,11 @@ func (e *testEnv) parkInTable(t *testing.T) {
 	require.Equal(t, Logical, e.ob.mode)
 	if e.parker == nil {
 		db := e.reopen(t)
-		ob := Plugin(Config{Mode: Logical, Slot: e.ob.slot, Table: e.ob.Table(), Logger: e.ob.logger})
+		ob := Plugin(Config{Mode: Logical, Logical: LogicalConfig{Slot: e.ob.slot}, Table: e.ob.Table(), Logger: e.ob.logger})
 		ob.clock = e.clock.Now // one clock for both processes
 		require.NoError(t, db.Use(ob))
 		ob.Handle(AnyEvent, func(context.Context, Event) error { return Unavailable(errors.New("the destination is down")) })
-		e.parker = ob.Relay(db, RelayConfig{BatchSize: maxBatchSize})
+		e.parker = mustRelay(t, ob, db, RelayConfig{BatchSize: maxBatchSize})
 		require.NoError(t, e.parker.err)
 	}
 	// The streaming side of ProcessOnce alone: its table side would claim
@@ -676,7 +676,7 @@ func TestLogicalIDReusedByAnotherEvent(t *testing.T) {
 	e.drain(e.relay(RelayConfig{}))
 	assert.Len(t, got.ids(), 1)
 	assert.Equal(t, 2, strings.Count(logs.String(), "reuses the ID of another event"), "against the table")
-	st, err := e.ob.Stats(t.Context(), e.db)
+	st, err := e.ob.Stats(e.db.WithContext(t.Context()))
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, st.Dropped, "each loss is counted")
 }

@@ -51,7 +51,8 @@ func storeByName(dialect, table string) (store.Store, error) {
 // A table of an earlier schema version is upgraded in place, in one
 // transaction that locks it (UpgradeSQL shows the statements); the rows it
 // holds, pending, failed and sent, keep their state and order.
-func (o *Outbox) Migrate(ctx context.Context, db *gorm.DB) error {
+func (o *Outbox) Migrate(db *gorm.DB) error {
+	ctx := db.Statement.Context
 	// Called without db.Use, the configuration is not checked yet: an
 	// unchecked Table would reach the DDL.
 	if o.cfgErr != nil {

@@ -190,8 +190,9 @@ func TestMySQLClaimRetriesLockWait(t *testing.T) {
 		err error
 	}
 	done := make(chan result, 1)
+	relay := mustRelay(t, ob, db, RelayConfig{})
 	go func() {
-		n, err := ob.Relay(db, RelayConfig{}).ProcessOnce(t.Context())
+		n, err := relay.ProcessOnce(t.Context())
 		done <- result{n, err}
 	}()
 

@@ -64,11 +64,11 @@ func TestMySQLTimeZones(t *testing.T) {
 	occurred := time.Date(2026, 3, 29, 1, 30, 0, 123456000, time.UTC)
 	require.NoError(t, Publish(db, Event{ID: "tz", Type: "x", OccurredAt: occurred}))
 
-	st, err := ob.Stats(t.Context(), db)
+	st, err := ob.Stats(db.WithContext(t.Context()))
 	require.NoError(t, err)
 	assert.Less(t, st.OldestPending, time.Minute, "the oldest pending age must not carry a zone offset")
 
-	r := ob.Relay(db, RelayConfig{Backoff: func(int) time.Duration { return time.Hour }})
+	r := mustRelay(t, ob, db, RelayConfig{Backoff: func(int) time.Duration { return time.Hour }})
 	n, err := r.ProcessOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "a just-published event is due at once, not after a zone offset")
@@ -93,7 +93,7 @@ func TestMySQLTimeZones(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "due once the backoff has passed")
 	<-got
-	st, err = ob.Stats(t.Context(), db)
+	st, err = ob.Stats(db.WithContext(t.Context()))
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), st.Sent)
 }

@@ -99,33 +99,54 @@ type Config struct {
 	// claim the oldest due events.
 	DeliverAfterCommit bool
 
-	// DisableNotify stops the NOTIFY this process sends on PostgreSQL after
-	// a commit that wrote events, which wakes relays in other processes. It
-	// is sent outside the business transaction, debounced (at most about one
-	// per millisecond per process). Defaults to false.
+	// DisableNotify turns PostgreSQL's LISTEN/NOTIFY off for this outbox:
+	// no NOTIFY after a commit that wrote events (which wakes relays in
+	// other processes; it is sent outside the business transaction,
+	// debounced to about one per millisecond per process), and no LISTEN in
+	// its relays, which then rely on RelayConfig.PollInterval and on
+	// wake-ups from writers in their own process. Set it behind a
+	// transaction-pooling proxy, where LISTEN cannot work. Defaults to
+	// false.
 	DisableNotify bool
 
+	// Logical holds the settings of [Logical] mode; ignored in other modes.
+	Logical LogicalConfig
+}
+
+// LogicalConfig holds the settings of [Logical] mode. Its zero value is
+// usable.
+type LogicalConfig struct {
 	// Slot names the logical replication slot Logical mode streams from
 	// (and the publication it reads through, and the prefix of its WAL
 	// messages). Slots belong to the whole PostgreSQL cluster: give every
 	// outbox (every table, schema or database) its own. Lower-case ASCII
 	// letters, digits and underscores, at most 63 bytes. Defaults to the
-	// table's name in lower case followed by "_slot". Ignored in other
-	// modes.
+	// table's name in lower case followed by "_slot".
 	Slot string
+
+	// ReplicationDSN is the connection string of the replication connection
+	// relays stream through. Defaults to the DSN the *gorm.DB was opened
+	// with (gorm.io/driver/postgres's Config.DSN); set it when db was opened
+	// from an existing *sql.DB, or to stream through another role or host.
+	// The relay sets wal_sender_timeout=5s on the replication connection, so
+	// that PostgreSQL ends the session of a relay that froze or vanished,
+	// and a standby takes over, within seconds; a wal_sender_timeout in the
+	// DSN (a parameter of its own or in options) is kept instead.
+	ReplicationDSN string
 }
 
 // Outbox is the GORM plugin. Create it with [Plugin], install it with
 // db.Use, register handlers with [Outbox.Handle]. It is safe for concurrent
 // use.
 type Outbox struct {
-	mode       Mode
-	table      string
-	slot       string // Logical mode
-	logger     *slog.Logger
-	migrate    bool
-	maxPayload int
-	cfgErr     error
+	mode           Mode
+	table          string
+	slot           string // Logical mode
+	replicationDSN string // Logical mode; "" is the *gorm.DB's own DSN
+	logger         *slog.Logger
+	migrate        bool
+	maxPayload     int
+	cfgErr         error
 
 	mu          sync.Mutex  // serialises Handle and Initialize
 	dialectName string      // GORM's dialector name, fixed by the first persistent Initialize
@@ -202,9 +223,10 @@ func Plugin(cfg Config) *Outbox {
 		o.noTable = ErrMemoryMode
 	}
 	if o.cfgErr == nil && o.mode == Logical {
-		o.slot = cmp.Or(cfg.Slot, strings.ToLower(o.table)+"_slot")
+		o.slot = cmp.Or(cfg.Logical.Slot, strings.ToLower(o.table)+"_slot")
+		o.replicationDSN = cfg.Logical.ReplicationDSN
 		if !slotRE.MatchString(o.slot) {
-			o.cfgErr = fmt.Errorf("%w: Slot %q is not a valid replication slot name (lower-case ASCII letters, digits and underscores, at most 63 bytes)", ErrInvalidConfig, o.slot)
+			o.cfgErr = fmt.Errorf("%w: Logical.Slot %q is not a valid replication slot name (lower-case ASCII letters, digits and underscores, at most 63 bytes)", ErrInvalidConfig, o.slot)
 		}
 	}
 	o.handlers.Store(&[]route{})
@@ -292,7 +314,7 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 // refuses one of an earlier schema version.
 func (o *Outbox) initTable(ctx context.Context, db *gorm.DB) error {
 	if o.migrate {
-		return o.Migrate(ctx, db)
+		return o.Migrate(db.WithContext(ctx))
 	}
 	sqlDB, err := rawDB(db)
 	if err != nil {

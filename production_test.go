@@ -40,7 +40,7 @@ var productionTests = map[string]func(*testing.T, backend){
 	"Retention":                       testRetention,
 	"ClaimUsesPendingIndex":           testClaimPlan,
 	"ShutdownReleasesClaims":          testShutdownReleases,
-	"StatsAndOnDelivery":              testStatsAndOnDelivery,
+	"StatsAndDelivered":               testStatsAndDelivered,
 	"ListenUnavailablePolls":          testListenUnavailable,
 	"OutcomesGuardedByLease":          testOutcomeGuards,
 	"GeneratedEventsInsertPlainly":    testGeneratedEventsInsertPlainly,
@@ -116,10 +116,10 @@ func receive(t *testing.T, ch <-chan string) string {
 }
 
 func testWakeInProcess(t *testing.T, b backend) {
-	e := b.setup(t)
+	e := b.setup(t, withConfig(Config{DisableNotify: true})) // no LISTEN: only the in-process wake-up can find the event
 	got := make(chan string, 10)
 	e.ob.Handle("x", func(_ context.Context, ev Event) error { got <- ev.ID; return nil })
-	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour, DisableListen: true}))
+	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour}))
 	// Let the relay's first (empty) claim pass, so only a wake-up can find
 	// the event.
 	require.Eventually(t, func() bool { return len(e.ob.wakersSnapshot()) == 1 }, 5*time.Second, time.Millisecond)
@@ -172,7 +172,7 @@ func testWakeAcrossProcesses(t *testing.T, b backend) {
 }
 
 func testDeliverAfterCommit(t *testing.T, b backend) {
-	e := b.setup(t, withConfig(Config{DeliverAfterCommit: true}))
+	e := b.setup(t, withConfig(Config{DeliverAfterCommit: true, DisableNotify: true}))
 	var mu sync.Mutex
 	seen := map[string]int{}
 	got := make(chan string, 1000)
@@ -185,9 +185,9 @@ func testDeliverAfterCommit(t *testing.T, b backend) {
 	})
 	// Two relays in this process plus one polling: the fresh IDs go through
 	// the same claim, so nothing is delivered twice.
-	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour, DisableListen: true}))
-	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour, DisableListen: true}))
-	runRelay(t, e.relay(RelayConfig{PollInterval: 5 * time.Millisecond, DisableListen: true}))
+	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour}))
+	runRelay(t, e.relay(RelayConfig{PollInterval: time.Hour}))
+	runRelay(t, e.relay(RelayConfig{PollInterval: 5 * time.Millisecond}))
 
 	const writers, each = 4, 25
 	var wg sync.WaitGroup
@@ -323,7 +323,7 @@ func testOrderFailedHoldsBack(t *testing.T, b backend) {
 	assert.Equal(t, StatusPending, e.record("a2").Status)
 
 	fail.Store(false)
-	_, err := e.ob.Replay(t.Context(), e.db, "a1")
+	_, err := e.ob.Replay(e.db, Filter{IDs: []string{"a1"}})
 	require.NoError(t, err)
 	for range 2 {
 		_, err := r.ProcessOnce(t.Context())
@@ -372,12 +372,12 @@ func testRetention(t *testing.T, b backend) {
 		e.parkInTable(t)
 	}
 
-	n, err := e.ob.DeleteSent(t.Context(), e.db, time.Hour)
+	n, err := e.ob.deleteSent(t.Context(), e.db, time.Hour, defaultStatementTimeout)
 	require.NoError(t, err)
 	assert.Equal(t, 0, n, "nothing is old enough yet")
 
 	e.clock.Advance(31 * time.Minute)
-	n, err = e.ob.DeleteSent(t.Context(), e.db, time.Hour)
+	n, err = e.ob.deleteSent(t.Context(), e.db, time.Hour, defaultStatementTimeout)
 	require.NoError(t, err)
 	assert.Equal(t, 1200, n)
 	assert.EqualValues(t, 1, e.count("status = ?", StatusSent), "a younger sent row stays")
@@ -499,7 +499,7 @@ func testShutdownReleases(t *testing.T, b backend) {
 	assert.Len(t, started, 0, "no new delivery started after cancel")
 }
 
-func testStatsAndOnDelivery(t *testing.T, b backend) {
+func testStatsAndDelivered(t *testing.T, b backend) {
 	e := b.setup(t)
 	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
 	e.ob.Handle("bad", func(context.Context, Event) error { return Permanent(errors.New("no")) })
@@ -510,15 +510,16 @@ func testStatsAndOnDelivery(t *testing.T, b backend) {
 
 	var mu sync.Mutex
 	var ds []Delivery
-	r := e.relay(RelayConfig{OnDelivery: func(d Delivery) {
+	e.ob.AddHooks(Hooks{Delivered: func(d Delivery) {
 		mu.Lock()
 		ds = append(ds, d)
 		mu.Unlock()
-	}, Backoff: func(int) time.Duration { return time.Hour }})
+	}})
+	r := e.relay(RelayConfig{Backoff: func(int) time.Duration { return time.Hour }})
 	_, err := r.ProcessOnce(t.Context())
 	require.NoError(t, err)
 
-	st, err := e.ob.Stats(t.Context(), e.db)
+	st, err := e.ob.Stats(e.db.WithContext(t.Context()))
 	require.NoError(t, err)
 	want := Stats{Pending: 1, Sent: 2, Failed: 1, FailedLastHour: 1, OldestPending: st.OldestPending}
 	if b.logical {
@@ -579,11 +580,11 @@ func testListenUnavailable(t *testing.T, b backend) {
 	require.NoError(t, err)
 
 	var logs syncBuffer
-	ob := Plugin(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil)), DisableNotify: true})
+	ob := Plugin(Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, db.Use(ob))
 	got := make(chan string, 10)
 	ob.Handle("x", func(_ context.Context, ev Event) error { got <- ev.ID; return nil })
-	runRelay(t, ob.Relay(db, RelayConfig{PollInterval: 20 * time.Millisecond}))
+	runRelay(t, mustRelay(t, ob, db, RelayConfig{PollInterval: 20 * time.Millisecond}))
 
 	for i := range 3 {
 		require.NoError(t, Publish(db, Event{ID: fmt.Sprint("polled-", i), Type: "x"}))

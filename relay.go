@@ -82,32 +82,9 @@ type RelayConfig struct {
 	// idempotency key a no-op for as long as it is kept. Failed rows are
 	// never deleted automatically. Defaults to 72 hours.
 	RetainSent time.Duration
-
-	// DisableListen stops Run from listening for PostgreSQL notifications;
-	// it then relies on PollInterval (and on wake-ups from writers in its own
-	// process). Set it behind a transaction-pooling proxy, where LISTEN
-	// cannot work.
-	DisableListen bool
-
-	// ReplicationDSN is the connection string of the replication connection
-	// a relay streams through in Logical mode. Defaults to the DSN the
-	// *gorm.DB was opened with (gorm.io/driver/postgres's Config.DSN); set it
-	// when db was opened from an existing *sql.DB, or to stream through
-	// another role or host. The relay sets wal_sender_timeout=5s on the
-	// replication connection, so that PostgreSQL ends the session of a
-	// relay that froze or vanished, and a standby takes over, within
-	// seconds; a wal_sender_timeout in the DSN (a parameter of its own or
-	// in options) is kept instead. Ignored in other modes.
-	ReplicationDSN string
-
-	// OnDelivery, if set, is called after every delivery attempt with its
-	// outcome and timings, from the delivering goroutine: build metrics or
-	// traces on it. It must be fast and safe for concurrent use. [Hooks]
-	// observe every relay of an Outbox at once (package outboxotel uses them).
-	OnDelivery func(Delivery)
 }
 
-// Delivery describes one delivery attempt, for [RelayConfig.OnDelivery].
+// Delivery describes one delivery attempt, for [Hooks.Delivered].
 type Delivery struct {
 	// Event is the event as its handlers received it.
 	Event Event
@@ -173,13 +150,12 @@ type Relay struct {
 // plugin is installed on (not a transaction). Start it with [Relay.Run], or
 // drive it with [Relay.ProcessOnce].
 //
-// An invalid configuration is logged here, at Error level, and returned by
-// every method of the relay (Run included), so that
-//
-//	go func() { errc <- relay.Run(ctx) }()
-//
-// cannot fail unnoticed; do not drop Run's error.
-func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
+// An invalid configuration (a negative value, an outbox that was never
+// installed or keeps no table) is returned as an error wrapping
+// [ErrInvalidConfig] or the cause's sentinel. The relay returned with it is
+// not nil: its methods, Run included, return the same error, so that a
+// caller that drops it still sees it when the relay is started.
+func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 	r := &Relay{o: o, db: db, cfg: cfg}
 	r.cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
 	r.cfg.Workers = cmp.Or(cfg.Workers, defaultWorkers)
@@ -196,13 +172,12 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 		Attrs: func(e *engine.Event, err error) []any { return eventAttrs(Event(*e), err) },
 	}
 	if r.err = r.check(cfg); r.err != nil {
-		o.logger.Error("outbox: the relay will not run", slog.Any("error", r.err))
-		return r
+		return r, r.err
 	}
 	sqlDB, err := rawDB(db)
 	if err != nil {
 		r.err = err
-		return r
+		return r, err
 	}
 	r.table = &engine.Table{
 		Store: o.store, DB: sqlDB, Now: o.now, Lease: r.cfg.Lease,
@@ -217,7 +192,7 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) *Relay {
 			EnsureOrdering: r.ensureOrdering, Dropped: o.dropReusedID,
 		}
 	}
-	return r
+	return r, nil
 }
 
 // Limits of RelayConfig: beyond them a relay cannot work as documented.
@@ -299,7 +274,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer bg.Wait()
 	bgCtx, stopBG := context.WithCancel(ctx)
 	defer stopBG()
-	if n, ok := r.o.store.(store.Notifier); ok && !r.cfg.DisableListen {
+	if n, ok := r.o.store.(store.Notifier); ok && r.o.notify {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.listen(bgCtx, n, w) }()
 	}

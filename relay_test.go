@@ -156,14 +156,14 @@ func testRelayPermanentAndReplay(t *testing.T, b backend) {
 	assert.EqualValues(t, 2, e.count("status = ?", StatusFailed), "a permanent error fails at once")
 
 	fail.Store(false)
-	n, err := e.ob.Replay(t.Context(), e.db, "x-00000", "no-such-id")
+	n, err := e.ob.Replay(e.db, Filter{IDs: []string{"x-00000", "no-such-id"}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 	rec := e.record("x-00000")
 	assert.Equal(t, StatusPending, rec.Status)
 	assert.Equal(t, 0, rec.Attempts)
 
-	n, err = e.ob.Replay(t.Context(), e.db)
+	n, err = e.ob.Replay(e.db, Filter{IDs: []string{"no-such-id"}})
 	require.NoError(t, err)
 	assert.Equal(t, 0, n)
 
@@ -226,7 +226,7 @@ func testRelayConcurrent(t *testing.T, b backend) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r := e.ob.Relay(e.db, RelayConfig{BatchSize: 25})
+			r := mustRelay(t, e.ob, e.db, RelayConfig{BatchSize: 25})
 			for {
 				n, err := r.ProcessOnce(t.Context())
 				if err != nil {
@@ -401,13 +401,14 @@ func testRelayRun(t *testing.T, b backend) {
 func testRelayConfig(t *testing.T, b backend) {
 	e := b.setup(t)
 	for _, cfg := range []RelayConfig{{BatchSize: -1}, {PollInterval: -1}, {MaxAttempts: -1}, {Lease: -time.Second}} {
-		r := e.ob.Relay(e.db, cfg)
-		_, err := r.ProcessOnce(t.Context())
-		require.ErrorIs(t, err, ErrInvalidConfig)
+		r, err := e.ob.Relay(e.db, cfg)
+		require.ErrorIs(t, err, ErrInvalidConfig, "returned at construction")
+		_, err = r.ProcessOnce(t.Context())
+		require.ErrorIs(t, err, ErrInvalidConfig, "and by every method")
 		require.ErrorIs(t, r.Run(t.Context()), ErrInvalidConfig)
 	}
 	other := Plugin(Config{})
-	_, err := other.Relay(e.db, RelayConfig{}).ProcessOnce(t.Context())
+	_, err := other.Relay(e.db, RelayConfig{})
 	require.ErrorIs(t, err, ErrNotInstalled)
 }
 

@@ -41,25 +41,6 @@ func (r *Relay) retain(ctx context.Context) {
 	}
 }
 
-// DeleteSent deletes the sent rows older than olderThan from db's outbox
-// table, in batches of 1000 so that it never holds many row locks at once,
-// and returns how many it deleted. A relay's Run does this by itself every
-// so often (RelayConfig.RetainSent); call it when retention runs as a job
-// of your own. Failed rows are never deleted. db is the *gorm.DB the
-// plugin is installed on, not a transaction.
-func (o *Outbox) DeleteSent(ctx context.Context, db *gorm.DB, olderThan time.Duration) (int, error) {
-	if o.noTable != nil {
-		return 0, o.noTable
-	}
-	if o.store == nil || fromDB(db) != o {
-		return 0, ErrNotInstalled
-	}
-	if olderThan < 0 {
-		return 0, fmt.Errorf("%w: DeleteSent olderThan %v is negative", ErrInvalidConfig, olderThan)
-	}
-	return o.deleteSent(ctx, db, olderThan, defaultStatementTimeout)
-}
-
 func (o *Outbox) deleteSent(ctx context.Context, db *gorm.DB, olderThan, stmtTimeout time.Duration) (int, error) {
 	sqlDB, err := rawDB(db)
 	if err != nil {

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -43,7 +42,8 @@ type Stats struct {
 // Stats counts the outbox rows by status. It scans the table's rows (a
 // GROUP BY over status), so poll it every few seconds at most, not per
 // request.
-func (o *Outbox) Stats(ctx context.Context, db *gorm.DB) (Stats, error) {
+func (o *Outbox) Stats(db *gorm.DB) (Stats, error) {
+	ctx := db.Statement.Context
 	var st Stats
 	if o.noTable != nil {
 		return st, o.noTable

@@ -319,9 +319,11 @@ func testMemoryMode(t *testing.T, b backend) {
 	assert.Equal(t, []string{"typed:m1", "any:m1", "any:m3"}, order)
 	assert.False(t, e.db.Migrator().HasTable(e.ob.Table()), "memory mode writes no table")
 
-	_, err = e.ob.Replay(t.Context(), e.db, "x")
+	_, err = e.ob.Replay(e.db, Filter{IDs: []string{"x"}})
 	require.ErrorIs(t, err, ErrMemoryMode)
-	require.ErrorIs(t, e.ob.Relay(e.db, RelayConfig{}).Run(t.Context()), ErrMemoryMode)
+	r, err := e.ob.Relay(e.db, RelayConfig{})
+	require.ErrorIs(t, err, ErrMemoryMode)
+	require.ErrorIs(t, r.Run(t.Context()), ErrMemoryMode)
 }
 
 func testMemoryHandlerFailures(t *testing.T, b backend) {
@@ -647,7 +649,7 @@ func testDisableAutoMigrate(t *testing.T, b backend) {
 	require.NoError(t, db.Exec(ddl).Error)
 	require.NoError(t, Publish(db, ev("x", 1)))
 	// Running the shipped DDL twice is harmless.
-	require.NoError(t, ob.Migrate(t.Context(), db))
+	require.NoError(t, ob.Migrate(db.WithContext(t.Context())))
 }
 
 // testSQLiteInMemoryRefused runs on the SQLite backends only.
@@ -752,6 +754,6 @@ func TestMemoryModeAnyDriver(t *testing.T) {
 		return Publish(tx, Event{ID: "published", Type: "x"})
 	}))
 	assert.Equal(t, []string{"recorded", "published"}, c.ids())
-	_, err = ob.Stats(t.Context(), db)
+	_, err = ob.Stats(db.WithContext(t.Context()))
 	assert.ErrorIs(t, err, ErrMemoryMode)
 }

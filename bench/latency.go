@@ -75,7 +75,7 @@ func runLatency(ctx context.Context, e *env, opts options, t *table) error {
 		idle   int  // the pools' idle connections
 	}{
 		{"ours, push: NOTIFY to a relay on another pool", outbox.Config{}, outbox.RelayConfig{}, false, pg.maxIdle},
-		{"ours, polling at defaults (DisableNotify, DisableListen)", outbox.Config{DisableNotify: true}, outbox.RelayConfig{DisableListen: true}, false, pg.maxIdle},
+		{"ours, polling at defaults (DisableNotify)", outbox.Config{DisableNotify: true}, outbox.RelayConfig{}, false, pg.maxIdle},
 		{"ours, DeliverAfterCommit, relay in-process", outbox.Config{DeliverAfterCommit: true}, outbox.RelayConfig{}, true, pg.maxIdle},
 		// The same push path on pools left at database/sql's default of
 		// two idle connections, as many applications run: the notifier
@@ -288,7 +288,11 @@ func oursLatency(pg *pgServer, table, name string, cfg outbox.Config, rcfg outbo
 		c.run = func(ctx context.Context, handled func(int), ready func()) error {
 			handler.Store(&handled)
 			ready()
-			return wob.Relay(writer, rcfg).Run(ctx)
+			relay, err := wob.Relay(writer, rcfg)
+			if err != nil {
+				return err
+			}
+			return relay.Run(ctx)
 		}
 		return c, nil
 	}
@@ -300,14 +304,18 @@ func oursLatency(pg *pgServer, table, name string, cfg outbox.Config, rcfg outbo
 			return err
 		}
 		defer closeDB(relayDB)
-		rob := outbox.Plugin(outbox.Config{Table: table, Logger: warnLogger, DisableNotify: cfg.DisableNotify, Mode: cfg.Mode, Slot: cfg.Slot})
+		rob := outbox.Plugin(outbox.Config{Table: table, Logger: warnLogger, DisableNotify: cfg.DisableNotify, Mode: cfg.Mode, Logical: cfg.Logical})
 		if err := relayDB.Use(rob); err != nil {
 			return fmt.Errorf("install outbox: %w", err)
 		}
 		handler.Store(&handled)
 		rob.Handle("order.created", h)
 		ready()
-		return rob.Relay(relayDB, rcfg).Run(ctx)
+		relay, err := rob.Relay(relayDB, rcfg)
+		if err != nil {
+			return err
+		}
+		return relay.Run(ctx)
 	}
 	return c, nil
 }

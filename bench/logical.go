@@ -59,7 +59,7 @@ func runLogical(ctx context.Context, _ *env, opts options, t *table) error {
 		return err
 	}
 	defer closeDB(table)
-	logical, _, err := open(outbox.Config{Table: "logical_events", Mode: outbox.Logical, Slot: logicalSlot})
+	logical, _, err := open(outbox.Config{Table: "logical_events", Mode: outbox.Logical, Logical: outbox.LogicalConfig{Slot: logicalSlot}})
 	if err != nil {
 		return err
 	}
@@ -154,7 +154,7 @@ func logicalDrain(ctx context.Context, pg *pgServer, mode outbox.Mode, batch, n 
 	tableName := "drain_" + mode.String()
 	cfg := outbox.Config{Table: tableName, Mode: mode, Logger: warnLogger}
 	if mode == outbox.Logical {
-		cfg.Slot = "bench_drain_slot"
+		cfg.Logical.Slot = "bench_drain_slot"
 	}
 	db, err := pg.open()
 	if err != nil {
@@ -167,7 +167,7 @@ func logicalDrain(ctx context.Context, pg *pgServer, mode outbox.Mode, batch, n 
 	}
 	if mode == outbox.Logical {
 		// Start from an empty stream: skip what earlier rounds left.
-		if err := db.WithContext(ctx).Exec("SELECT pg_replication_slot_advance(?, pg_current_wal_lsn())", cfg.Slot).Error; err != nil {
+		if err := db.WithContext(ctx).Exec("SELECT pg_replication_slot_advance(?, pg_current_wal_lsn())", cfg.Logical.Slot).Error; err != nil {
 			return 0, err
 		}
 	}
@@ -198,8 +198,12 @@ func logicalDrain(ctx context.Context, pg *pgServer, mode outbox.Mode, batch, n 
 	defer stop()
 	errc := make(chan error, 1)
 	start := time.Now()
+	relay, err := ob.Relay(db, outbox.RelayConfig{BatchSize: batch, Workers: 4, RetainSent: outbox.RetainForever})
+	if err != nil {
+		return 0, err
+	}
 	go func() {
-		errc <- ob.Relay(db, outbox.RelayConfig{BatchSize: batch, Workers: 4, RetainSent: outbox.RetainForever}).Run(rctx)
+		errc <- relay.Run(rctx)
 	}()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -228,7 +232,7 @@ func logicalLatency(ctx context.Context, pg *pgServer, opts options, t *table) e
 		cfg  outbox.Config
 	}{
 		{"Persistent mode, LISTEN/NOTIFY relay", outbox.Config{}},
-		{"Logical mode, streaming relay", outbox.Config{Mode: outbox.Logical, Slot: "bench_latency_slot"}},
+		{"Logical mode, streaming relay", outbox.Config{Mode: outbox.Logical, Logical: outbox.LogicalConfig{Slot: "bench_latency_slot"}}},
 	}
 	scen := fmt.Sprintf("L3 commit→handler latency, %d events/s, PostgreSQL wal_level=logical", opts.rate)
 	sql, err := pg.openSQL()

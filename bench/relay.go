@@ -348,7 +348,12 @@ func runOurs(ctx context.Context, s server, table string, cfg outbox.RelayConfig
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = ob.Relay(db, cfg).Run(ctx)
+			relay, err := ob.Relay(db, cfg)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = relay.Run(ctx)
 		}()
 	}
 	wg.Wait()

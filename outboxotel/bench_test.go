@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/outboxotel"
+	"github.com/gorm-outbox/outbox/outboxtest"
 )
 
 // The overhead of the instrumentation, measured as BENCHMARKS.md records
@@ -122,7 +123,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 					}
 				}
 				span.End()
-				r := s.ob.Relay(s.db, outbox.RelayConfig{BatchSize: 100, Workers: 4})
+				r := outboxtest.Relay(b, s.ob, s.db, outbox.RelayConfig{BatchSize: 100, Workers: 4})
 				b.ResetTimer()
 				cpu0 := cpuTime()
 				total := 0

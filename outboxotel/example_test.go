@@ -62,7 +62,11 @@ func ExampleInstrument() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(context.Background()); err != nil {
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := relay.ProcessOnce(context.Background()); err != nil {
 		log.Fatal(err)
 	}
 

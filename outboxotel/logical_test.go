@@ -84,7 +84,7 @@ func logicalConfig(t testing.TB, db *gorm.DB) outbox.Config {
 		_ = db.Exec(`DROP PUBLICATION IF EXISTS "` + name + `"`).Error
 		_ = db.Exec(`DROP TABLE IF EXISTS "` + name + `"`).Error
 	})
-	return outbox.Config{Mode: outbox.Logical, Table: name, Slot: name}
+	return outbox.Config{Mode: outbox.Logical, Table: name, Logical: outbox.LogicalConfig{Slot: name}}
 }
 
 // TestOneTraceLogical: in Logical mode the trace context travels in the
@@ -101,7 +101,7 @@ func TestOneTraceLogical(t *testing.T) {
 		return outbox.Publish(tx, outbox.Event{Type: "order.created", Payload: map[string]int{"total": 3}})
 	}))
 	req.End()
-	r := ob.Relay(db, outbox.RelayConfig{})
+	r := outboxtest.Relay(t, ob, db, outbox.RelayConfig{})
 	n, err := r.ProcessOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
@@ -157,7 +157,7 @@ func TestDroppedLogical(t *testing.T) {
 	ob.Handle("x", func(context.Context, outbox.Event) error { return nil })
 	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "same", Type: "x", IdempotencyKey: "k1"}))
 	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "same", Type: "x", IdempotencyKey: "k2"}))
-	outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{}))
+	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
 
 	m, ok := findMetric(tel.collect(t), "outbox.events.dropped")
 	require.True(t, ok, "outbox.events.dropped")

@@ -233,7 +233,7 @@ func (c *statsCache) get(ctx context.Context) (outbox.Stats, bool) {
 	defer c.mu.Unlock()
 	if c.at.IsZero() || time.Since(c.at) >= c.every {
 		c.at = time.Now()
-		st, err := c.ob.Stats(ctx, c.db.WithContext(ctx))
+		st, err := c.ob.Stats(c.db.WithContext(ctx).WithContext(ctx))
 		if err != nil {
 			otel.Handle(fmt.Errorf("outboxotel: read the outbox table's stats: %w", err))
 		} else {

@@ -93,7 +93,7 @@ func TestNATSEndToEnd(t *testing.T) {
 		return outbox.Publish(tx, outbox.Event{Type: "order.created", Payload: map[string]int{"total": 3}})
 	}))
 	req.End()
-	require.Equal(t, 1, outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{})))
+	require.Equal(t, 1, outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{})))
 
 	cons, err := s.CreateOrUpdateConsumer(t.Context(), jetstream.ConsumerConfig{AckPolicy: jetstream.AckExplicitPolicy})
 	require.NoError(t, err)

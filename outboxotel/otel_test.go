@@ -82,7 +82,7 @@ func TestOneTrace(t *testing.T) {
 				return outbox.Publish(tx, outbox.Event{ID: id, Type: "order.created", Payload: map[string]int{"total": 3}})
 			}))
 			req.End()
-			require.Equal(t, 1, outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{})))
+			require.Equal(t, 1, outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{})))
 
 			traceID := req.SpanContext().TraceID()
 			create := tel.span(t, "create order.created")
@@ -190,7 +190,7 @@ func TestOutcomes(t *testing.T) {
 	outboxtest.Publish(t, db,
 		outbox.Event{Type: "ok"}, outbox.Event{Type: "flaky"}, outbox.Event{Type: "bad"},
 		outbox.Event{Type: "orphan"}, outbox.Event{Type: "down"})
-	_, err := ob.Relay(db, outbox.RelayConfig{Workers: 1}).ProcessOnce(t.Context())
+	_, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{Workers: 1}).ProcessOnce(t.Context())
 	require.True(t, outbox.IsUnavailable(err), "the last event reports its destination down: %v", err)
 
 	rm := tel.collect(t)
@@ -261,7 +261,7 @@ func TestLinkOnly(t *testing.T) {
 	ctx, req := tel.tp.Tracer("app").Start(t.Context(), "request")
 	require.NoError(t, outbox.Publish(db.WithContext(ctx), outbox.Event{Type: "x"}))
 	req.End()
-	outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{}))
+	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
 
 	create := tel.span(t, "create x")
 	process := tel.span(t, "process x")
@@ -282,7 +282,7 @@ func TestNoActiveSpan(t *testing.T) {
 	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "e", Type: "x"}))
 	assert.Nil(t, outboxtest.Row(t, db, "e").Headers, "no trace context stored")
 	assert.Empty(t, tel.spansNamed("create x"))
-	outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{}))
+	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
 
 	process := tel.span(t, "process x")
 	assert.False(t, process.Parent().IsValid())
@@ -302,7 +302,7 @@ func TestExistingTraceparent(t *testing.T) {
 	require.NoError(t, outbox.Publish(db.WithContext(ctx), outbox.Event{ID: "e", Type: "x", Headers: map[string]string{"Traceparent": tp}}))
 	req.End()
 	assert.Empty(t, tel.spansNamed("create x"))
-	outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{}))
+	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
 	process := tel.span(t, "process x")
 	assert.Equal(t, "0af7651916cd43dd8448eb211c80319c", process.SpanContext().TraceID().String())
 	assert.Equal(t, "b7ad6b7169203331", process.Parent().SpanID().String())
@@ -333,7 +333,7 @@ func TestBaggageOnlyWhenAsked(t *testing.T) {
 		h := outboxtest.Row(t, db, "e").Headers
 		require.NotNil(t, h)
 		assert.Contains(t, *h, "traceparent")
-		outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{Workers: 1}))
+		outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{Workers: 1}))
 		if withBaggage {
 			assert.Contains(t, *h, "someone")
 			assert.Equal(t, "someone@example.com", seen.Member("user.email").Value(), "the handler's ctx carries the baggage")
@@ -416,7 +416,7 @@ func checkCreateOnlyWhenStored(t *testing.T, tel *telemetry, db *gorm.DB, ob *ou
 	for _, typ := range []string{"duplicate", "beside-invalid", "invalid", "dry"} {
 		assert.Empty(t, tel.spansNamed("create "+typ), "%s: not stored, no create span", typ)
 	}
-	outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{}))
+	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
 	mu.Lock()
 	assert.ElementsMatch(t, []string{"kept", "kept-in-tx", "kept-in-tx"}, delivered, "what was stored")
 	mu.Unlock()
@@ -457,7 +457,7 @@ func checkFailedOnLastAttempt(t *testing.T, tel *telemetry, db *gorm.DB, ob *out
 	t.Helper()
 	ob.Handle("flaky", func(context.Context, outbox.Event) error { return errors.New("try later") })
 	outboxtest.Publish(t, db, outbox.Event{Type: "orphan"}, outbox.Event{Type: "flaky"})
-	r := ob.Relay(db, outbox.RelayConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 }})
+	r := outboxtest.Relay(t, ob, db, outbox.RelayConfig{MaxAttempts: 2, Backoff: func(int) time.Duration { return 0 }})
 	require.Equal(t, 4, outboxtest.Drain(t, r), "two attempts each")
 
 	rm := tel.collect(t)

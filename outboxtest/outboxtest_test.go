@@ -44,7 +44,7 @@ func roundTrip(t *testing.T, db *gorm.DB, ob *outbox.Outbox) {
 	var got []string
 	ob.Handle("x", func(_ context.Context, e outbox.Event) error { got = append(got, e.ID); return nil })
 	outboxtest.Publish(t, db, outbox.Event{ID: "a", Type: "x"}, outbox.Event{ID: "b", Type: "x"})
-	if n := outboxtest.Drain(t, ob.Relay(db, outbox.RelayConfig{Workers: 1})); n != 2 {
+	if n := outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{Workers: 1})); n != 2 {
 		t.Fatalf("drained %d events, want 2", n)
 	}
 	if len(got) != 2 || got[0] != "a" || got[1] != "b" {

@@ -34,15 +34,15 @@ func BenchmarkPages(b *testing.B) {
 			// The library calls the pages make, to see which dominates.
 			ctx := b.Context()
 			for name, call := range map[string]func() error{
-				"Stats": func() error { _, err := e.ob.Stats(ctx, e.db); return err },
-				"Count": func() error { _, err := e.ob.Count(ctx, e.db, outbox.Filter{}); return err },
+				"Stats": func() error { _, err := e.ob.Stats(e.db.WithContext(ctx)); return err },
+				"Count": func() error { _, err := e.ob.Count(e.db.WithContext(ctx), outbox.Filter{}); return err },
 				"CountFailed": func() error {
-					_, err := e.ob.Count(ctx, e.db, outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}})
+					_, err := e.ob.Count(e.db.WithContext(ctx), outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}})
 					return err
 				},
-				"List": func() error { _, err := e.ob.List(ctx, e.db, outbox.ListParams{Limit: 51}); return err },
+				"List": func() error { _, err := e.ob.List(e.db.WithContext(ctx), outbox.ListParams{Limit: 51}); return err },
 				"ListFailed": func() error {
-					_, err := e.ob.List(ctx, e.db, outbox.ListParams{Limit: 51, Filter: outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}}})
+					_, err := e.ob.List(e.db.WithContext(ctx), outbox.ListParams{Limit: 51, Filter: outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}}})
 					return err
 				},
 			} {

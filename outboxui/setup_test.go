@@ -27,6 +27,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/gorm-outbox/outbox/outboxui"
 )
 
@@ -138,7 +139,7 @@ func setup(t testing.TB, b backend, opts outboxui.Options) *env {
 		return nil
 	})
 	e.failWith = "broker said no"
-	e.relay = e.ob.Relay(e.db, outbox.RelayConfig{})
+	e.relay = outboxtest.Relay(t, e.ob, e.db, outbox.RelayConfig{})
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -173,7 +174,7 @@ func (e *env) drain() {
 
 func (e *env) row(id string) outbox.Row {
 	e.t.Helper()
-	r, err := e.ob.Get(e.t.Context(), e.db, id)
+	r, err := e.ob.Get(e.db.WithContext(e.t.Context()), id)
 	require.NoError(e.t, err)
 	return r
 }

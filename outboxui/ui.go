@@ -54,7 +54,7 @@ type Options struct {
 // used, and every request fails with [outbox.ErrNotInstalled] when there
 // is none. The handler reads the table with ob's exported functions only
 // ([outbox.Outbox.List], [outbox.Outbox.Count], [outbox.Outbox.Get],
-// [outbox.Outbox.Stats]) and acts with [outbox.Outbox.ReplayFilter] and
+// [outbox.Outbox.Stats]) and acts with [outbox.Outbox.Replay] and
 // [outbox.Outbox.Purge], as the outbox command does. Each request's
 // context governs its database calls.
 //
@@ -221,14 +221,15 @@ func (h *handler) checkCSRF(r *http.Request) error {
 
 func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	st, err := h.ob.Stats(ctx, h.db.WithContext(ctx))
+	st, err := h.ob.Stats(h.db.WithContext(ctx).WithContext(ctx))
 	if err != nil {
 		h.dbError(w, r, "stats", err)
 		return
 	}
-	failed, err := h.ob.List(ctx, h.db.WithContext(ctx), outbox.ListParams{
+	failed, err := h.ob.List(h.db.WithContext(ctx).WithContext(ctx), outbox.ListParams{
 		Filter: outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}}, Limit: 10,
 	})
+
 	if err != nil {
 		h.dbError(w, r, "list failed events", err)
 		return
@@ -328,7 +329,7 @@ func (h *handler) bulk(ctx context.Context, db *gorm.DB, verb string, fm form, f
 	// the action touches; otherwise count what it would.
 	if len(f.Statuses) == 0 || len(rf.Statuses) < len(f.Statuses) {
 		var err error
-		if sc.Count, err = h.ob.Count(ctx, db, rf); err != nil {
+		if sc.Count, err = h.ob.Count(db.WithContext(ctx), rf); err != nil {
 			return a, err
 		}
 	}
@@ -388,7 +389,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	} else {
 		lp.AfterSeq = from
 	}
-	rows, err := h.ob.List(ctx, db, lp)
+	rows, err := h.ob.List(db.WithContext(ctx), lp)
 	if errors.Is(err, outbox.ErrInvalidFilter) {
 		p.Error = err.Error()
 		h.render(w, r, http.StatusBadRequest, "list.html", p)
@@ -398,7 +399,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		h.dbError(w, r, "list events", err)
 		return
 	}
-	if p.Total, err = h.ob.Count(ctx, db, f); err != nil {
+	if p.Total, err = h.ob.Count(db.WithContext(ctx), f); err != nil {
 		h.dbError(w, r, "count events", err)
 		return
 	}
@@ -450,7 +451,7 @@ func cloneValues(v url.Values) url.Values {
 func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	id := r.URL.Query().Get("id")
-	row, err := h.ob.Get(ctx, h.db.WithContext(ctx), id)
+	row, err := h.ob.Get(h.db.WithContext(ctx).WithContext(ctx), id)
 	if errors.Is(err, outbox.ErrNotFound) {
 		h.fail(w, r, http.StatusNotFound, fmt.Errorf("no event with ID %q (purged, or never written)", id))
 		return
@@ -507,12 +508,12 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 	ctx := r.Context()
 	db := h.db.WithContext(ctx)
 	if r.PostForm.Get("confirm") != "yes" {
-		n, err := h.ob.Count(ctx, db, f)
+		n, err := h.ob.Count(db.WithContext(ctx), f)
 		if err != nil {
 			h.dbError(w, r, "count events", err)
 			return
 		}
-		sample, err := h.ob.List(ctx, db, outbox.ListParams{Filter: f, Limit: 20})
+		sample, err := h.ob.List(db.WithContext(ctx), outbox.ListParams{Filter: f, Limit: 20})
 		if err != nil {
 			h.dbError(w, r, "list events", err)
 			return
@@ -561,9 +562,9 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 	}
 	var n int
 	if verb == "replay" {
-		n, err = h.ob.ReplayFilter(ctx, db, f)
+		n, err = h.ob.Replay(db.WithContext(ctx), f)
 	} else {
-		n, err = h.ob.Purge(ctx, db, f)
+		n, err = h.ob.Purge(db.WithContext(ctx), f)
 	}
 	if err != nil {
 		if errors.Is(err, outbox.ErrInvalidFilter) {

@@ -649,7 +649,7 @@ func testPurge(t *testing.T, b backend) {
 	resp = e.post("purge", url.Values{"csrf": {tok}, "id": {"bad-2"}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	assert.Equal(t, "events?done=purge&n=1", resp.Header.Get("Location"))
-	_, err := e.ob.Get(t.Context(), e.db, "bad-2")
+	_, err := e.ob.Get(e.db.WithContext(t.Context()), "bad-2")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 
 	// Sent events older than an hour; the pending and newer ones stay.
@@ -668,10 +668,10 @@ func testPurge(t *testing.T, b backend) {
 	resp = e.post("purge", url.Values{"csrf": {tok}, "status": {"sent"}, "until": {"1h"}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	assert.Contains(t, resp.Header.Get("Location"), "n=1")
-	_, err = e.ob.Get(t.Context(), e.db, "ok-1")
+	_, err = e.ob.Get(e.db.WithContext(t.Context()), "ok-1")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 	for _, id := range []string{"ok-2", "bad-1", "new-1", "new-2"} {
-		_, err := e.ob.Get(t.Context(), e.db, id)
+		_, err := e.ob.Get(e.db.WithContext(t.Context()), id)
 		assert.NoError(t, err, id)
 	}
 
@@ -679,10 +679,10 @@ func testPurge(t *testing.T, b backend) {
 	resp = e.post("purge", url.Values{"csrf": {tok}, "confirm": {"yes"}})
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
 	assert.Contains(t, resp.Header.Get("Location"), "n=2")
-	n, err := e.ob.Count(t.Context(), e.db, outbox.Filter{})
+	n, err := e.ob.Count(e.db.WithContext(t.Context()), outbox.Filter{})
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, n)
-	st, err := e.ob.Stats(t.Context(), e.db)
+	st, err := e.ob.Stats(e.db.WithContext(t.Context()))
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, st.Pending)
 }
@@ -785,7 +785,7 @@ func testBulkScope(t *testing.T, b backend) {
 	resp = e.post("purge", submitted(t, confirm, `action="purge"`))
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
 	assert.Contains(t, resp.Header.Get("Location"), "n=2")
-	n, err := e.ob.Count(t.Context(), e.db, outbox.Filter{})
+	n, err := e.ob.Count(e.db.WithContext(t.Context()), outbox.Filter{})
 	require.NoError(t, err)
 	assert.EqualValues(t, 4, n, "the pending four stay")
 }

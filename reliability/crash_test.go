@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -138,7 +139,7 @@ func testCrashRecovery(t *testing.T, s server) {
 
 	// Drain what the children left, as round number `rounds`.
 	ob.Handle("order.created", recordDelivery(db, rounds))
-	drain(t, db, ob.Table(), ob.Relay(db, crashRelayConfig()), 60*time.Second)
+	drain(t, db, ob.Table(), outboxtest.Relay(t, ob, db, crashRelayConfig()), 60*time.Second)
 
 	q := func(query string) int64 {
 		t.Helper()
@@ -340,8 +341,12 @@ func TestCrashChild(t *testing.T) {
 		fail("use: %v", err)
 	}
 	ob.Handle("order.created", recordDelivery(db, round))
+	relay, err := ob.Relay(db, crashRelayConfig())
+	if err != nil {
+		fail("relay: %v", err)
+	}
 	go func() {
-		if err := ob.Relay(db, crashRelayConfig()).Run(context.Background()); err != nil {
+		if err := relay.Run(context.Background()); err != nil {
 			fail("relay: %v", err)
 		}
 	}()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -50,7 +51,7 @@ func newFaultEnvDSN(t *testing.T, s server, dsn string, maxConns int) *faultEnv 
 		require.NoError(t, err)
 		sqlDB.SetMaxOpenConns(maxConns)
 	}
-	e.ob = install(t, e.relayDB, outbox.Config{Logger: e.sink.logger(), DisableAutoMigrate: true})
+	e.ob = install(t, e.relayDB, outbox.Config{Logger: e.sink.logger(), DisableAutoMigrate: true, DisableNotify: true})
 	return e
 }
 
@@ -66,11 +67,10 @@ func (e *faultEnv) publish(t *testing.T, prefix string, n int) []string {
 	return ids
 }
 
-func (e *faultEnv) relay(cfg outbox.RelayConfig) *outbox.Relay {
+func (e *faultEnv) relay(t *testing.T, cfg outbox.RelayConfig) *outbox.Relay {
 	cfg.Lease = faultLease
 	cfg.Backoff = noBackoff
-	cfg.DisableListen = true
-	return e.ob.Relay(e.relayDB, cfg)
+	return outboxtest.Relay(t, e.ob, e.relayDB, cfg)
 }
 
 // claimedRows counts rows held by a live or dead claim.
@@ -183,7 +183,7 @@ func TestFaultCutMidClaim(t *testing.T) {
 				const batch = 10
 				e := newFaultEnv(t, s, 1)
 				e.ob.Handle("x", e.got.handle)
-				r := e.relay(outbox.RelayConfig{BatchSize: batch})
+				r := e.relay(t, outbox.RelayConfig{BatchSize: batch})
 				e.warmUp(t, r)
 				ids := e.publish(t, "claim", 20)
 
@@ -246,7 +246,7 @@ func testFaultCutMidDelivery(t *testing.T, s server) {
 		return nil
 	})
 	const batch = 10
-	r := e.relay(outbox.RelayConfig{BatchSize: batch})
+	r := e.relay(t, outbox.RelayConfig{BatchSize: batch})
 	ids := e.publish(t, "delivery", 25)
 
 	res := processAsync(r)
@@ -301,7 +301,7 @@ func testFaultCutMidMark(t *testing.T, s server) {
 				}
 				return nil
 			})
-			r := e.relay(outbox.RelayConfig{BatchSize: batch, Workers: 1})
+			r := e.relay(t, outbox.RelayConfig{BatchSize: batch, Workers: 1})
 			e.warmUp(t, r)
 			ids := e.publish(t, "mark", 20)
 			heldBefore := e.proxy.held.Load()
@@ -351,7 +351,7 @@ type outageReport struct {
 func runThroughOutages(t *testing.T, e *faultEnv, n int, outage func(i int)) outageReport {
 	const batch = 20
 	e.ob.Handle("x", e.got.handle)
-	r := e.ob.Relay(e.relayDB, outbox.RelayConfig{
+	r := outboxtest.Relay(t, e.ob, e.relayDB, outbox.RelayConfig{
 		BatchSize: batch, PollInterval: 50 * time.Millisecond, Lease: faultLease, Backoff: noBackoff,
 	})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -75,7 +76,7 @@ func testHostileHandlers(t *testing.T, db *gorm.DB) {
 	}
 	require.NoError(t, db.Transaction(func(tx *gorm.DB) error { return outbox.Publish(tx, events...) }))
 
-	r := ob.Relay(db, outbox.RelayConfig{
+	r := outboxtest.Relay(t, ob, db, outbox.RelayConfig{
 		BatchSize: 8, PollInterval: 10 * time.Millisecond, Lease: lease,
 		MaxAttempts: maxAttempts, Backoff: noBackoff,
 	})

@@ -231,8 +231,12 @@ func TestLogicalRelayChild(t *testing.T) {
 	}
 	db, ob, index, fail := logicalChild()
 	ob.Handle("order.created", recordLogicalDelivery(db, index, false))
+	relay, err := ob.Relay(db, logicalRelayConfig())
+	if err != nil {
+		fail("relay: %v", err)
+	}
 	go func() {
-		if err := ob.Relay(db, logicalRelayConfig()).Run(context.Background()); err != nil {
+		if err := relay.Run(context.Background()); err != nil {
 			fail("relay: %v", err)
 		}
 	}()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/postgres"
@@ -44,7 +45,8 @@ func TestLogicalRelaySurvivesConnectionCuts(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- ob.Relay(db, logicalRelayConfig()).Run(ctx) }()
+	relay := outboxtest.Relay(t, ob, db, logicalRelayConfig())
+	go func() { done <- relay.Run(ctx) }()
 	w := startLgWriter(t, direct, "w", false)
 	for i := range 15 {
 		var before int64
@@ -99,7 +101,8 @@ func TestLogicalRelaySurvivesPostgresRestarts(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	runErr := make(chan error, 1)
-	go func() { runErr <- ob.Relay(db, logicalRelayConfig()).Run(ctx) }()
+	relay := outboxtest.Relay(t, ob, db, logicalRelayConfig())
+	go func() { runErr <- relay.Run(ctx) }()
 	running := func() {
 		t.Helper()
 		select {

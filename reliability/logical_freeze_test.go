@@ -429,8 +429,12 @@ func TestLogicalFreezeRelayChild(t *testing.T) {
 	})
 	cfg := logicalRelayConfig()
 	cfg.OrderByAggregate = true
+	relay, err := ob.Relay(db, cfg)
+	if err != nil {
+		fail("relay: %v", err)
+	}
 	go func() {
-		if err := ob.Relay(db, cfg).Run(context.Background()); err != nil {
+		if err := relay.Run(context.Background()); err != nil {
 			fail("relay: %v", err)
 		}
 	}()

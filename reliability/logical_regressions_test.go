@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/postgres"
 )
@@ -47,7 +48,8 @@ func TestLogicalRelayRecoversFromSilentlyDeadStream(t *testing.T) {
 	ob.Handle("order.created", recordLogicalDelivery(direct, 0, false))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- ob.Relay(db, logicalRelayConfig()).Run(ctx) }()
+	relay := outboxtest.Relay(t, ob, db, logicalRelayConfig())
+	go func() { done <- relay.Run(ctx) }()
 	t.Cleanup(func() { cancel(); p.close(); <-done })
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -116,7 +118,8 @@ func TestLogicalBrokenStreamRedeliversBufferedTransactions(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- ob.Relay(db, logicalRelayConfig()).Run(ctx) }()
+	relay := outboxtest.Relay(t, ob, db, logicalRelayConfig())
+	go func() { done <- relay.Run(ctx) }()
 	eventually(t, 30*time.Second, func() error {
 		n, err := streamedIn(t, direct, 0)
 		if err == nil && n < 100 {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/pgtest"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -61,7 +62,7 @@ func logicalCluster(t *testing.T, settings ...string) (*pgtest.Server, string) {
 }
 
 func logicalConfig(l *slog.Logger) outbox.Config {
-	return outbox.Config{Mode: outbox.Logical, Slot: logicalSlot, Logger: l}
+	return outbox.Config{Mode: outbox.Logical, Logical: outbox.LogicalConfig{Slot: logicalSlot}, Logger: l}
 }
 
 func logicalRelayConfig() outbox.RelayConfig {
@@ -376,7 +377,7 @@ func TestLogicalCrashRecovery(t *testing.T) {
 
 	// Drain what the children left, as round number `rounds`.
 	ob.Handle("order.created", recordLogicalDelivery(db, rounds, true))
-	drain(t, db, ob.Table(), ob.Relay(db, logicalRelayConfig()), 60*time.Second)
+	drain(t, db, ob.Table(), outboxtest.Relay(t, ob, db, logicalRelayConfig()), 60*time.Second)
 	assert.Empty(t, pendingInSlot(t, db), "the slot still holds outbox events after the drain")
 
 	q := func(query string) int64 {
@@ -471,7 +472,7 @@ func checkLogicalRows(t *testing.T, db *gorm.DB, table string) (rows, failedFirs
 	var got []struct {
 		ID      string
 		Payload string
-		Status  string
+		Status  outbox.Status
 	}
 	require.NoError(t, db.Table(table).Select("id, payload, status").Scan(&got).Error)
 	have := map[string]bool{}
@@ -512,8 +513,12 @@ func TestLogicalCrashChild(t *testing.T) {
 	}
 	db, ob, round, fail := logicalChild()
 	ob.Handle("order.created", recordLogicalDelivery(db, round, true))
+	relay, err := ob.Relay(db, logicalRelayConfig())
+	if err != nil {
+		fail("relay: %v", err)
+	}
 	go func() {
-		if err := ob.Relay(db, logicalRelayConfig()).Run(context.Background()); err != nil {
+		if err := relay.Run(context.Background()); err != nil {
 			fail("relay: %v", err)
 		}
 	}()

@@ -27,6 +27,7 @@ import (
 
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -297,7 +298,7 @@ func runOrdering(t *testing.T, name string, sc ordScenario) {
 	ob := install(t, db, cfg)
 	// The relays run without migrations (several processes starting at
 	// once); one relay run here creates the ordering index first.
-	_, err := ob.Relay(db, ordRelayConfig()).ProcessOnce(context.Background())
+	_, err := outboxtest.Relay(t, ob, db, ordRelayConfig()).ProcessOnce(context.Background())
 	require.NoError(t, err)
 	require.True(t, ordIndexExists(t, db, sc.server, ob.Table()+"_aggregate_idx"), "the ordering index was not created")
 
@@ -772,8 +773,12 @@ func TestOrderingRelayChild(t *testing.T) {
 		fail("%s: %v", orderingFailEnv, err)
 	}
 	ob.Handle(ordEventType, ordHandler(db, ordSQLFor(server), relay, failEvery, os.Getenv(ordOutageFileEnv)))
+	r, err := ob.Relay(db, ordRelayConfig())
+	if err != nil {
+		fail("relay: %v", err)
+	}
 	go func() {
-		if err := ob.Relay(db, ordRelayConfig()).Run(context.Background()); err != nil {
+		if err := r.Run(context.Background()); err != nil {
 			fail("relay: %v", err)
 		}
 	}()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -87,7 +88,7 @@ func TestOccurredAtOutsideYears1To9999(t *testing.T) {
 					if !publishMustNotAbort(t, db, outbox.Event{Type: "x", OccurredAt: occurred}) {
 						return
 					}
-					_, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(context.Background())
+					_, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(context.Background())
 					require.NoError(t, err)
 					require.Len(t, got, 1)
 					assert.True(t, occurred.Equal(got[0].OccurredAt), "OccurredAt %v was accepted and delivered as %v", occurred, got[0].OccurredAt)
@@ -126,7 +127,7 @@ func TestTableNamesAreCreatedOrRefused(t *testing.T) {
 					}
 					require.NoError(t, outbox.Publish(db, outbox.Event{Type: "x"}), "publish into %q", name)
 					ob.Handle("x", func(context.Context, outbox.Event) error { return nil })
-					n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(context.Background())
+					n, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(context.Background())
 					require.NoError(t, err)
 					assert.Equal(t, 1, n)
 				})
@@ -151,8 +152,8 @@ func TestRelayRecoversFromSilentlyDeadConnection(t *testing.T) {
 func testRelayRecoversFromSilentlyDeadConnection(t *testing.T, s server) {
 	e := newFaultEnv(t, s, 0)
 	e.ob.Handle("x", e.got.handle)
-	r := e.ob.Relay(e.relayDB, outbox.RelayConfig{
-		PollInterval: 50 * time.Millisecond, Lease: faultLease, Backoff: noBackoff, DisableListen: true,
+	r := outboxtest.Relay(t, e.ob, e.relayDB, outbox.RelayConfig{
+		PollInterval: 50 * time.Millisecond, Lease: faultLease, Backoff: noBackoff,
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

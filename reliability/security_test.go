@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -61,7 +62,7 @@ func testNoPayloadInLogsOrErrors(t *testing.T, b backend) {
 		events = append(events, outbox.Event{Type: typ, Payload: payload, Headers: headers})
 	}
 	require.NoError(t, db.Transaction(func(tx *gorm.DB) error { return outbox.Publish(tx, events...) }))
-	r := ob.Relay(db, outbox.RelayConfig{MaxAttempts: 2, Backoff: noBackoff})
+	r := outboxtest.Relay(t, ob, db, outbox.RelayConfig{MaxAttempts: 2, Backoff: noBackoff})
 	drain(t, db, ob.Table(), r, 30*time.Second)
 	assert.EqualValues(t, 4, statusCounts(t, db, ob.Table())[outbox.StatusFailed])
 	var lastErrors []string
@@ -200,7 +201,7 @@ func testUserStringsAreData(t *testing.T, db *gorm.DB) {
 		}
 		return outbox.Publish(tx, events...)
 	}))
-	r := ob.Relay(db, outbox.RelayConfig{Backoff: noBackoff})
+	r := outboxtest.Relay(t, ob, db, outbox.RelayConfig{Backoff: noBackoff})
 	drain(t, db, ob.Table(), r, 30*time.Second)
 
 	require.Len(t, got, len(want))
@@ -226,11 +227,11 @@ func testUserStringsAreData(t *testing.T, db *gorm.DB) {
 	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "victim", Type: "fail-me"}))
 	drain(t, db, ob.Table(), r, 30*time.Second)
 	require.EqualValues(t, 1, statusCounts(t, db, ob.Table())[outbox.StatusFailed])
-	n, err := ob.Replay(context.Background(), db, `' OR '1'='1`, `victim' --`, `x') OR ('1'='1`, `victim"`, `%`, `*`)
+	n, err := ob.Replay(db, outbox.Filter{IDs: []string{`' OR '1'='1`, `victim' --`, `x') OR ('1'='1`, `victim"`, `%`, `*`}})
 	require.NoError(t, err)
 	assert.Zero(t, n)
 	assert.EqualValues(t, 1, statusCounts(t, db, ob.Table())[outbox.StatusFailed])
-	n, err = ob.Replay(context.Background(), db, "victim")
+	n, err = ob.Replay(db, outbox.Filter{IDs: []string{"victim"}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n)
 }

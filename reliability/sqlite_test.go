@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/sqlite"
@@ -97,7 +98,7 @@ func runSQLiteWorkload(t *testing.T, dsn string, writeFirst bool) sqliteResult {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	relayDone := make(chan error, 1)
-	r := ob.Relay(db, outbox.RelayConfig{BatchSize: 50, PollInterval: 5 * time.Millisecond, Backoff: noBackoff})
+	r := outboxtest.Relay(t, ob, db, outbox.RelayConfig{BatchSize: 50, PollInterval: 5 * time.Millisecond, Backoff: noBackoff})
 	go func() { relayDone <- r.Run(ctx) }()
 
 	perWriter := sqliteTxPerWriter()

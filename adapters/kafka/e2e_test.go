@@ -43,7 +43,7 @@ func TestEndToEnd(t *testing.T) {
 		ID: "e2e-1", Type: "order.created", AggregateType: "order", AggregateID: "7",
 		Payload: map[string]any{"total": 12}, Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
 	})
-	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	n, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 

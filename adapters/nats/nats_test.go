@@ -14,6 +14,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	outboxnats "github.com/gorm-outbox/outbox/adapters/nats"
 	"github.com/gorm-outbox/outbox/internal/outagetest"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/gorm-outbox/outbox/wire"
 	natsgo "github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -299,7 +300,7 @@ func TestEndToEnd(t *testing.T) {
 		return outbox.Publish(tx, outbox.Event{ID: "e2e-1", Type: "order.created", AggregateType: "order", AggregateID: "1",
 			Payload: map[string]int{"total": 99}, Headers: map[string]string{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}})
 	}))
-	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	n, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	outboxnats "github.com/gorm-outbox/outbox/adapters/nats"
+	"github.com/gorm-outbox/outbox/outboxtest"
 )
 
 // TestDeliverHookHeadersReachTheMessage: tracing (package outboxotel)
@@ -46,7 +47,7 @@ func TestDeliverHookHeadersReachTheMessage(t *testing.T) {
 	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
 		return outbox.Publish(tx, outbox.Event{ID: eventID, Type: eventType, Headers: map[string]string{"traceparent": stored}})
 	}))
-	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	n, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 

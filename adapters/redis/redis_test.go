@@ -18,6 +18,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	outboxredis "github.com/gorm-outbox/outbox/adapters/redis"
 	"github.com/gorm-outbox/outbox/internal/outagetest"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -196,7 +197,7 @@ func TestEndToEnd(t *testing.T) {
 		return outbox.Publish(tx, outbox.Event{ID: "e2e-1", Type: "order.created", AggregateType: "order", AggregateID: "1",
 			Payload: map[string]int{"total": 99}})
 	}))
-	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	n, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 

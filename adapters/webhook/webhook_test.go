@@ -422,7 +422,7 @@ func TestEndToEnd(t *testing.T) {
 			outbox.Event{ID: "later", Type: "order.later", Payload: map[string]int{"total": 2}},
 		)
 	}))
-	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	n, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 3, n)
 
@@ -454,7 +454,7 @@ func TestEndToEnd(t *testing.T) {
 	require.NoError(t, db2.Transaction(func(tx *gorm.DB) error {
 		return outbox.Publish(tx, outbox.Event{ID: "paused", Type: "order.created", Payload: map[string]int{"total": 3}})
 	}))
-	n, err = ob2.Relay(db2, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	n, err = outboxtest.Relay(t, ob2, db2, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.Equal(t, 1, n)
 	require.True(t, outbox.IsUnavailable(err), "%v", err)
 	var paused outbox.Row

@@ -37,7 +37,7 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 		return err
 	}
 	defer t.close()
-	st, err := t.ob.Stats(ctx, t.db)
+	st, err := t.ob.Stats(t.db.WithContext(ctx))
 	if err != nil {
 		return err
 	}
@@ -106,7 +106,7 @@ func (c *cli) list(ctx context.Context, args []string) error {
 		return err
 	}
 	defer t.close()
-	rows, err := t.ob.List(ctx, t.db, outbox.ListParams{Filter: f, Limit: *limit, AfterSeq: *after, Newest: *newest, BeforeSeq: *before})
+	rows, err := t.ob.List(t.db.WithContext(ctx), outbox.ListParams{Filter: f, Limit: *limit, AfterSeq: *after, Newest: *newest, BeforeSeq: *before})
 	if err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func (c *cli) show(ctx context.Context, args []string) error {
 		return err
 	}
 	defer t.close()
-	r, err := t.ob.Get(ctx, t.db, pos[0])
+	r, err := t.ob.Get(t.db.WithContext(ctx), pos[0])
 	if err != nil {
 		return err
 	}
@@ -221,7 +221,7 @@ func (c *cli) replay(ctx context.Context, args []string) error {
 	if err != nil || !ok {
 		return cmp.Or(err, named)
 	}
-	n, err := t.ob.ReplayFilter(ctx, t.db, f)
+	n, err := t.ob.Replay(t.db.WithContext(ctx), f)
 	fmt.Fprintf(c.stdout, "replayed %d events (pending again, due now)\n", n)
 	return cmp.Or(err, named)
 }
@@ -292,7 +292,7 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 	if err != nil || !ok {
 		return cmp.Or(err, named)
 	}
-	n, err := t.ob.Purge(ctx, t.db, f)
+	n, err := t.ob.Purge(t.db.WithContext(ctx), f)
 	fmt.Fprintf(c.stdout, "deleted %d events\n", n)
 	return cmp.Or(err, named)
 }
@@ -334,7 +334,7 @@ func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why 
 	// One query per 1000 IDs rather than one per ID: the IDs may come from
 	// a script by the thousand. IDs are unique, so a chunk is one page.
 	for chunk := range slices.Chunk(ids, 1000) {
-		rows, err := t.ob.List(ctx, t.db, outbox.ListParams{Filter: outbox.Filter{IDs: chunk}, Limit: len(chunk)})
+		rows, err := t.ob.List(t.db.WithContext(ctx), outbox.ListParams{Filter: outbox.Filter{IDs: chunk}, Limit: len(chunk)})
 		if err != nil {
 			return nil, err
 		}
@@ -394,7 +394,7 @@ func contains[S comparable](list []S, s S) bool {
 // confirm counts what f selects and, on a dry run, lists it; otherwise it
 // asks for confirmation on stdin unless --yes. It reports whether to go on.
 func (c *cli) confirm(ctx context.Context, t *target, s *selection, f outbox.Filter, verb, what string) (bool, error) {
-	n, err := t.ob.Count(ctx, t.db, f)
+	n, err := t.ob.Count(t.db.WithContext(ctx), f)
 	if err != nil {
 		return false, err
 	}
@@ -405,7 +405,7 @@ func (c *cli) confirm(ctx context.Context, t *target, s *selection, f outbox.Fil
 	if *s.dryRun {
 		var after int64
 		for {
-			rows, err := t.ob.List(ctx, t.db, outbox.ListParams{Filter: f, Limit: 1000, AfterSeq: after})
+			rows, err := t.ob.List(t.db.WithContext(ctx), outbox.ListParams{Filter: f, Limit: 1000, AfterSeq: after})
 			if err != nil {
 				return false, err
 			}

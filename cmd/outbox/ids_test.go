@@ -16,7 +16,7 @@ func (f *fixture) statuses(t *testing.T) map[string]string {
 	for _, id := range []string{"ok-1", "ok-2", "bad-1", "bad-2", "wait-1"} {
 		out[id] = ""
 	}
-	rows, err := f.ob.List(t.Context(), f.db, outbox.ListParams{})
+	rows, err := f.ob.List(f.db.WithContext(t.Context()), outbox.ListParams{})
 	require.NoError(t, err)
 	for _, r := range rows {
 		out[r.ID] = string(r.Status)

@@ -37,7 +37,7 @@
 // then 4, then 5.
 //
 // Everything goes through the library's exported functions ([outbox.Outbox.List],
-// [outbox.Outbox.ReplayFilter], [outbox.Outbox.Purge], ...), the same the
+// [outbox.Outbox.Replay], [outbox.Outbox.Purge], ...), the same the
 // dashboard uses.
 package main
 

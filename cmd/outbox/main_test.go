@@ -19,6 +19,7 @@ import (
 
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
@@ -113,7 +114,7 @@ func newFixture(t *testing.T, b backend) *fixture {
 	}
 	events = append(events, outbox.Event{ID: "wait-1", Type: "order.shipped", Payload: 1})
 	require.NoError(t, outbox.Publish(f.db, events...))
-	_, err = f.ob.Relay(f.db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	_, err = outboxtest.Relay(t, f.ob, f.db, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.NoError(t, err)
 	return f
 }
@@ -132,16 +133,16 @@ func runEnv(t *testing.T, env map[string]string, stdin string, args ...string) (
 	return code, out.String(), errOut.String()
 }
 
-func (f *fixture) status(t *testing.T, id string) string {
+func (f *fixture) status(t *testing.T, id string) outbox.Status {
 	t.Helper()
-	r, err := f.ob.Get(t.Context(), f.db, id)
+	r, err := f.ob.Get(f.db.WithContext(t.Context()), id)
 	require.NoError(t, err)
-	return string(r.Status)
+	return r.Status
 }
 
 func (f *fixture) ids(t *testing.T, fl outbox.Filter) []string {
 	t.Helper()
-	rows, err := f.ob.List(t.Context(), f.db, outbox.ListParams{Filter: fl})
+	rows, err := f.ob.List(f.db.WithContext(t.Context()), outbox.ListParams{Filter: fl})
 	require.NoError(t, err)
 	var out []string
 	for _, r := range rows {
@@ -210,7 +211,7 @@ func TestStats(t *testing.T) {
 		assert.Less(t, st["oldest_pending_seconds"], 3600.0)
 
 		// Nothing failed, nothing pending: every check passes.
-		_, err := f.ob.Purge(t.Context(), f.db, outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}})
+		_, err := f.ob.Purge(f.db.WithContext(t.Context()), outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}})
 		require.NoError(t, err)
 		require.NoError(t, f.db.Table(f.table).Where("id = ?", "wait-1").Delete(nil).Error)
 		code, out, errOut = f.run(t, "", "stats", "--max-failed", "0", "--max-pending-age", "1ns", "--max-failed-last-hour", "0")
@@ -347,7 +348,7 @@ func TestShow(t *testing.T) {
 func TestReplay(t *testing.T) {
 	forEach(t, func(t *testing.T, f *fixture) {
 		ctx := t.Context()
-		before, err := f.ob.Get(ctx, f.db, "bad-1")
+		before, err := f.ob.Get(f.db.WithContext(ctx), "bad-1")
 		require.NoError(t, err)
 
 		code, out, errOut := f.run(t, "", "replay", "--dry-run", "--type", "payment.captured")
@@ -355,7 +356,7 @@ func TestReplay(t *testing.T) {
 		assert.Contains(t, out, "dry run: would replay 2 failed events in table "+f.table+"; nothing changed")
 		assert.Contains(t, out, "bad-1")
 		assert.Contains(t, out, "bad-2")
-		after, err := f.ob.Get(ctx, f.db, "bad-1")
+		after, err := f.ob.Get(f.db.WithContext(ctx), "bad-1")
 		require.NoError(t, err)
 		assert.Equal(t, before, after, "a dry run changes nothing")
 		assert.Equal(t, []string{"bad-1", "bad-2"}, f.ids(t, outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}}))
@@ -375,7 +376,7 @@ func TestReplay(t *testing.T) {
 		require.Equal(t, exitWrongStatus, code, "ok-1 is sent: %s", errOut)
 		assert.Contains(t, errOut, "event ok-1 is sent; replay changes only failed events")
 		assert.Contains(t, out, "replayed 1 events")
-		r, err := f.ob.Get(ctx, f.db, "bad-1")
+		r, err := f.ob.Get(f.db.WithContext(ctx), "bad-1")
 		require.NoError(t, err)
 		assert.Equal(t, outbox.StatusPending, r.Status)
 		assert.Equal(t, 0, r.Attempts)

@@ -42,7 +42,7 @@ func (c *cli) migrate(ctx context.Context, args []string) error {
 		return c.printSQL(t.dialect, t.table, version)
 	}
 	ob := outbox.Plugin(outbox.Config{Table: t.table, Logger: slog.New(slog.NewTextHandler(c.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err := ob.Migrate(ctx, t.db); err != nil {
+	if err := ob.Migrate(t.db.WithContext(ctx)); err != nil {
 		return err
 	}
 	switch version {

@@ -85,8 +85,12 @@ func run(addr string, demo int) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		return err
+	}
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- ob.Relay(db, outbox.RelayConfig{}).Run(ctx) }()
+	go func() { relayDone <- relay.Run(ctx) }()
 
 	if demo > 0 {
 		for i := range demo {

@@ -136,8 +136,12 @@ func persistent(path string) error {
 	fmt.Printf("committed; %d events pending in %s\n", pending, ob.Table())
 
 	ctx, cancel := context.WithCancel(context.Background())
+	relay, err := ob.Relay(db, outbox.RelayConfig{PollInterval: 100 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
 	stopped := make(chan error, 1)
-	go func() { stopped <- ob.Relay(db, outbox.RelayConfig{PollInterval: 100 * time.Millisecond}).Run(ctx) }()
+	go func() { stopped <- relay.Run(ctx) }()
 	for range 2 {
 		<-delivered
 	}

@@ -68,7 +68,8 @@ func NewRig(t *testing.T, adapterLogPrefix, name string, every time.Duration, ha
 	for _, f := range cfg {
 		f(&rc)
 	}
-	relay := ob.Relay(r.db, rc)
+	relay, err := ob.Relay(r.db, rc)
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	go func() { defer close(r.done); _ = relay.Run(ctx) }()

@@ -117,9 +117,9 @@ type StatusCount struct {
 // parameter limit, and the batch sizes of its maintenance statements.
 type Limits struct {
 	InsertRows     int // rows per INSERT
-	OutcomeRows    int // rows per outcome or replay statement
-	AdminBatch     int // rows one ReplayFilter or Purge statement touches
-	AdminScan      int // IDs one ReplayFilter or Purge SELECT reads
+	OutcomeRows    int // rows per outcome statement
+	AdminBatch     int // rows one Replay or Purge statement touches
+	AdminScan      int // IDs one Replay or Purge SELECT reads
 	RetentionBatch int // sent rows one retention DELETE removes
 }
 
@@ -179,12 +179,11 @@ type Claimer interface {
 }
 
 // Admin is the operating functions' queries (List, Get, Count, Replay,
-// ReplayFilter, Purge, Stats).
+// Purge, Stats).
 type Admin interface {
 	List(p Page) Query                                   // rows in RowColumns' order
 	Get(id string) Query                                 // likewise
 	Count(f Filter) Query                                // one count
-	Replay(ids []string, now time.Time) Query            // failed rows back to pending
 	ReplaySelect(f Filter, after int64, limit int) Query // seq, id of failed rows matching f, by seq
 	ReplayUpdate(f Filter, ids []string, now time.Time) Query
 	PurgeSelect(f Filter, limit int) Query // seq, id

@@ -98,7 +98,11 @@ func run(ctx context.Context) error {
 		return err
 	}
 
-	if _, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(ctx); err != nil {
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		return err
+	}
+	if _, err := relay.ProcessOnce(ctx); err != nil {
 		return err
 	}
 	if err := tp.Shutdown(ctx); err != nil {

@@ -384,7 +384,11 @@ func main() {
 	}); err != nil {
 		log.Fatal(err)
 	}
-	n, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(context.Background())
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		log.Fatalf("relay: %v", err)
+	}
+	n, err := relay.ProcessOnce(context.Background())
 	if err != nil || n != 1 {
 		log.Fatalf("relay: %d events, %v", n, err)
 	}

@@ -120,12 +120,16 @@ func run() error {
 	// it produce an order's events one at a time, oldest first.
 	// Run returns an error only for an invalid configuration: it ends the
 	// wait for the events at once instead of being dropped.
+	relay, err := ob.Relay(db, outbox.RelayConfig{OrderByAggregate: true})
+	if err != nil {
+		return err
+	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	waitCtx, relayFailed := context.WithCancelCause(ctx)
 	defer relayFailed(nil)
 	relayDone := make(chan error, 1)
 	go func() {
-		err := ob.Relay(db, outbox.RelayConfig{OrderByAggregate: true}).Run(relayCtx)
+		err := relay.Run(relayCtx)
 		if err != nil {
 			relayFailed(err)
 		}

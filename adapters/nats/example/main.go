@@ -118,7 +118,10 @@ func run() error {
 
 	// A real service runs relay.Run(ctx) in a goroutine for its lifetime;
 	// one pass is enough here.
-	relay := ob.Relay(db, outbox.RelayConfig{})
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		return err
+	}
 	if _, err := relay.ProcessOnce(ctx); err != nil {
 		return err
 	}

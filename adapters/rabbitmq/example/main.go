@@ -107,10 +107,14 @@ func run() error {
 
 	// A service runs the relay for its whole life; this one stops once the
 	// consumer has seen the three events.
+	relay, err := ob.Relay(db, outbox.RelayConfig{OrderByAggregate: true})
+	if err != nil {
+		return err
+	}
 	relayCtx, stopRelay := context.WithCancel(ctx)
 	relayDone := make(chan error, 1)
 	go func() {
-		relayDone <- ob.Relay(db, outbox.RelayConfig{OrderByAggregate: true}).Run(relayCtx)
+		relayDone <- relay.Run(relayCtx)
 	}()
 	for range 3 {
 		select {

@@ -95,7 +95,11 @@ func run() error {
 
 	// A real service runs relay.Run(ctx) in a goroutine for its lifetime;
 	// one pass is enough here.
-	if _, err := ob.Relay(db, outbox.RelayConfig{}).ProcessOnce(ctx); err != nil {
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		return err
+	}
+	if _, err := relay.ProcessOnce(ctx); err != nil {
 		return err
 	}
 

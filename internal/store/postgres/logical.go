@@ -71,7 +71,7 @@ func (s *Store) CreateSlot(ctx context.Context, db *sql.DB, slot string, logger 
 			Scan(&plugin, &database, &current)
 		switch {
 		case err == nil && (plugin != "pgoutput" || database != current):
-			return fmt.Errorf("%w: replication slot %s exists but is not a pgoutput slot of database %s (plugin %q, database %q): set Config.Slot to another name", errs.ErrInvalidConfig, slot, current, plugin, database)
+			return fmt.Errorf("%w: replication slot %s exists but is not a pgoutput slot of database %s (plugin %q, database %q): set Config.Logical.Slot to another name", errs.ErrInvalidConfig, slot, current, plugin, database)
 		case err == nil:
 			return nil
 		case !errors.Is(err, sql.ErrNoRows):

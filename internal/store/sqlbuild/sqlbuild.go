@@ -201,14 +201,6 @@ func (s *Syntax) Release(ids []string, now, lease time.Time) store.Query {
 		" AND locked_until = ", b.Time(lease), " AND status = 'pending'").Query()
 }
 
-// Replay implements store.Admin.
-func (s *Syntax) Replay(ids []string, now time.Time) store.Query {
-	b := s.Build()
-	return b.W("UPDATE ", s.Table, " SET status = 'pending', attempts = 0, available_at = ", b.Time(now),
-		", updated_at = ", b.Time(now), ", locked_until = NULL WHERE ", b.IDs("id", ids),
-		" AND status = 'failed'").Query()
-}
-
 // MarkFailedValues records failed attempts in one statement joined to a
 // VALUES list: each row gets its own status (pending for a retry, failed
 // when out of attempts), error and next due time. cast types the due

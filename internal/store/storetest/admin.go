@@ -155,7 +155,8 @@ func testAdmin(t *testing.T, open Open) {
 		e.failed(now, "boom", "f1")
 		e.sent(now, "s1")
 		at := now.Add(time.Hour)
-		assert.EqualValues(t, 1, e.exec(e.s.Replay([]string{"f1", "p1", "s1", "missing"}, at)), "only failed rows")
+		named := []string{"f1", "p1", "s1", "missing"}
+		assert.EqualValues(t, 1, e.exec(e.s.ReplayUpdate(store.Filter{IDs: named, Statuses: []string{"failed"}}, named, at)), "only failed rows")
 		f := e.get("f1")
 		assert.Equal(t, "pending", f.Status)
 		assert.Equal(t, 0, f.Attempts)

@@ -70,7 +70,6 @@ func testLimits(t *testing.T, open Open) {
 	l3 := l2.Add(time.Second)
 	batch = claimAll(l3)
 	assert.EqualValues(t, m, e.exec(e.s.MarkSent(batch, at, l3)), "one MarkSent of OutcomeRows rows")
-	assert.EqualValues(t, 0, e.exec(e.s.Replay(batch, at)), "one Replay of OutcomeRows rows (none failed)")
 
 	// The operating functions' batches, with every filter field set.
 	f := store.Filter{
