@@ -1,0 +1,213 @@
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/encode"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// documented are the defaults and limits the docs state, as the code
+// defines them. A row of a docs table that names one of these settings
+// must give this default, and its limits cell must hold limit; every
+// setting here must have such a row somewhere in docs/.
+var documented = map[string]struct {
+	def   any // int, bool, time.Duration or string
+	limit string
+}{
+	"RelayConfig.BatchSize":        {defaultBatchSize, strconv.Itoa(maxBatchSize)},
+	"RelayConfig.Workers":          {defaultWorkers, strconv.Itoa(maxWorkers)},
+	"RelayConfig.PollInterval":     {defaultPollInterval, minPollInterval.String()},
+	"RelayConfig.MaxAttempts":      {defaultMaxAttempts, ""},
+	"RelayConfig.Backoff":          {"DefaultBackoff", ""},
+	"RelayConfig.Lease":            {defaultLease, minLease.String()},
+	"RelayConfig.StatementTimeout": {defaultStatementTimeout, minStatementTimeout.String()},
+	"RelayConfig.OrderByAggregate": {false, ""},
+	"RelayConfig.RetainSent":       {defaultRetainSent, ""},
+	"Config.Mode":                  {"Persistent", ""},
+	"Config.Table":                 {DefaultTable, ""},
+	"Config.Logger":                {"slog.Default()", ""},
+	"Config.DisableAutoMigrate":    {false, ""},
+	"Config.MaxPayloadBytes":       {fmt.Sprintf("%d MiB", encode.DefaultMaxPayload>>20), ""},
+	"Config.DeliverAfterCommit":    {false, ""},
+	"Config.DisableNotify":         {false, ""},
+	"ListParams.Limit":             {defaultListLimit, strconv.Itoa(maxListLimit)},
+}
+
+// docRow is a row of a docs table: | `Name` | `default` | limits | ... |
+var docRow = regexp.MustCompile("^\\|\\s*`([A-Za-z]+\\.[A-Za-z]+)`\\s*\\|\\s*`([^`]*)`\\s*\\|([^|]*)\\|")
+
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("docs", "*.md"))
+	require.NoError(t, err)
+	require.NotEmpty(t, files, "no docs/*.md")
+	return append(files, "README.md")
+}
+
+// checkDefault reports how doc, the default a docs row states, differs
+// from want, or "".
+func checkDefault(want any, doc string) string {
+	switch w := want.(type) {
+	case time.Duration:
+		d, err := time.ParseDuration(doc)
+		if err != nil || d != w {
+			return fmt.Sprintf("the code's default is %v", w)
+		}
+	case int:
+		if n, err := strconv.Atoi(strings.ReplaceAll(doc, ",", "")); err != nil || n != w {
+			return fmt.Sprintf("the code's default is %d", w)
+		}
+	default:
+		if doc != fmt.Sprint(w) {
+			return fmt.Sprintf("the code's default is %v", w)
+		}
+	}
+	return ""
+}
+
+// TestDocsDefaults: the defaults and limits in the docs' tables are the
+// code's, so that they cannot drift again.
+func TestDocsDefaults(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for _, f := range docFiles(t) {
+		text, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for i, line := range strings.Split(string(text), "\n") {
+			m := docRow.FindStringSubmatch(line)
+			if m == nil {
+				continue
+			}
+			want, ok := documented[m[1]]
+			if !ok {
+				continue
+			}
+			seen[m[1]] = true
+			if why := checkDefault(want.def, m[2]); why != "" {
+				t.Errorf("%s:%d: %s is documented with default %q; %s", f, i+1, m[1], m[2], why)
+			}
+			if want.limit != "" && !strings.Contains(strings.ReplaceAll(m[3], ",", ""), want.limit) {
+				t.Errorf("%s:%d: %s's limits cell %q does not state the code's limit %s", f, i+1, m[1], strings.TrimSpace(m[3]), want.limit)
+			}
+		}
+	}
+	for name := range documented {
+		assert.True(t, seen[name], "no docs table row gives %s's default", name)
+	}
+}
+
+// TestDocsDSNOptions: the SQLite settings the docs show are the
+// constants', and the database page quotes both constants whole.
+func TestDocsDSNOptions(t *testing.T) {
+	t.Parallel()
+	timeout := regexp.MustCompile(`busy_timeout[=(](\d+)`)
+	want := timeout.FindStringSubmatch(SQLiteDSNOptions)[1]
+	require.Equal(t, want, timeout.FindStringSubmatch(SQLitePureGoDSNOptions)[1])
+	for _, f := range docFiles(t) {
+		text, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range timeout.FindAllStringSubmatch(string(text), -1) {
+			assert.Equal(t, want, m[1], "%s: a busy_timeout other than SQLiteDSNOptions'", f)
+		}
+	}
+	page, err := os.ReadFile(filepath.Join("docs", "databases.md"))
+	require.NoError(t, err)
+	assert.Contains(t, string(page), SQLiteDSNOptions)
+	assert.Contains(t, string(page), SQLitePureGoDSNOptions)
+}
+
+// readmeBlocks returns README.md's Go code blocks in order.
+func readmeBlocks(t *testing.T) []string {
+	t.Helper()
+	text, err := os.ReadFile("README.md")
+	require.NoError(t, err)
+	var blocks []string
+	for i, part := range strings.Split(string(text), "```go\n") {
+		if i > 0 {
+			blocks = append(blocks, part[:strings.Index(part, "```")])
+		}
+	}
+	return blocks
+}
+
+// readmeVariant is README's program with the driver's import and the
+// gorm.Open line replaced by those of the block that names driver, its DSN
+// literal replaced by dsn.
+func readmeVariant(t *testing.T, program, driver, dsn string) string {
+	t.Helper()
+	for _, b := range readmeBlocks(t) {
+		lines := strings.Split(strings.TrimSpace(b), "\n")
+		if len(lines) != 2 || !strings.Contains(lines[0], `"gorm.io/driver/`+driver+`"`) {
+			continue
+		}
+		imp, open := strings.TrimSpace(lines[0]), strings.TrimSpace(lines[1])
+		lit := regexp.MustCompile(`"[^"]*"`).FindAllString(open, -1)
+		require.Len(t, lit, 1, "the %s gorm.Open line has one DSN literal", driver)
+		open = strings.Replace(open, lit[0], strconv.Quote(dsn), 1)
+		out := strings.Replace(program, `"gorm.io/driver/sqlite"`, imp, 1)
+		re := regexp.MustCompile(`(?m)^(\s*)db, err := gorm\.Open\(sqlite\.Open\(.*$`)
+		require.Regexp(t, re, out)
+		return re.ReplaceAllString(out, "${1}"+open)
+	}
+	t.Fatalf("README has no two-line block for gorm.io/driver/%s", driver)
+	return ""
+}
+
+// TestReadmeExample: README's program is examples/readme, and it runs as
+// written on SQLite, and with README's two-line change on PostgreSQL and
+// MySQL/MariaDB (when their DSNs are set).
+func TestReadmeExample(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("builds and runs a program (-short)")
+	}
+	blocks := readmeBlocks(t)
+	require.NotEmpty(t, blocks)
+	program := blocks[0]
+	committed, err := os.ReadFile(filepath.Join("examples", "readme", "main.go"))
+	require.NoError(t, err)
+	require.Equal(t, string(committed), program, "README's program differs from examples/readme/main.go")
+
+	run := func(t *testing.T, source string) {
+		dir := t.TempDir()
+		src := filepath.Join(dir, "main.go")
+		require.NoError(t, os.WriteFile(src, []byte(source), 0o600))
+		target, err := filepath.Abs(filepath.Join("examples", "readme", "main.go"))
+		require.NoError(t, err)
+		overlay, err := json.Marshal(map[string]any{"Replace": map[string]string{target: src}})
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "overlay.json"), overlay, 0o600))
+		bin := filepath.Join(dir, "readme")
+		build := exec.Command("go", "build", "-overlay", filepath.Join(dir, "overlay.json"), "-o", bin, "./examples/readme")
+		out, err := build.CombinedOutput()
+		require.NoError(t, err, "build:\n%s", out)
+		prog := exec.Command(bin)
+		prog.Dir = dir // app.db goes there
+		out, err = prog.CombinedOutput()
+		require.NoError(t, err, "run:\n%s", out)
+		// PostgreSQL's jsonb spaces the payload it gives back.
+		assert.Regexp(t, `^delivered order.placed for order \d+: \{"ID": ?\d+, ?"Total": ?42\}\n$`, string(out))
+	}
+	t.Run("sqlite", func(t *testing.T) { run(t, program) })
+	for name, backend := range map[string]func(*testing.T) backend{"postgres": postgresBackend, "mysql": mysqlBackend} {
+		t.Run(name, func(t *testing.T) {
+			db := backend(t).open(t, &gorm.Config{Logger: logger.Discard}) // a schema or database of the test's own
+			dsn, ok := dsns.Load(db)
+			require.True(t, ok)
+			run(t, readmeVariant(t, program, name, dsn.(string)))
+		})
+	}
+}
