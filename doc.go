@@ -34,8 +34,11 @@
 //
 // In persistent mode a [Relay] delivers committed events:
 //
-//	relay := ob.Relay(db, outbox.RelayConfig{})
-//	go func() { errc <- relay.Run(ctx) }() // an error means an invalid configuration
+//	relay, err := ob.Relay(db, outbox.RelayConfig{}) // an invalid configuration is an error here
+//	if err != nil {
+//		return err
+//	}
+//	go func() { errc <- relay.Run(ctx) }()
 //
 // It claims due rows with a lease (FOR UPDATE SKIP LOCKED on PostgreSQL and
 // MySQL), so

@@ -168,7 +168,7 @@ func testAdmin(t *testing.T, open Open) {
 		assert.Equal(t, []string{"f1"}, e.claimIDs(store.ClaimSpec{Now: at, Lease: at.Add(time.Minute), Limit: 10, IDs: []string{"f1"}}))
 	})
 
-	t.Run("ReplayFilter", func(t *testing.T) {
+	t.Run("ReplayByFilter", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, open)
 		with := func(ev store.Event, typ string) store.Event { ev.Type = typ; return ev }
@@ -200,7 +200,7 @@ func testAdmin(t *testing.T, open Open) {
 
 	// Admin's doc: ReplaySelect reads the failed rows matching f, and
 	// ReplayUpdate turns them back to pending, whatever f's Statuses.
-	t.Run("ReplayFilterFailedOnly", func(t *testing.T) {
+	t.Run("ReplayByFilterFailedOnly", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, open)
 		e.insert(now, ev("p1"), ev("f1"), ev("s1"))
