@@ -288,7 +288,7 @@ func warnRetried(db *gorm.DB, model reflect.Value, kept, since int) {
 		if ctx == nil {
 			ctx = context.Background()
 		}
-		o.logger.WarnContext(ctx, "outbox: a model publishes events kept from a transaction that rolled back together with events recorded since; if the code that records them was retried, the change is published twice: record outside the retried function, or on an entity loaded inside it (README, \"Recorder\")",
+		o.logger.WarnContext(ctx, "outbox: a model publishes events kept from a transaction that rolled back together with events recorded since; if the code that records them was retried, the change is published twice: record outside the retried function, or on an entity loaded inside it (docs/modes.md, \"Recorder\")",
 			slog.String("model", model.Type().String()), slog.Int("kept", kept), slog.Int("recorded_since", since))
 	}
 }

@@ -44,7 +44,7 @@ func (o *Outbox) emit(ctx context.Context, pool gorm.ConnPool, enc []encoded) er
 
 // dropReusedID records the loss of a committed event whose ID another
 // event took first: Logical mode's one way of losing an event, by the
-// publisher's mistake, which Publish cannot see (README, Logical mode).
+// publisher's mistake, which Publish cannot see (docs/logical.md).
 // It is logged at Error and counted in Stats.Dropped, once per process
 // even when its batch is handled again.
 func (o *Outbox) dropReusedID(ctx context.Context, e *engine.Event) {

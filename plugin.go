@@ -39,7 +39,7 @@ const (
 	// slot, in commit order, at least once. Failed deliveries go to the
 	// outbox table and are retried from there as in Persistent mode. It
 	// needs wal_level=logical and a role allowed to replicate; see
-	// README, "Logical mode".
+	// docs/logical.md.
 	Logical
 )
 
@@ -102,7 +102,8 @@ type Config struct {
 	// DisableNotify turns PostgreSQL's LISTEN/NOTIFY off for this outbox:
 	// no NOTIFY after a commit that wrote events (which wakes relays in
 	// other processes; it is sent outside the business transaction,
-	// debounced to about one per millisecond per process), and no LISTEN in
+	// debounced per process: 1 ms apart, widening to 8 ms while wake-ups
+	// keep coming), and no LISTEN in
 	// its relays, which then rely on RelayConfig.PollInterval and on
 	// wake-ups from writers in their own process. Set it behind a
 	// transaction-pooling proxy, where LISTEN cannot work. Defaults to

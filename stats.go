@@ -33,7 +33,7 @@ type Stats struct {
 	// Dropped counts the committed events this process's relays dropped
 	// since it started, Logical mode's one way of losing an event: one
 	// whose ID another event (with another idempotency key) took first,
-	// which Publish cannot refuse in that mode (README, "Logical mode").
+	// which Publish cannot refuse in that mode (docs/logical.md).
 	// Each is also logged at Error. Unlike the other fields it is not read
 	// from the database: every process counts its own.
 	Dropped int64

@@ -26,7 +26,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// DSNOptions are the SQLite settings the README recommends for concurrent
+// DSNOptions are the SQLite settings docs/databases.md recommends for concurrent
 // writers and a relay on one file, spelled for gorm.io/driver/sqlite:
 // [outbox.SQLiteDSNOptions].
 const DSNOptions = outbox.SQLiteDSNOptions

@@ -6,7 +6,7 @@ require (
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.23.0
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/gorm-outbox/outbox v0.1.0
+	github.com/gorm-outbox/outbox v0.2.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	gorm.io/driver/mysql v1.6.0

@@ -3,7 +3,7 @@ module github.com/gorm-outbox/outbox/adapters/webhook
 go 1.26.0
 
 require (
-	github.com/gorm-outbox/outbox v0.1.0
+	github.com/gorm-outbox/outbox v0.2.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	gorm.io/driver/sqlite v1.6.0

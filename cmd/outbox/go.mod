@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/gorm-outbox/outbox v0.1.0
-	github.com/gorm-outbox/outbox/outboxui v0.1.0
+	github.com/gorm-outbox/outbox v0.2.0
+	github.com/gorm-outbox/outbox/outboxui v0.2.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
 	gorm.io/driver/mysql v1.6.0

@@ -62,7 +62,7 @@ func main() {
 	}
 }
 
-// open uses the SQLite settings the README recommends: WAL, a busy timeout
+// open uses the SQLite settings docs/databases.md recommends: WAL, a busy timeout
 // and immediate transactions, so writers and the relay never see "database
 // is locked".
 func open(path string) (*gorm.DB, error) {

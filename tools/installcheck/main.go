@@ -1,7 +1,7 @@
 // Command installcheck proves that the repository's modules install the
 // way a user's `go get` installs them, before they are published.
 //
-//	cd tools/installcheck && go run . -root ../.. [-version v0.1.0] [-fix]
+//	cd tools/installcheck && go run . -root ../.. [-version v0.2.0] [-fix]
 //
 // It builds a throwaway module proxy from the working tree (one zip per
 // published module, made by golang.org/x/mod/zip as the Go command's own

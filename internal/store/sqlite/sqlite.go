@@ -140,7 +140,7 @@ func (s *Store) Check(ctx context.Context, gdb *gorm.DB, logger *slog.Logger) er
 	// the relay would not see the events the writers committed; one
 	// connection, one database, works.
 	if file == "" && db.Stats().MaxOpenConnections != 1 {
-		return fmt.Errorf("%w: persistent mode needs a SQLite file: an in-memory database (\":memory:\") gives each pooled connection its own database, so relays would not see committed events; use a file (see README, SQLite settings), Mode: outbox.Memory, or SetMaxOpenConns(1) before db.Use", errs.ErrInvalidConfig)
+		return fmt.Errorf("%w: persistent mode needs a SQLite file: an in-memory database (\":memory:\") gives each pooled connection its own database, so relays would not see committed events; use a file (see docs/databases.md, SQLite), Mode: outbox.Memory, or SetMaxOpenConns(1) before db.Use", errs.ErrInvalidConfig)
 	}
 	warnSettings(ctx, db, gdb.Dialector, logger)
 	return nil
@@ -161,7 +161,7 @@ const (
 	PureGoDSNOptions = "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
 )
 
-// DSN is how one driver spells the settings the README recommends: the
+// DSN is how one driver spells the settings docs/databases.md recommends: the
 // whole suffix, and the part that turns WAL on.
 type DSN struct {
 	Recommended, WAL string
