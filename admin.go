@@ -68,9 +68,21 @@ func (f *Filter) validate() error {
 	return nil
 }
 
+// dbContext is the context the operating functions run under: db's,
+// which db.WithContext sets; a nil db gets one so that usable can refuse it.
+func dbContext(db *gorm.DB) context.Context {
+	if db == nil || db.Statement == nil || db.Statement.Context == nil {
+		return context.Background()
+	}
+	return db.Statement.Context
+}
+
 // usable reports why the operating functions cannot run on db, if they
 // cannot.
 func (o *Outbox) usable(db *gorm.DB) error {
+	if db == nil {
+		return fmt.Errorf("%w: the *gorm.DB is nil", ErrNotInstalled)
+	}
 	if o.noTable != nil {
 		return o.noTable
 	}
@@ -129,7 +141,7 @@ func queryRows(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]Row, e
 // database. db may be a transaction; its context governs the query
 // (db.WithContext(ctx)).
 func (o *Outbox) List(db *gorm.DB, p ListParams) ([]Row, error) {
-	ctx := db.Statement.Context
+	ctx := dbContext(db)
 	if err := o.usable(db); err != nil {
 		return nil, err
 	}
@@ -154,7 +166,7 @@ func (o *Outbox) List(db *gorm.DB, p ListParams) ([]Row, error) {
 // Get returns the row of the event with the given ID, or an error wrapping
 // [ErrNotFound]. db may be a transaction; its context governs the query.
 func (o *Outbox) Get(db *gorm.DB, id string) (Row, error) {
-	ctx := db.Statement.Context
+	ctx := dbContext(db)
 	if err := o.usable(db); err != nil {
 		return Row{}, err
 	}
@@ -174,7 +186,7 @@ func (o *Outbox) Get(db *gorm.DB, id string) (Row, error) {
 // without a narrow filter. db may be a transaction; its context governs
 // the query.
 func (o *Outbox) Count(db *gorm.DB, f Filter) (int64, error) {
-	ctx := db.Statement.Context
+	ctx := dbContext(db)
 	if err := o.usable(db); err != nil {
 		return 0, err
 	}
@@ -201,7 +213,7 @@ func (o *Outbox) Count(db *gorm.DB, f Filter) (int64, error) {
 // its context governs the statements. On error, the batches before it stay
 // replayed and are counted in the result.
 func (o *Outbox) Replay(db *gorm.DB, f Filter) (int, error) {
-	ctx := db.Statement.Context
+	ctx := dbContext(db)
 	if err := o.usable(db); err != nil {
 		return 0, err
 	}
@@ -250,7 +262,7 @@ func (o *Outbox) Replay(db *gorm.DB, f Filter) (int, error) {
 // transaction; its context governs the statements. On error, the batches
 // before it stay deleted and are counted in the result.
 func (o *Outbox) Purge(db *gorm.DB, f Filter) (int, error) {
-	ctx := db.Statement.Context
+	ctx := dbContext(db)
 	if err := o.usable(db); err != nil {
 		return 0, err
 	}

@@ -386,6 +386,20 @@ func testAdminInvalidFilter(t *testing.T, b backend) {
 	other := b.open(t, &gorm.Config{Logger: logger.Discard})
 	_, err = Plugin(Config{}).List(other.WithContext(ctx), ListParams{})
 	require.ErrorIs(t, err, ErrNotInstalled)
+	_, err = e.ob.Stats(other)
+	require.ErrorIs(t, err, ErrNotInstalled, "Stats too")
+	// A nil *gorm.DB is an error, not a panic, in every operating call.
+	for name, call := range map[string]func() error{
+		"List":    func() error { _, err := e.ob.List(nil, ListParams{}); return err },
+		"Get":     func() error { _, err := e.ob.Get(nil, "x"); return err },
+		"Count":   func() error { _, err := e.ob.Count(nil, Filter{}); return err },
+		"Replay":  func() error { _, err := e.ob.Replay(nil, Filter{}); return err },
+		"Purge":   func() error { _, err := e.ob.Purge(nil, Filter{}); return err },
+		"Stats":   func() error { _, err := e.ob.Stats(nil); return err },
+		"Migrate": func() error { return e.ob.Migrate(nil) },
+	} {
+		assert.ErrorIs(t, call(), ErrNotInstalled, name)
+	}
 	mem := Plugin(Config{Mode: Memory})
 	_, err = mem.Count(e.db.WithContext(ctx), Filter{})
 	require.ErrorIs(t, err, ErrMemoryMode)

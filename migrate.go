@@ -52,11 +52,14 @@ func storeByName(dialect, table string) (store.Store, error) {
 // transaction that locks it (UpgradeSQL shows the statements); the rows it
 // holds, pending, failed and sent, keep their state and order.
 func (o *Outbox) Migrate(db *gorm.DB) error {
-	ctx := db.Statement.Context
+	ctx := dbContext(db)
 	// Called without db.Use, the configuration is not checked yet: an
 	// unchecked Table would reach the DDL.
 	if o.cfgErr != nil {
 		return o.cfgErr
+	}
+	if db == nil {
+		return fmt.Errorf("%w: the *gorm.DB is nil", ErrNotInstalled)
 	}
 	sqlDB, err := rawDB(db)
 	if err != nil {

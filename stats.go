@@ -43,14 +43,14 @@ type Stats struct {
 // GROUP BY over status), so poll it every few seconds at most, not per
 // request.
 func (o *Outbox) Stats(db *gorm.DB) (Stats, error) {
-	ctx := db.Statement.Context
+	ctx := dbContext(db)
 	var st Stats
 	if o.noTable != nil {
 		return st, o.noTable
 	}
 	st.Dropped = o.dropped.Load()
-	if o.store == nil {
-		return st, ErrNotInstalled
+	if err := o.usable(db); err != nil {
+		return st, err
 	}
 	q := o.store.Stats()
 	rows, err := db.Statement.ConnPool.QueryContext(ctx, q.SQL, q.Args...)
