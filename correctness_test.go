@@ -699,7 +699,7 @@ func testSchemaUpgrade(t *testing.T, b backend) {
 		t.Skip("no release created a version 1 table on MySQL")
 	}
 	db := b.open(t, &gorm.Config{})
-	v1, err := os.ReadFile(filepath.Join("testdata", "schema-v1", b.name+".sql"))
+	v1, err := os.ReadFile(filepath.Join("internal", "store", "storetest", "schema-v1", b.name+".sql"))
 	require.NoError(t, err)
 	require.NoError(t, db.Exec(string(v1)).Error)
 	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Microsecond)
@@ -777,7 +777,7 @@ func testUpgradeSQLByHand(t *testing.T, b backend) {
 		t.Skip("no release created a version 1 table on MySQL")
 	}
 	db := b.open(t, &gorm.Config{})
-	v1, err := os.ReadFile(filepath.Join("testdata", "schema-v1", b.name+".sql"))
+	v1, err := os.ReadFile(filepath.Join("internal", "store", "storetest", "schema-v1", b.name+".sql"))
 	require.NoError(t, err)
 	require.NoError(t, db.Exec(string(v1)).Error)
 	up, err := UpgradeSQL(b.name, DefaultTable)

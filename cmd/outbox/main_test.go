@@ -643,7 +643,7 @@ func TestMigrateUpgradesVersion1(t *testing.T) {
 		if f.name == "mysql" {
 			t.Skip("no release created a version 1 table on MySQL")
 		}
-		v1, err := os.ReadFile(filepath.Join("..", "..", "testdata", "schema-v1", f.name+".sql"))
+		v1, err := os.ReadFile(filepath.Join("..", "..", "internal", "store", "storetest", "schema-v1", f.name+".sql"))
 		require.NoError(t, err)
 		table := f.table + "_v1"
 		t.Cleanup(func() { _ = f.db.Migrator().DropTable(table) })

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"embed"
 	"strings"
 	"testing"
 	"time"
@@ -10,66 +11,29 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// versionOne is the table the first release created (schema version 1),
-// by store name, for the stores whose Upgrade is not "": no seq column,
-// ordered by (created_at, id), the idempotency key unique over every row.
-// The last statement is version 1's ordering index, which relays with
-// OrderByAggregate built under the name OrderingIndex still returns.
-var versionOne = map[string]string{
-	"postgres": `CREATE TABLE IF NOT EXISTS "outbox_events" (
-    id              varchar(255) NOT NULL PRIMARY KEY,
-    event_type      varchar(255) NOT NULL,
-    aggregate_type  varchar(255) NOT NULL DEFAULT '',
-    aggregate_id    varchar(255) NOT NULL DEFAULT '',
-    idempotency_key varchar(255) NOT NULL,
-    payload         jsonb        NOT NULL,
-    headers         jsonb,
-    status          varchar(16)  NOT NULL DEFAULT 'pending',
-    attempts        integer      NOT NULL DEFAULT 0,
-    last_error      text,
-    available_at    timestamptz  NOT NULL,
-    locked_until    timestamptz,
-    occurred_at     timestamptz  NOT NULL,
-    created_at      timestamptz  NOT NULL,
-    updated_at      timestamptz  NOT NULL,
-    sent_at         timestamptz,
-    CONSTRAINT "outbox_events_idempotency_key_key" UNIQUE (idempotency_key),
-    CONSTRAINT "outbox_events_status_check" CHECK (status IN ('pending', 'sent', 'failed'))
-);
-CREATE INDEX IF NOT EXISTS "outbox_events_pending_idx"
-    ON "outbox_events" (available_at, id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS "outbox_events_sent_idx"
-    ON "outbox_events" (sent_at) WHERE status = 'sent';
+// versionOneFiles are the tables the first release created (schema
+// version 1), by store name, for the stores whose Upgrade is not "": no seq
+// column, ordered by (created_at, id), the idempotency key unique over every
+// row. The root's and the command's upgrade tests read the same files.
+//
+//go:embed schema-v1/*.sql
+var versionOneFiles embed.FS
+
+// versionOneOrdering is version 1's ordering index, which relays with
+// OrderByAggregate built under the name OrderingIndex still returns; the
+// files leave it out, as the first release's DDL did.
+const versionOneOrdering = `
 CREATE INDEX IF NOT EXISTS "outbox_events_aggregate_idx"
     ON "outbox_events" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent';
-`,
-	"sqlite": `CREATE TABLE IF NOT EXISTS "outbox_events" (
-    id              TEXT     NOT NULL PRIMARY KEY,
-    event_type      TEXT     NOT NULL,
-    aggregate_type  TEXT     NOT NULL DEFAULT '',
-    aggregate_id    TEXT     NOT NULL DEFAULT '',
-    idempotency_key TEXT     NOT NULL,
-    payload         TEXT     NOT NULL,
-    headers         TEXT,
-    status          TEXT     NOT NULL DEFAULT 'pending',
-    attempts        INTEGER  NOT NULL DEFAULT 0,
-    last_error      TEXT,
-    available_at    DATETIME NOT NULL,
-    locked_until    DATETIME,
-    occurred_at     DATETIME NOT NULL,
-    created_at      DATETIME NOT NULL,
-    updated_at      DATETIME NOT NULL,
-    sent_at         DATETIME,
-    CONSTRAINT "outbox_events_idempotency_key_key" UNIQUE (idempotency_key),
-    CONSTRAINT "outbox_events_status_check" CHECK (status IN ('pending', 'sent', 'failed'))
-);
-CREATE INDEX IF NOT EXISTS "outbox_events_pending_idx"
-    ON "outbox_events" (available_at, id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS "outbox_events_sent_idx"
-    ON "outbox_events" (sent_at) WHERE status = 'sent';
-CREATE INDEX IF NOT EXISTS "outbox_events_aggregate_idx"
-    ON "outbox_events" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent';
-`,
+`
+
+// versionOne is store name's version 1 table with its ordering index.
+func versionOne(name string) (string, bool) {
+	ddl, err := versionOneFiles.ReadFile("schema-v1/" + name + ".sql")
+	if err != nil {
+		return "", false
+	}
+	return string(ddl) + versionOneOrdering, true
 }
 
 func testSchema(t *testing.T, open Open, name string) {
@@ -141,8 +105,8 @@ func testSchema(t *testing.T, open Open, name string) {
 			t.Logf("%s has no version 1: checked that store.Upgrade refuses", e.s.Name())
 			return
 		}
-		v1, ok := versionOne[e.s.Name()]
-		require.True(t, ok, "store %s has an Upgrade script but the suite has no version 1 table for it: add the first release's DDL to versionOne", e.s.Name())
+		v1, ok := versionOne(e.s.Name())
+		require.True(t, ok, "store %s has an Upgrade script but the suite has no version 1 table for it: add the first release's DDL to schema-v1/%s.sql", e.s.Name(), e.s.Name())
 		for _, st := range statements(store.Rename(v1, e.table)) {
 			e.raw(st)
 		}
