@@ -196,7 +196,7 @@ func (c *cli) replay(ctx context.Context, args []string) error {
 	if empty(f) && !*s.all {
 		return usagef("replay needs event IDs, a filter (--type, --error, --since, ...) or --all")
 	}
-	if len(f.Statuses) > 0 && !contains(f.Statuses, outbox.StatusFailed) {
+	if len(f.Statuses) > 0 && !slices.Contains(f.Statuses, outbox.StatusFailed) {
 		return usagef("replay changes only failed events; --status %s leaves them out", strings.Join(strs(f.Statuses), ","))
 	}
 	f.Statuses = []outbox.Status{outbox.StatusFailed}
@@ -250,7 +250,7 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if contains(f.Statuses, outbox.StatusPending) {
+	if slices.Contains(f.Statuses, outbox.StatusPending) {
 		return usagef("purge never deletes pending events (replay them or let the relay deliver them)")
 	}
 	if older.d > 0 {
@@ -277,7 +277,7 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 		switch {
 		case status == outbox.StatusPending:
 			return "purge never deletes pending events"
-		case !contains(f.Statuses, status):
+		case !slices.Contains(f.Statuses, status):
 			return "this purge deletes only " + strings.Join(strs(f.Statuses), " and ") + " events"
 		}
 		return ""
@@ -380,15 +380,6 @@ func strs[S ~string](ss []S) []string {
 		out[i] = string(s)
 	}
 	return out
-}
-
-func contains[S comparable](list []S, s S) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // confirm counts what f selects and, on a dry run, lists it; otherwise it
