@@ -7,13 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
-
-	"gorm.io/driver/sqlite"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/outboxui"
@@ -23,21 +17,8 @@ import (
 // default for a page many people can open. Passing a nil outbox uses the
 // one installed on db. Pages are served; replay and purge are refused.
 func ExampleHandler_readOnly() {
-	dir, err := os.MkdirTemp("", "outboxui-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+outbox.SQLiteDSNOptions),
-		&gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		log.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer sqlDB.Close()
+	db, done := exampleDB()
+	defer done()
 	quiet := slog.New(slog.DiscardHandler)
 	if err := db.Use(outbox.Plugin(outbox.Config{Logger: quiet})); err != nil {
 		log.Fatal(err)

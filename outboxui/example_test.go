@@ -22,21 +22,8 @@ import (
 // A service mounts the dashboard behind its own authentication. Here the
 // "authentication" is a header check; use the service's real one.
 func ExampleHandler() {
-	dir, err := os.MkdirTemp("", "outboxui-example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer os.RemoveAll(dir)
-	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+outbox.SQLiteDSNOptions),
-		&gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		log.Fatal(err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer sqlDB.Close()
+	db, done := exampleDB()
+	defer done()
 	ob := outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err := db.Use(ob); err != nil {
 		log.Fatal(err)
@@ -68,6 +55,28 @@ func ExampleHandler() {
 	// Output:
 	// 200 OK
 	// true
+}
+
+// exampleDB opens a SQLite database in a temporary directory; done closes
+// it and removes the directory.
+func exampleDB() (db *gorm.DB, done func()) {
+	dir, err := os.MkdirTemp("", "outboxui-example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	db, err = gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+outbox.SQLiteDSNOptions),
+		&gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		log.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		log.Fatal(err)
+	}
+	return db, func() {
+		_ = sqlDB.Close()
+		_ = os.RemoveAll(dir)
+	}
 }
 
 func requireOperator(next http.Handler) http.Handler {
