@@ -137,7 +137,9 @@ func readmeBlocks(t *testing.T) []string {
 	var blocks []string
 	for i, part := range strings.Split(string(text), "```go\n") {
 		if i > 0 {
-			blocks = append(blocks, part[:strings.Index(part, "```")])
+			end := strings.Index(part, "```")
+			require.GreaterOrEqual(t, end, 0, "README.md: a Go code block is not closed")
+			blocks = append(blocks, part[:end])
 		}
 	}
 	return blocks
