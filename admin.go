@@ -230,7 +230,7 @@ func (o *Outbox) Replay(db *gorm.DB, f Filter) (int, error) {
 	total := 0
 	var after int64
 	for {
-		ids, last, err := selectIDs(ctx, pool, o.store.ReplaySelect(sf, after, lim.AdminScan))
+		ids, last, err := selectSeqs(ctx, pool, o.store.ReplaySelect(sf, after, lim.AdminScan))
 		if err != nil {
 			return total, fmt.Errorf("outbox: replay events: %w", err)
 		}
@@ -280,7 +280,7 @@ func (o *Outbox) Purge(db *gorm.DB, f Filter) (int, error) {
 	lim := o.limits
 	total := 0
 	for {
-		ids, _, err := selectIDs(ctx, pool, o.store.PurgeSelect(sf, lim.AdminScan))
+		ids, _, err := selectSeqs(ctx, pool, o.store.PurgeSelect(sf, lim.AdminScan))
 		if err != nil {
 			return total, fmt.Errorf("outbox: purge events: %w", err)
 		}
@@ -302,24 +302,24 @@ func (o *Outbox) Purge(db *gorm.DB, f Filter) (int, error) {
 }
 
 // selectIDs runs a SELECT seq, id and returns the IDs and the last seq.
-func selectIDs(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]string, int64, error) {
+// selectSeqs reads a query's seqs, and the last one.
+func selectSeqs(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]int64, int64, error) {
 	rows, err := pool.QueryContext(ctx, q.SQL, q.Args...)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer rows.Close()
 	var (
-		ids  []string
+		seqs []int64
 		last int64
 	)
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&last, &id); err != nil {
+		if err := rows.Scan(&last); err != nil {
 			return nil, 0, err
 		}
-		ids = append(ids, id)
+		seqs = append(seqs, last)
 	}
-	return ids, last, rows.Err()
+	return seqs, last, rows.Err()
 }
 
 func execCount(ctx context.Context, pool gorm.ConnPool, q store.Query) (int, error) {

@@ -324,8 +324,8 @@ func testAdminPurge(t *testing.T, b backend) {
 	n, err := e.ob.Purge(e.db.WithContext(ctx), Filter{IDs: []string{"pay-0", "ship-1"}})
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "the pending ship-1 is never deleted")
-	assert.EqualValues(t, 0, e.count("id = ?", "pay-0"))
-	assert.EqualValues(t, 1, e.count("id = ?", "ship-1"))
+	assert.EqualValues(t, 0, e.count("named_id = ?", "pay-0"))
+	assert.EqualValues(t, 1, e.count("named_id = ?", "ship-1"))
 
 	// Sent rows created before a time.
 	n, err = e.ob.Purge(e.db.WithContext(ctx), Filter{Statuses: []Status{StatusSent}, CreatedUntil: e.clock.Now()})
@@ -517,7 +517,7 @@ func testRetentionDeletesOnlySent(t *testing.T, b backend) {
 	}
 	// A pending row that carries a sent time (as one replayed by hand
 	// would): only its status keeps it.
-	require.NoError(t, e.db.Table(e.ob.Table()).Where("id IN ?", []string{"later-00000", "bad-00000"}).Update("sent_at", e.timeArg(e.ob.now())).Error)
+	require.NoError(t, e.db.Table(e.ob.Table()).Where("named_id IN ?", []string{"later-00000", "bad-00000"}).Update("sent_at", e.timeArg(e.ob.now())).Error)
 
 	e.clock.Advance(48 * time.Hour)
 	n, err := e.ob.deleteSent(ctx, e.db, time.Hour, defaultStatementTimeout)

@@ -72,4 +72,4 @@ func (w *txOwner) CommitFailed(err error, hooks, events int) {
 		slog.Any("error", err), slog.Int("hooks", hooks), slog.Int("persistent_events", events))
 }
 
-func (w *txOwner) Published(ids []string) { (*Outbox)(w).published(ids) }
+func (w *txOwner) Published(seqs []int64) { (*Outbox)(w).published(seqs) }

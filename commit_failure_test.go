@@ -182,7 +182,7 @@ func testCommitFailureWarning(t *testing.T, b backend, mode Mode) {
 	assert.Zero(t, children)
 	if mode == Persistent {
 		var ids []string
-		require.NoError(t, other.Table(e.ob.Table()).Order("id").Pluck("id", &ids).Error)
+		require.NoError(t, other.Table(e.ob.Table()).Order("seq").Pluck("named_id", &ids).Error)
 		assert.Equal(t, []string{"ok"}, ids, "the failed transaction's event is not in the table")
 	}
 }

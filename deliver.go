@@ -53,7 +53,7 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 
 // process claims up to limit due events (only those in ids, when given)
 // and delivers them: n claimed, sent of them delivered.
-func (r *Relay) process(ctx context.Context, ids []string, limit int) (n, sent int, err error) {
+func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent int, err error) {
 	if err := r.ensureOrdering(ctx); err != nil {
 		return 0, 0, err
 	}

@@ -249,9 +249,11 @@ func ExampleSchemaSQL() {
 	_, err = outbox.SchemaSQL("oracle", "shop_outbox")
 	fmt.Println("oracle:", errors.Is(err, outbox.ErrUnsupportedDialect))
 	// Output:
+	// CREATE TYPE "shop_outbox_status" AS ENUM ('pending', 'sent', 'failed');
 	// CREATE TABLE IF NOT EXISTS "shop_outbox" (
+	// CREATE UNIQUE INDEX IF NOT EXISTS "shop_outbox_named_id_idx"
 	// CREATE UNIQUE INDEX IF NOT EXISTS "shop_outbox_idempotency_key_idx"
-	// CREATE INDEX IF NOT EXISTS "shop_outbox_pending_idx"
+	// CREATE INDEX IF NOT EXISTS "shop_outbox_retry_idx"
 	// CREATE INDEX IF NOT EXISTS "shop_outbox_sent_idx"
 	// oracle: true
 }
@@ -280,7 +282,7 @@ func ExampleUpgradeSQL() {
 	// Output:
 	// postgres: BEGIN; ... COMMIT;
 	// sqlite: BEGIN IMMEDIATE; ... COMMIT;
-	// mysql: nothing to upgrade
+	// mysql: SELECT GET_LOCK('outbox_events.upgrade', 60); ... SELECT RELEASE_LOCK('outbox_events.upgrade');
 }
 
 // SQLTx hands the transaction's *sql.Tx to code written for database/sql,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -332,7 +333,7 @@ func (e *testEnv) count(where string, args ...any) int64 {
 func (e *testEnv) record(id string) Row {
 	e.t.Helper()
 	var r Row
-	require.NoError(e.t, e.db.Table(e.ob.Table()).Where("id = ?", id).Take(&r).Error)
+	require.NoError(e.t, e.db.Table(e.ob.Table()).Where(e.ob.store.IDExpr()+" = ?", id).Take(&r).Error)
 	if e.name == "mysql" {
 		// The columns hold UTC; the driver labels them with the DSN's loc.
 		for _, p := range []*time.Time{&r.AvailableAt, &r.OccurredAt, &r.CreatedAt, &r.UpdatedAt, r.LockedUntil, r.SentAt} {
@@ -381,7 +382,18 @@ func (c *collector) len() int {
 // lease, as a relay's claim at now would: a claim whose outcome a test
 // writes (or never writes) by hand.
 func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, limit int) ([]claimed, error) {
-	rows, err := r.o.store.Claim(ctx, r.table.DB, store.ClaimSpec{Now: now, Lease: lease, Limit: limit, IDs: ids, Ordered: r.cfg.OrderByAggregate})
+	spec := store.ClaimSpec{Now: now, Lease: lease, Limit: limit, Ordered: r.cfg.OrderByAggregate}
+	if len(ids) > 0 {
+		seqs, err := r.seqsOf(ctx, ids)
+		if err != nil {
+			return nil, err
+		}
+		if len(seqs) == 0 {
+			return nil, nil
+		}
+		spec.Seqs = seqs
+	}
+	rows, err := r.o.store.Claim(ctx, r.table.DB, spec)
 	if err != nil {
 		return nil, err
 	}
@@ -392,16 +404,53 @@ func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, l
 	return out, nil
 }
 
+// seqsOf reads the seqs of the rows with the IDs.
+func (r *Relay) seqsOf(ctx context.Context, ids []string) ([]int64, error) {
+	var seqs []int64
+	for _, id := range ids {
+		q := r.o.store.Get(id)
+		rs, err := r.table.DB.QueryContext(ctx, q.SQL, q.Args...)
+		if err != nil {
+			return nil, err
+		}
+		rows, err := store.ScanRows(rs)
+		if err != nil {
+			return nil, err
+		}
+		for _, row := range rows {
+			seqs = append(seqs, row.Seq)
+		}
+	}
+	return seqs, nil
+}
+
 func (r *Relay) markSent(ctx context.Context, ids []string, lease time.Time) error {
-	return r.table.MarkSent(ctx, ids, lease)
+	seqs, err := r.seqsOf(ctx, ids)
+	if err != nil {
+		return err
+	}
+	return r.table.MarkSent(ctx, seqs, lease)
 }
 
 func (r *Relay) markFailed(ctx context.Context, outs []outcome, lease time.Time) error {
+	for i := range outs {
+		if outs[i].Seq == 0 {
+			seqs, err := r.seqsOf(ctx, []string{outs[i].ID})
+			if err != nil || len(seqs) != 1 {
+				return fmt.Errorf("seq of %s: %v %w", outs[i].ID, seqs, err)
+			}
+			outs[i].Seq = seqs[0]
+		}
+	}
 	return r.table.MarkFailed(ctx, outs, lease)
 }
 
 func (r *Relay) release(ctx context.Context, ids []string, lease time.Time) error {
-	return r.table.Release(ctx, ids, lease)
+	seqs, err := r.seqsOf(ctx, ids)
+	if err != nil {
+		return err
+	}
+	return r.table.Release(ctx, seqs, lease)
 }
 
 // mustRelay is o's relay on db, the test failing when cfg is refused.

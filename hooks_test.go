@@ -108,8 +108,8 @@ func testHooksKeepGenerated(t *testing.T, b backend) {
 	conflict := regexp.MustCompile(`ON CONFLICT|ON DUPLICATE KEY`)
 	assert.NotRegexp(t, conflict, rec.inserts[0], "a generated event goes without the conflict clause, hook or not")
 	assert.Regexp(t, conflict, rec.inserts[1], "a named event keeps it")
-	assert.EqualValues(t, 1, e.count("id = ?", seen[0]), "stored under the ID the hook saw")
-	assert.EqualValues(t, 1, e.count("id = ? AND headers IS NOT NULL", seen[0]), "with the hook's header")
+	assert.EqualValues(t, 1, e.count(e.ob.store.IDExpr()+" = ?", seen[0]), "stored under the ID the hook saw")
+	assert.EqualValues(t, 1, e.count(e.ob.store.IDExpr()+" = ? AND headers IS NOT NULL", seen[0]), "with the hook's header")
 }
 
 // testHooksStored: the Stored hook learns which events Publish wrote, with
@@ -287,7 +287,7 @@ func testHooks(t *testing.T, b backend) {
 
 			if mode == Persistent && !b.logical { // Logical mode writes no row for it
 				var got Row
-				require.NoError(t, e.db.Table(e.ob.Table()).Where("id = ?", h.published[0]).Take(&got).Error)
+				require.NoError(t, e.db.Table(e.ob.Table()).Where(e.ob.store.IDExpr()+" = ?", h.published[0]).Take(&got).Error)
 				require.NotNil(t, got.Headers)
 				var stored map[string]string
 				require.NoError(t, json.Unmarshal([]byte(*got.Headers), &stored))

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
@@ -20,17 +21,33 @@ func SchemaSQL(dialect, table string) (string, error) {
 	return s.Schema(), nil
 }
 
-// UpgradeSQL returns the statements that upgrade an outbox table created by
-// an earlier schema version to the current one on the given dialect, for
-// teams that run their own migrations (db.Use runs them itself unless
-// Config.DisableAutoMigrate is set). It is "" when the dialect has nothing
-// to upgrade.
+// UpgradeSQL returns the statements that upgrade an outbox table of the
+// previous schema version (2) to the current one (3) on the given dialect,
+// for teams that run their own migrations (db.Use runs them itself unless
+// Config.DisableAutoMigrate is set). A table of an older version needs
+// [UpgradeSQLFrom] first.
 func UpgradeSQL(dialect, table string) (string, error) {
+	return UpgradeSQLFrom(dialect, table, store.SchemaVersion-1)
+}
+
+// UpgradeSQLFrom returns the statements that upgrade an outbox table of
+// schema version from to the current one on the given dialect: one script
+// per version, each in its own transaction, in the order to run them. It is
+// "" when the dialect never had that version (MySQL starts at 2).
+func UpgradeSQLFrom(dialect, table string, from int) (string, error) {
 	s, err := storeByName(dialect, table)
 	if err != nil {
 		return "", err
 	}
-	return s.Upgrade(), nil
+	var b strings.Builder
+	for v := from; v < store.SchemaVersion; v++ {
+		script := s.Upgrade(v)
+		if script == "" {
+			return "", nil
+		}
+		b.WriteString(script)
+	}
+	return b.String(), nil
 }
 
 func storeByName(dialect, table string) (store.Store, error) {
@@ -74,7 +91,7 @@ func (o *Outbox) Migrate(db *gorm.DB) error {
 		return fmt.Errorf("outbox: read the schema of %s: %w", o.table, err)
 	}
 	if v > 0 && v < store.SchemaVersion {
-		if err := store.Upgrade(ctx, sqlDB, s); err != nil {
+		if err := store.Upgrade(ctx, sqlDB, s, v); err != nil {
 			return fmt.Errorf("outbox: upgrade table %s to schema version %d: %w", o.table, store.SchemaVersion, err)
 		}
 	}

@@ -1,6 +1,11 @@
 package outbox
 
-import "time"
+import (
+	"time"
+
+	"github.com/google/uuid"
+	"gorm.io/gorm"
+)
 
 // Status is an outbox row's status, as the status column holds it.
 type Status string
@@ -24,28 +29,62 @@ const (
 //
 // The library itself writes the table with plain SQL; the column names are
 // fixed and documented in schema/postgres.sql, schema/sqlite.sql and
-// schema/mysql.sql.
+// schema/mysql.sql. The row is lean (schema version 3): columns whose value
+// another gives are NULL, and a Row read with GORM has them filled in
+// (AfterFind), so ID, IdempotencyKey, AvailableAt, CreatedAt and UpdatedAt
+// read as the outbox's functions show them. In SQL, the event's ID is
+// COALESCE(named_id, id) (id is a UUID column), its key
+// COALESCE(idempotency_key, <the ID>).
 //
 // On MySQL the time columns hold UTC: read them with loc=UTC in the DSN,
 // or take a time.Time read with another loc as UTC wall-clock time.
 type Row struct {
-	ID             string `gorm:"primaryKey;size:255"`
-	Seq            int64  `gorm:"->"` // assigned by the database in write order
-	EventType      string `gorm:"size:255;not null"`
-	AggregateType  string `gorm:"size:255;not null;default:''"`
-	AggregateID    string `gorm:"size:255;not null;default:''"`
-	IdempotencyKey string `gorm:"size:255;not null;uniqueIndex"`
-	Payload        string `gorm:"not null"`
+	Seq int64 `gorm:"primaryKey;->"` // assigned by the database in write order
+	// ID is the event's ID: NamedID when the publisher chose it, else the
+	// generated UUID.
+	ID string
+	// NamedID is the ID the publisher chose, nil when the outbox
+	// generated it.
+	NamedID        *string
+	EventType      string
+	AggregateType  string
+	AggregateID    string
+	IdempotencyKey string
+	Payload        string
 	Headers        *string
-	Status         Status `gorm:"size:16;not null;default:pending"`
-	Attempts       int    `gorm:"not null;default:0"`
+	Status         Status
+	Attempts       int
 	LastError      *string
-	AvailableAt    time.Time `gorm:"not null"`
+	AvailableAt    time.Time
 	LockedUntil    *time.Time
-	OccurredAt     time.Time `gorm:"not null"`
-	CreatedAt      time.Time `gorm:"not null"`
-	UpdatedAt      time.Time `gorm:"not null"`
+	OccurredAt     time.Time
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
 	SentAt         *time.Time
+}
+
+// AfterFind fills in the values the lean row leaves NULL: GORM calls it
+// for every Row it reads.
+func (r *Row) AfterFind(*gorm.DB) error {
+	switch {
+	case r.NamedID != nil:
+		r.ID = *r.NamedID
+	case len(r.ID) == 16: // MySQL's BINARY(16)
+		r.ID = uuid.UUID([]byte(r.ID)).String()
+	}
+	if r.IdempotencyKey == "" {
+		r.IdempotencyKey = r.ID
+	}
+	if r.CreatedAt.IsZero() {
+		r.CreatedAt = r.OccurredAt
+	}
+	if r.UpdatedAt.IsZero() {
+		r.UpdatedAt = r.CreatedAt
+	}
+	if r.AvailableAt.IsZero() {
+		r.AvailableAt = r.CreatedAt
+	}
+	return nil
 }
 
 // TableName is the default table name; use db.Table(ob.Table()) when

@@ -78,7 +78,7 @@ func TestMySQLTimeZones(t *testing.T) {
 
 	// The stored times are UTC, as a reader on loc=UTC sees them.
 	var due, created string
-	require.NoError(t, base.Raw("SELECT CAST(available_at AS CHAR), CAST(created_at AS CHAR) FROM outbox_events WHERE id = 'tz'").Row().Scan(&due, &created))
+	require.NoError(t, base.Raw("SELECT CAST(available_at AS CHAR), CAST(created_at AS CHAR) FROM outbox_events WHERE named_id = 'tz'").Row().Scan(&due, &created))
 	dueAt, err := time.Parse("2006-01-02 15:04:05.000000", due)
 	require.NoError(t, err)
 	assert.WithinDuration(t, clock.Now().Add(time.Hour), dueAt, time.Second, "retry due in an hour, stored as UTC")

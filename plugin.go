@@ -168,7 +168,7 @@ type Outbox struct {
 	deliverAfterCommit bool
 	notify             bool
 	wakers             wakers
-	fresh              chan []string // IDs just committed, for DeliverAfterCommit
+	fresh              chan []int64 // seqs of rows just committed, for DeliverAfterCommit
 	notifier           *notifier
 
 	// clock is replaced by tests to move time without sleeping.
@@ -207,7 +207,7 @@ func Plugin(cfg Config) *Outbox {
 
 		deliverAfterCommit: cfg.DeliverAfterCommit,
 		notify:             !cfg.DisableNotify,
-		fresh:              make(chan []string, 1024),
+		fresh:              make(chan []int64, 1024),
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
@@ -322,8 +322,8 @@ func (o *Outbox) initTable(ctx context.Context, db *gorm.DB) error {
 		return err
 	}
 	if v, err := o.store.Version(ctx, sqlDB); err == nil && v > 0 && v < store.SchemaVersion {
-		return fmt.Errorf("%w: table %s has schema version %d and Config.DisableAutoMigrate is set: apply outbox.UpgradeSQL(%q, %q) (schema/%s-upgrade-%d.sql) first",
-			ErrInvalidConfig, o.table, v, o.store.Name(), o.table, o.store.Name(), store.SchemaVersion)
+		return fmt.Errorf("%w: table %s has schema version %d and Config.DisableAutoMigrate is set: apply outbox.UpgradeSQLFrom(%q, %q, %d) (schema/%s-upgrade-*.sql) first",
+			ErrInvalidConfig, o.table, v, o.store.Name(), o.table, v, o.store.Name())
 	}
 	return nil
 }

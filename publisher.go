@@ -8,6 +8,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
 	"github.com/gorm-outbox/outbox/internal/txhook"
 	"gorm.io/gorm"
 )
@@ -67,8 +68,11 @@ func Publish(tx *gorm.DB, events ...Event) error {
 	events, generated, err = o.publishHooks(ctx, hs, events, &seen)
 	if err == nil {
 		var enc []encoded
-		if enc, err = o.encodeAll(events, generated); err == nil {
-			skipped, err = o.publishEncoded(tx, enc, hs != nil && len(hs.stored) > 0)
+		// One clock reading for the default OccurredAt and the row's
+		// creation: equal, the row leaves created_at NULL.
+		now := o.now()
+		if enc, err = o.encodeAll(events, generated, now); err == nil {
+			skipped, err = o.publishEncoded(tx, enc, hs != nil && len(hs.stored) > 0, now)
 		}
 	}
 	returned = true
@@ -87,39 +91,85 @@ func rowOf(e *encoded) store.Event {
 	return store.Event{
 		ID: e.Event.ID, Type: e.Event.Type, AggregateType: e.Event.AggregateType, AggregateID: e.Event.AggregateID,
 		Key: e.Event.IdempotencyKey, Payload: e.PayloadJSON, Headers: e.HeadersJSON, OccurredAt: e.Event.OccurredAt,
-		Generated: e.Generated,
+		Generated: e.Generated, NamedID: !e.GeneratedID,
 	}
 }
 
 // encodeAll encodes events; generated, when not nil, says per event
 // whether its ID and key were generated (see publishHooks), which
 // otherwise is read from the event.
-func (o *Outbox) encodeAll(events []Event, generated []bool) ([]encoded, error) {
+func (o *Outbox) encodeAll(events []Event, generated []bool, now time.Time) ([]encoded, error) {
 	c := encode.Encoder{Invalid: ErrInvalidEvent, MaxPayload: o.maxPayload}
-	return encode.All(&c, events, generated, o.now())
+	return encode.All(&c, events, generated, now)
 }
 
-// insert writes enc with one statement. It goes straight to the
-// transaction's connection, not through GORM's logger, which would print the
-// payload arguments of a slow statement. With tell, it adds the IDs of the
-// events it skipped as duplicates in skipped (one per event of enc).
-func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped []bool) error {
+// insert writes enc with one statement and returns the seqs of the rows it
+// wrote, when the store can say (DeliverAfterCommit claims them). It goes
+// straight to the transaction's connection, not through GORM's logger, which
+// would print the payload arguments of a slow statement. With tell, it
+// adds the IDs of the events it skipped as duplicates in skipped (one per
+// event of enc).
+func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped []bool) ([]int64, error) {
 	rows := make([]store.Event, len(enc))
 	for i := range enc {
 		rows[i] = rowOf(&enc[i])
 	}
 	q := o.store.Insert(rows, now)
-	res, err := pool.ExecContext(ctx, q.SQL, q.Args...)
+	seqs, n, err := o.execInsert(ctx, pool, q, rows)
 	if err != nil {
 		if len(enc) == 1 {
-			return fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
+			return nil, fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
 		}
-		return fmt.Errorf("outbox: insert %d events: %w", len(enc), err)
+		return nil, fmt.Errorf("outbox: insert %d events: %w", len(enc), err)
 	}
-	if n, err := res.RowsAffected(); err == nil && int(n) == len(enc) {
-		return nil
+	if n == len(enc) {
+		return seqs, nil
 	}
-	return o.checkSkipped(ctx, pool, enc, now, skipped)
+	return seqs, o.checkSkipped(ctx, pool, enc, now, skipped)
+}
+
+// execInsert runs an INSERT and returns the seqs of the rows it wrote (nil
+// when the store cannot say) and how many it wrote (-1 when unknown).
+func (o *Outbox) execInsert(ctx context.Context, pool gorm.ConnPool, q store.Query, rows []store.Event) ([]int64, int, error) {
+	if o.store.Returning() {
+		rs, err := pool.QueryContext(ctx, q.SQL, q.Args...)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer rs.Close()
+		seqs := make([]int64, 0, len(rows))
+		for rs.Next() {
+			var seq int64
+			if err := rs.Scan(&seq); err != nil {
+				return nil, 0, err
+			}
+			seqs = append(seqs, seq)
+		}
+		return seqs, len(seqs), rs.Err()
+	}
+	res, err := pool.ExecContext(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, 0, err
+	}
+	n64, err := res.RowsAffected()
+	if err != nil {
+		return nil, -1, nil
+	}
+	n := int(n64)
+	if n != len(rows) || !sqlbuild.AllGenerated(rows) {
+		// A conflict clause makes the row count and the first seq say
+		// nothing exact about which rows were written.
+		return nil, n, nil
+	}
+	first, err := res.LastInsertId()
+	if err != nil {
+		return nil, n, nil
+	}
+	seqs := make([]int64, n)
+	for i := range seqs {
+		seqs[i] = first + int64(i)
+	}
+	return seqs, n, nil
 }
 
 // checkSkipped runs when an INSERT skipped rows (or could not say): a row
@@ -131,15 +181,23 @@ func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, 
 // taken), or holds in a row not written by this INSERT, which wrote now as
 // every row's created_at.
 func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped []bool) error {
-	ids := make([]string, len(enc))
+	var ids, keys []string
 	for i := range enc {
-		ids[i] = enc[i].ID
+		if !enc[i].GeneratedID {
+			ids = append(ids, enc[i].ID)
+		}
+		if enc[i].IdempotencyKey != enc[i].ID {
+			keys = append(keys, enc[i].IdempotencyKey)
+		}
 	}
-	held, err := store.HeldIDs(ctx, pool, o.store, ids)
+	held, err := store.HeldIDs(ctx, pool, o.store, ids, keys)
 	if err != nil {
 		return fmt.Errorf("outbox: check skipped events: %w", err)
 	}
 	for i := range enc {
+		if enc[i].Generated {
+			continue // in no unique index: the INSERT wrote it
+		}
 		row, ok := held[enc[i].ID]
 		if ok && row.Key != enc[i].IdempotencyKey {
 			return fmt.Errorf("%w: %w: event %s (%s): its ID is already used by an event with another idempotency key",
@@ -155,7 +213,7 @@ func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []enc
 // publishEncoded writes enc, or in Memory mode queues it. With tell, it
 // returns which events of enc it did not write: every one on a dry run,
 // the duplicates otherwise.
-func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped []bool, err error) {
+func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool, now time.Time) (skipped []bool, err error) {
 	ctx := tx.Statement.Context
 	if ctx == nil {
 		ctx = context.Background()
@@ -190,7 +248,7 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 		// Several statements must commit together: give them a transaction.
 		err := tx.Transaction(func(tx *gorm.DB) error {
 			var err error
-			skipped, err = o.publishEncoded(tx, enc, tell)
+			skipped, err = o.publishEncoded(tx, enc, tell, now)
 			return err
 		})
 		return skipped, err
@@ -200,16 +258,18 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 		// streams it after the commit.
 		return skipped, o.emit(ctx, pool, enc)
 	}
-	now := o.now()
+	var seqs []int64
 	for off := 0; off < len(enc); off += o.limits.InsertRows {
 		end := min(off+o.limits.InsertRows, len(enc))
 		var sk []bool
 		if tell {
 			sk = skipped[off:end]
 		}
-		if err := o.insert(ctx, pool, enc[off:end], now, sk); err != nil {
+		s, err := o.insert(ctx, pool, enc[off:end], now, sk)
+		if err != nil {
 			return nil, err
 		}
+		seqs = append(seqs, s...)
 	}
 	if tell {
 		// The same event twice in one call is written once, by the first.
@@ -221,15 +281,11 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool) (skipped 
 			first[enc[i].ID] = true
 		}
 	}
-	ids := make([]string, len(enc))
-	for i := range enc {
-		ids[i] = enc[i].ID
-	}
 	switch {
 	case t != nil:
-		t.AddPublished((*txOwner)(o), ids)
+		t.AddPublished((*txOwner)(o), seqs)
 	case !inTx:
-		o.published(ids)
+		o.published(seqs)
 	}
 	return skipped, nil
 }

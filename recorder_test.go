@@ -111,7 +111,7 @@ func testRecorderSkipDefaultTx(t *testing.T, b backend) {
 		assert.EqualValues(t, 0, e.count(""))
 		assert.Equal(t, []string{"good"}, e.delivered(t, c))
 	} else {
-		assert.EqualValues(t, 1, e.count("id = ?", "good"))
+		assert.EqualValues(t, 1, e.count("named_id = ?", "good"))
 	}
 
 	// Statements without events keep autocommitting, untouched.

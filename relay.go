@@ -302,7 +302,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	wait := func(d time.Duration, wakeable bool) {
 		timer.Reset(d)
 		var wake <-chan struct{}
-		var fresh <-chan []string
+		var fresh <-chan []int64
 		if wakeable {
 			wake = w.wake
 			fresh = r.o.fresh
@@ -368,7 +368,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // deliverFresh claims and delivers events this process just committed
 // (Config.DeliverAfterCommit), through the same claim as any batch.
-func (r *Relay) deliverFresh(ctx context.Context, ids []string) {
+func (r *Relay) deliverFresh(ctx context.Context, ids []int64) {
 	for len(ids) > 0 {
 		n := min(len(ids), r.cfg.BatchSize)
 		if _, _, err := r.process(ctx, ids[:n], n); err != nil {

@@ -93,13 +93,13 @@ func testPersistentInsertsInTx(t *testing.T, b backend) {
 		require.NoError(t, tx.Create(&Order{Total: 1}).Error)
 		require.NoError(t, Publish(tx, Event{ID: "committed", Type: "order.created", Payload: map[string]int{"total": 1}}))
 		var inside int64
-		require.NoError(t, tx.Table(e.ob.Table()).Where("id = ?", "committed").Count(&inside).Error)
+		require.NoError(t, tx.Table(e.ob.Table()).Where("named_id = ?", "committed").Count(&inside).Error)
 		if b.logical { // Logical mode's Publish writes a WAL message in the transaction, no row
 			assert.EqualValues(t, 0, inside, "Logical mode writes no row in the caller's transaction")
 		} else {
 			assert.EqualValues(t, 1, inside, "the row must be INSERTed in the caller's transaction, not after commit")
 		}
-		assert.EqualValues(t, 0, e.count("id = ?", "committed"), "an uncommitted row must be invisible to others")
+		assert.EqualValues(t, 0, e.count("named_id = ?", "committed"), "an uncommitted row must be invisible to others")
 		return nil
 	})
 	require.NoError(t, err)
@@ -120,7 +120,7 @@ func testPersistentInsertsInTx(t *testing.T, b backend) {
 		return errors.New("business failure")
 	})
 	require.Error(t, err)
-	assert.EqualValues(t, 0, e.count("id = ?", "rolled-back"))
+	assert.EqualValues(t, 0, e.count("named_id = ?", "rolled-back"))
 	var orders int64
 	require.NoError(t, e.db.Model(&Order{}).Count(&orders).Error)
 	assert.EqualValues(t, 1, orders)
@@ -146,8 +146,8 @@ func testPersistentInsertsInTx(t *testing.T, b backend) {
 		require.NoError(t, c.events[0].DecodePayload(&p))
 		assert.Equal(t, map[string]int{"total": 1}, p)
 	}
-	assert.EqualValues(t, 0, e.count("id IN ?", []string{"manual-rollback", "inner"}))
-	assert.EqualValues(t, 1, e.count("id = ?", "outer"))
+	assert.EqualValues(t, 0, e.count("named_id IN ?", []string{"manual-rollback", "inner"}))
+	assert.EqualValues(t, 1, e.count("named_id = ?", "outer"))
 }
 
 func testPersistentOutsideTx(t *testing.T, b backend) {

@@ -57,7 +57,7 @@ func (w *waker) poke() {
 
 // published runs after a commit that wrote events (or right after an insert
 // outside a transaction).
-func (o *Outbox) published(ids []string) {
+func (o *Outbox) published(ids []int64) {
 	if o.deliverAfterCommit && len(ids) > 0 {
 		select {
 		case o.fresh <- ids:

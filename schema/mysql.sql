@@ -1,39 +1,49 @@
--- The outbox table for MySQL 8.0.1+ and MariaDB 10.6+ (schema version 2), as db.Use creates it
+-- The outbox table for MySQL 8.0.1+ and MariaDB 10.6+ (schema version 3), as db.Use creates it
 -- unless Config.DisableAutoMigrate is set. For another table name, replace
--- every outbox_events (outbox.SchemaSQL does this for you).
+-- every outbox_events (outbox.SchemaSQL does this for you); a table created
+-- by version 2 is upgraded by db.Use, or by the statements of
+-- schema/mysql-upgrade-3.sql (outbox.UpgradeSQL).
 -- Times are DATETIME(6) holding UTC, written and read by the library as
 -- UTC whatever the DSN's loc and the server's time_zone are. The binary
 -- collation makes IDs and idempotency keys compare byte for byte, as on
 -- PostgreSQL and SQLite ("A" and "a" are different keys).
+--
+-- NULL stands for a value another column gives (outbox.List, Get and the
+-- outbox command show the value): idempotency_key NULL is the event's ID,
+-- created_at NULL is occurred_at, updated_at NULL is created_at.
 CREATE TABLE IF NOT EXISTS `outbox_events` (
     -- Assigned in write order: per-aggregate delivery follows it, not the
     -- writers' clocks. The primary key, so InnoDB appends rows in order
     -- and every secondary index carries 8 bytes, not an ID.
     seq             BIGINT       NOT NULL AUTO_INCREMENT,
-    id              VARCHAR(255) NOT NULL,
+    -- The event's ID as 16 bytes (BIN_TO_UUID(id) on MySQL reads it). An ID
+    -- the publisher chose is in named_id, and here as a UUID derived from it
+    -- (itself, when it is one).
+    id              BINARY(16)   NOT NULL,
+    named_id        VARCHAR(255) NULL,
     event_type      VARCHAR(255) NOT NULL,
     aggregate_type  VARCHAR(255) NOT NULL DEFAULT '',
     aggregate_id    VARCHAR(255) NOT NULL DEFAULT '',
-    idempotency_key VARCHAR(255) NOT NULL,
+    idempotency_key VARCHAR(255) NULL,
     payload         JSON         NOT NULL,
     headers         JSON         NULL,
-    status          VARCHAR(16)  NOT NULL DEFAULT 'pending',
+    status          ENUM('pending', 'sent', 'failed') NOT NULL DEFAULT 'pending',
     attempts        INT          NOT NULL DEFAULT 0,
     last_error      TEXT         NULL,
     available_at    DATETIME(6)  NOT NULL,
     locked_until    DATETIME(6)  NULL,
     occurred_at     DATETIME(6)  NOT NULL,
-    created_at      DATETIME(6)  NOT NULL,
-    updated_at      DATETIME(6)  NOT NULL,
+    created_at      DATETIME(6)  NULL,
+    updated_at      DATETIME(6)  NULL,
     sent_at         DATETIME(6)  NULL,
     PRIMARY KEY (seq),
-    CONSTRAINT `outbox_events_id_key` UNIQUE (id),
+    -- The first write wins on an ID or a key the publisher chose. There are
+    -- no partial indexes: a generated event enters these as NULL.
+    CONSTRAINT `outbox_events_named_id_key` UNIQUE (named_id),
     CONSTRAINT `outbox_events_idempotency_key_key` UNIQUE (idempotency_key),
-    CONSTRAINT `outbox_events_status_check` CHECK (status IN ('pending', 'sent', 'failed')),
-    -- There are no partial indexes: the claim reads (status = 'pending',
-    -- available_at <= now) ordered by (available_at, seq), one range of this
-    -- index whatever number of sent rows sits in the 'sent' range.
-    INDEX `outbox_events_pending_idx` (status, available_at, seq),
-    -- Retention deletes sent rows by age in small batches.
-    INDEX `outbox_events_sent_idx` (status, sent_at)
+    -- The claim reads (status = 'pending', available_at <= now) ordered by
+    -- (available_at, seq), one range of this index whatever number of sent
+    -- rows sits in the 'sent' range. Retention reads sent rows by seq, from
+    -- the oldest: no index of its own.
+    INDEX `outbox_events_pending_idx` (status, available_at, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

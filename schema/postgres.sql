@@ -1,44 +1,58 @@
--- The outbox table for PostgreSQL (schema version 2), as db.Use creates it
+-- The outbox table for PostgreSQL (schema version 3), as db.Use creates it
 -- unless Config.DisableAutoMigrate is set. For another table name, replace
 -- every outbox_events (outbox.SchemaSQL does this for you); a table created
--- by version 1 is upgraded by db.Use, or by the statements of
--- schema/postgres-upgrade-2.sql (outbox.UpgradeSQL). Identifiers are quoted
--- so that any name Config.Table accepts works, keywords and capitals
+-- by an earlier version is upgraded by db.Use, or by the statements of
+-- schema/postgres-upgrade-<version>.sql (outbox.UpgradeSQL). Identifiers are
+-- quoted so that any name Config.Table accepts works, keywords and capitals
 -- included.
+--
+-- The row is lean: an event whose ID and key the outbox generated writes one
+-- index entry (the primary key) and leaves NULL every column whose value
+-- another column gives (outbox.List, Get and the outbox command show the
+-- value): idempotency_key NULL is the event's ID, available_at NULL is due
+-- at once, created_at NULL is occurred_at, updated_at NULL is created_at.
+
+-- The status reads as the words pending, sent and failed, in 4 bytes.
+CREATE TYPE "outbox_events_status" AS ENUM ('pending', 'sent', 'failed');
+
 CREATE TABLE IF NOT EXISTS "outbox_events" (
-    id              varchar(255) NOT NULL PRIMARY KEY,
     -- Assigned by the database in write order: per-aggregate delivery
-    -- follows it, not the writers' clocks.
-    seq             bigint       GENERATED ALWAYS AS IDENTITY,
+    -- follows it, not the writers' clocks, and the relay reads new events
+    -- by it, from a low watermark it keeps.
+    seq             bigint       GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- The event's ID as a native UUID. An ID the publisher chose is in
+    -- named_id, and here as a UUID derived from it (itself, when it is one).
+    id              uuid         NOT NULL,
+    named_id        varchar(255),
     event_type      varchar(255) NOT NULL,
     aggregate_type  varchar(255) NOT NULL DEFAULT '',
     aggregate_id    varchar(255) NOT NULL DEFAULT '',
-    idempotency_key varchar(255) NOT NULL,
+    idempotency_key varchar(255),
     payload         jsonb        NOT NULL,
     headers         jsonb,
-    status          varchar(16)  NOT NULL DEFAULT 'pending',
+    status          "outbox_events_status" NOT NULL DEFAULT 'pending',
     attempts        integer      NOT NULL DEFAULT 0,
     last_error      text,
-    available_at    timestamptz  NOT NULL,
+    available_at    timestamptz,
     locked_until    timestamptz,
     occurred_at     timestamptz  NOT NULL,
-    created_at      timestamptz  NOT NULL,
-    updated_at      timestamptz  NOT NULL,
-    sent_at         timestamptz,
-    CONSTRAINT "outbox_events_status_check" CHECK (status IN ('pending', 'sent', 'failed'))
+    created_at      timestamptz,
+    updated_at      timestamptz,
+    sent_at         timestamptz
 );
 
--- The first write wins on the idempotency key. By default the key is the
--- event's ID, which the primary key already makes unique: only events with
--- a key of their own enter this index, so a default event pays for one
--- unique index, not two.
+-- The first write wins on an ID or a key the publisher chose: only such
+-- events enter these indexes. A generated ID (a fresh UUIDv7) cannot repeat.
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_events_named_id_idx"
+    ON "outbox_events" (named_id) WHERE named_id IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS "outbox_events_idempotency_key_idx"
-    ON "outbox_events" (idempotency_key) WHERE idempotency_key <> id;
+    ON "outbox_events" (idempotency_key) WHERE idempotency_key IS NOT NULL;
 
--- The relay's claim reads only due pending rows, oldest first. A partial index
--- keeps that cost independent of how many sent rows the table holds.
-CREATE INDEX IF NOT EXISTS "outbox_events_pending_idx"
-    ON "outbox_events" (available_at, seq) WHERE status = 'pending';
+-- Events that wait for a retry (or were replayed, or handed back): the claim
+-- finds them here when due. A new event is due at once (available_at NULL)
+-- and does not enter it; the relay finds new events by seq.
+CREATE INDEX IF NOT EXISTS "outbox_events_retry_idx"
+    ON "outbox_events" (available_at) WHERE status = 'pending' AND available_at IS NOT NULL;
 
 -- Retention deletes sent rows by age in small batches. Rows enter this index
 -- only when the relay marks them sent, so business inserts do not pay for it.

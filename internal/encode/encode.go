@@ -67,6 +67,9 @@ type Encoded struct {
 	// Generated: the publisher set neither the ID nor the key, so the key
 	// is a fresh UUID no other event can have.
 	Generated bool
+	// GeneratedID: the ID is a fresh UUID (the publisher may have chosen
+	// the key).
+	GeneratedID bool
 }
 
 // Received returns what a handler receives: the payload as json.RawMessage
@@ -131,6 +134,7 @@ func (c *Encoder) Encode(e Event, generated bool, now time.Time, out *Encoded) e
 	if e.Type == "" {
 		return fmt.Errorf("%w: Type is required", c.Invalid)
 	}
+	genID := generated || e.ID == ""
 	if e.ID == "" {
 		id, err := NewID()
 		if err != nil {
@@ -188,7 +192,7 @@ func (c *Encoder) Encode(e Event, generated bool, now time.Time, out *Encoded) e
 			return fmt.Errorf("%w: event %s: headers are %d bytes encoded, over the %d-byte limit", c.Invalid, e.ID, len(headers), maxHeadersBytes)
 		}
 	}
-	*out = Encoded{Event: e, PayloadJSON: payload, HeadersJSON: headers, Generated: generated}
+	*out = Encoded{Event: e, PayloadJSON: payload, HeadersJSON: headers, Generated: generated, GeneratedID: genID}
 	return nil
 }
 

@@ -67,7 +67,7 @@ func (p *Policy) Decide(it *Item, err error) Result {
 		// counting the attempt; the relay pauses and probes.
 		return Result{Kind: Deferred, Down: err}
 	}
-	out := store.Outcome{ID: it.Event.ID, Status: "pending", Err: LastError(err)}
+	out := store.Outcome{Seq: it.Seq, ID: it.Event.ID, Status: "pending", Err: LastError(err)}
 	now := p.Now()
 	if errs.IsPermanent(err) || it.Attempts >= p.MaxAttempts {
 		out.Status, out.Due = "failed", now

@@ -24,19 +24,34 @@ type Table struct {
 	Lease            time.Duration
 	StatementTimeout time.Duration
 	Ordered          bool
+
+	wm watermark
 }
 
-// Claim leases up to limit due rows (only those in ids, when given) and
+// Claim leases up to limit due rows (only those at seqs, when given) and
 // returns them as a batch, oldest first. It returns nil when none is due.
-func (t *Table) Claim(ctx context.Context, ids []string, limit int) (*TableBatch, error) {
+func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch, error) {
 	start := time.Now()
 	now := t.Now()
 	lease := now.Add(t.Lease)
 	cctx, cancel := context.WithTimeout(ctx, t.StatementTimeout)
-	rows, err := t.Store.Claim(cctx, t.DB, store.ClaimSpec{Now: now, Lease: lease, Limit: limit, IDs: ids, Ordered: t.Ordered})
-	cancel()
+	defer cancel()
+	spec := store.ClaimSpec{Now: now, Lease: lease, Limit: limit, Seqs: seqs, Ordered: t.Ordered}
+	walker, walks := t.Store.(store.Walker)
+	if walks && len(seqs) == 0 {
+		t.wm.mu.Lock()
+		defer t.wm.mu.Unlock()
+		if err := t.wm.advance(cctx, t.DB, walker, now); err != nil {
+			return nil, fmt.Errorf("outbox: claim events: read the table from the watermark: %w", err)
+		}
+		spec.From, spec.Gaps = t.wm.from, t.wm.gapList()
+	}
+	rows, err := t.Store.Claim(cctx, t.DB, spec)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim events: %w", err)
+	}
+	if walks && len(seqs) == 0 {
+		t.wm.claimed(rows)
 	}
 	if len(rows) == 0 {
 		return nil, nil
@@ -92,30 +107,30 @@ func (b *TableBatch) Stale() error { return nil }
 
 // Record implements Batch: outcomes are written as the workers finish.
 func (b *TableBatch) Record(i int, r Result) {
-	switch id := b.items[i].Event.ID; r.Kind {
+	switch seq := b.items[i].Seq; r.Kind {
 	case Sent:
 		b.sent.Add(1)
-		b.w.Sent(id)
+		b.w.Sent(seq)
 	case Failed:
 		b.w.Failed(r.Out)
 	default:
-		b.w.HandBack(id)
+		b.w.HandBack(seq)
 	}
 }
 
 // Close implements Batch: what is left is written.
 func (b *TableBatch) Close(context.Context, error) error { return b.w.Close() }
 
-// MarkSent records ids delivered under lease.
-func (t *Table) MarkSent(ctx context.Context, ids []string, lease time.Time) error {
+// MarkSent records the rows at seqs delivered under lease.
+func (t *Table) MarkSent(ctx context.Context, seqs []int64, lease time.Time) error {
 	now := t.Now()
-	return t.execChunks(ctx, len(ids), func(i, j int) store.Query { return t.Store.MarkSent(ids[i:j], now, lease) })
+	return t.execChunks(ctx, len(seqs), func(i, j int) store.Query { return t.Store.MarkSent(seqs[i:j], now, lease) })
 }
 
-// Release hands ids back undelivered.
-func (t *Table) Release(ctx context.Context, ids []string, lease time.Time) error {
+// Release hands the rows at seqs back undelivered.
+func (t *Table) Release(ctx context.Context, seqs []int64, lease time.Time) error {
 	now := t.Now()
-	return t.execChunks(ctx, len(ids), func(i, j int) store.Query { return t.Store.Release(ids[i:j], now, lease) })
+	return t.execChunks(ctx, len(seqs), func(i, j int) store.Query { return t.Store.Release(seqs[i:j], now, lease) })
 }
 
 // MarkFailed records failed attempts.
@@ -152,9 +167,9 @@ type Writer struct {
 	lease, start time.Time
 
 	mu     sync.Mutex
-	sentID []string
+	sentID []int64
 	fails  []store.Outcome
-	back   []string
+	back   []int64
 	oldest time.Time // of the outcomes not yet written; zero when none
 
 	write sync.Mutex // one write at a time, in order
@@ -175,13 +190,13 @@ func (t *Table) Writer(ctx context.Context, lease, start time.Time) *Writer {
 }
 
 // Sent records a delivery.
-func (w *Writer) Sent(id string) { w.add(func() { w.sentID = append(w.sentID, id) }) }
+func (w *Writer) Sent(seq int64) { w.add(func() { w.sentID = append(w.sentID, seq) }) }
 
 // Failed records a failed attempt.
 func (w *Writer) Failed(o store.Outcome) { w.add(func() { w.fails = append(w.fails, o) }) }
 
 // HandBack records an event handed back undelivered.
-func (w *Writer) HandBack(id string) { w.add(func() { w.back = append(w.back, id) }) }
+func (w *Writer) HandBack(seq int64) { w.add(func() { w.back = append(w.back, seq) }) }
 
 func (w *Writer) add(f func()) {
 	w.mu.Lock()

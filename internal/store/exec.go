@@ -131,12 +131,14 @@ type Held struct {
 	Created time.Time
 }
 
-// HeldIDs reads, through w's KeysOf, which of ids the table holds: the one
-// lookup behind every duplicate check (Publish's in Persistent mode, the
-// stream's in Logical mode). An ID held with another key than the event's
-// is a different event reusing it.
-func HeldIDs(ctx context.Context, q Querier, w Writer, ids []string) (map[string]Held, error) {
-	stmt := w.KeysOf(ids)
+// HeldIDs reads, through w's Held, which of ids the table holds, looking
+// them up by the IDs (those a publisher chose) and by keys (those chosen,
+// which the rows of generated IDs are found by): the one lookup behind
+// every duplicate check (Publish's in Persistent mode, the stream's in
+// Logical mode). An ID held with another key than the event's is a
+// different event reusing it.
+func HeldIDs(ctx context.Context, q Querier, w Writer, ids, keys []string) (map[string]Held, error) {
+	stmt := w.Held(ids, keys)
 	rows, err := q.QueryContext(ctx, stmt.SQL, stmt.Args...)
 	if err != nil {
 		return nil, err

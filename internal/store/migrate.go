@@ -10,21 +10,23 @@ import (
 )
 
 // SchemaVersion is the schema version this code reads and writes.
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // DefaultTable is the table name the shipped schema files use.
 const DefaultTable = "outbox_events"
 
 // VersionOf is the schema version of a table that exists or not and has
-// the seq column (version 2) or not.
-func VersionOf(table, seq bool) int {
+// the seq column (version 2) and the named_id column (version 3) or not.
+func VersionOf(table, seq, named bool) int {
 	switch {
 	case !table:
 		return 0
 	case !seq:
 		return 1
+	case !named:
+		return 2
 	}
-	return SchemaVersion
+	return 3
 }
 
 // Rename renames the shipped schema's table (and the index and
@@ -60,13 +62,23 @@ func Create(ctx context.Context, db *sql.DB, s Schema) error {
 	return nil
 }
 
-// Upgrade runs the store's upgrade script in one transaction. Its first
-// statement takes a write lock (PostgreSQL: LOCK TABLE; SQLite: the
-// database's write lock, which its first write takes); the version is read
+// Upgrade runs the store's upgrade scripts from version from to the
+// current one, each in one transaction. A script's first statement takes a
+// write lock (PostgreSQL: LOCK TABLE; SQLite: the database's write lock,
+// which its first write takes; MySQL: a named lock); the version is read
 // again under that lock, so that of several instances starting at once one
 // upgrades and the others find the work done.
-func Upgrade(ctx context.Context, db *sql.DB, s Schema) error {
-	script := s.Upgrade()
+func Upgrade(ctx context.Context, db *sql.DB, s Schema, from int) error {
+	for v := from; v < SchemaVersion; v++ {
+		if err := upgradeOne(ctx, db, s, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
+	script := s.Upgrade(from)
 	if script == "" {
 		return errors.New("this database has no upgrade from that version (the table was created by a pre-release build: drop it once it holds no pending events)")
 	}
@@ -87,7 +99,7 @@ func Upgrade(ctx context.Context, db *sql.DB, s Schema) error {
 	if _, err := tx.ExecContext(ctx, stmts[0]); err != nil {
 		return err
 	}
-	if v, err := s.Version(ctx, tx); err != nil || v == SchemaVersion {
+	if v, err := s.Version(ctx, tx); err != nil || v != from {
 		return err
 	}
 	for _, st := range stmts[1:] {
@@ -101,7 +113,7 @@ func Upgrade(ctx context.Context, db *sql.DB, s Schema) error {
 // DDL is one statement of a schema and the name of what it creates.
 type DDL struct{ Name, SQL string }
 
-var createdRE = regexp.MustCompile("(?i)\\bCREATE\\s+(?:UNIQUE\\s+)?(?:TABLE|INDEX)\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?[\"`]?(\\w+)")
+var createdRE = regexp.MustCompile("(?i)\\bCREATE\\s+(?:UNIQUE\\s+)?(?:TABLE|INDEX|TYPE)\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?[\"`]?(\\w+)")
 
 // SplitDDL splits a schema into its statements (the shipped files hold no
 // "--" or ";" inside a literal), one at a time because PostgreSQL refuses

@@ -51,6 +51,9 @@ type Event struct {
 	// Generated: the publisher chose neither the ID nor the key, so the
 	// event cannot be a duplicate of another.
 	Generated bool
+	// NamedID: the publisher chose the ID (it goes to named_id, where it
+	// is unique); otherwise it is a fresh UUIDv7.
+	NamedID bool
 }
 
 // Claimed is one row a claim leased, as the relay delivers it.
@@ -67,13 +70,19 @@ type Claimed struct {
 type ClaimSpec struct {
 	Now, Lease time.Time
 	Limit      int
-	IDs        []string // only these rows, when set (DeliverAfterCommit)
-	Ordered    bool     // RelayConfig.OrderByAggregate
+	Seqs       []int64 // only these rows, when set (DeliverAfterCommit)
+	Ordered    bool    // RelayConfig.OrderByAggregate
+	// From is the relay's watermark: new rows (Fresh stores) are read from
+	// this seq on, and at the seqs in Gaps, which the watermark passed
+	// while they were not committed yet.
+	From int64
+	Gaps []int64
 }
 
 // Outcome is the recorded result of a failed attempt: the row's next
 // status, its error text and when it is next due.
 type Outcome struct {
+	Seq             int64
 	ID, Status, Err string
 	Due             time.Time
 }
@@ -131,9 +140,9 @@ type Schema interface {
 	Check(ctx context.Context, db *gorm.DB, logger *slog.Logger) error
 	// Schema is the DDL that creates the table and its indexes.
 	Schema() string
-	// Upgrade is the script that turns a version 1 table into the
-	// current version, "" when the database never had version 1.
-	Upgrade() string
+	// Upgrade is the script that turns a table of version from into
+	// version from+1, "" when the database never had version from.
+	Upgrade(from int) string
 	// Version reports the table's schema version: 0 when there is none.
 	Version(ctx context.Context, q Querier) (int, error)
 	// Exists reports whether the table or index named name exists (a
@@ -154,9 +163,18 @@ type Writer interface {
 	// index), so an event whose key equals an earlier default event's ID,
 	// or a default event whose ID equals an earlier event's own key, is
 	// written; MySQL, without partial indexes, skips both.
+	// With Returning, the statement returns the seq of each row it
+	// inserted; without, a store assigns consecutive seqs to the rows of
+	// one INSERT of generated events (the driver's LastInsertId is the
+	// first).
 	Insert(rows []Event, now time.Time) Query
-	// KeysOf reads the keys and creation times of the rows with the IDs.
+	Returning() bool
+	// KeysOf reads the keys and creation times of the rows whose publisher
+	// chose the IDs: id, key, created.
 	KeysOf(ids []string) Query
+	// Held is KeysOf of the rows whose publisher chose one of ids as ID or
+	// one of keys as key.
+	Held(ids, keys []string) Query
 }
 
 // Claimer is the relay's side of the table. Every outcome statement
@@ -169,11 +187,11 @@ type Claimer interface {
 	// with c.Ordered, never a row behind an unsent older row of its
 	// aggregate.
 	Claim(ctx context.Context, db *sql.DB, c ClaimSpec) ([]Claimed, error)
-	MarkSent(ids []string, now, lease time.Time) Query
+	MarkSent(seqs []int64, now, lease time.Time) Query
 	MarkFailed(outs []Outcome, now, lease time.Time) Query
 	// Release hands claimed rows back undelivered: due now, the claim's
 	// attempt taken back.
-	Release(ids []string, now, lease time.Time) Query
+	Release(seqs []int64, now, lease time.Time) Query
 	// DeleteSent deletes up to limit rows sent before before.
 	DeleteSent(before time.Time, limit int) Query
 }
@@ -184,12 +202,14 @@ type Admin interface {
 	List(p Page) Query                                   // rows in RowColumns' order
 	Get(id string) Query                                 // likewise
 	Count(f Filter) Query                                // one count
-	ReplaySelect(f Filter, after int64, limit int) Query // seq, id of failed rows matching f, by seq
-	ReplayUpdate(f Filter, ids []string, now time.Time) Query
-	PurgeSelect(f Filter, limit int) Query // seq, id
-	PurgeDelete(f Filter, ids []string) Query
+	ReplaySelect(f Filter, after int64, limit int) Query // seq of failed rows matching f, by seq
+	ReplayUpdate(f Filter, seqs []int64, now time.Time) Query
+	PurgeSelect(f Filter, limit int) Query // seq
+	PurgeDelete(f Filter, seqs []int64) Query
 	Stats() Query                      // status, count, oldest creation
 	FailedSince(since time.Time) Query // one count
+	// IDExpr is the SQL expression reading a row's event ID.
+	IDExpr() string
 }
 
 // Store is one database's statements.
@@ -201,6 +221,23 @@ type Store interface {
 	// Name is the database's name as SchemaSQL takes it.
 	Name() string
 	Limits() Limits
+}
+
+// Walker is implemented by a store whose new events are written due at once
+// (available_at NULL) and found by seq, from a watermark the relay keeps,
+// instead of through an index of pending rows every INSERT would enter.
+type Walker interface {
+	// Walk reads, from seq from on and in seq order, up to limit rows:
+	// seq, open (new and pending), leased (its lease runs at now).
+	Walk(from int64, limit int, now time.Time) Query
+	// Look reads the rows at seqs as Walk does.
+	Look(seqs []int64, now time.Time) Query
+	// Defer makes the open, unleased rows with the seqs due now through
+	// the retry index.
+	Defer(seqs []int64, now time.Time) Query
+	// LowOpen reads the lowest seq of an open row and the highest seq,
+	// each NULL when there is none.
+	LowOpen() Query
 }
 
 // Notifier is implemented by a store whose database can wake relays in
@@ -289,8 +326,9 @@ type Logical interface {
 	// lost): emitted reports whether it did.
 	Emit(ctx context.Context, db Execer, slot, prefix string, content []byte) (emitted bool, err error)
 	// Park inserts rows in the order given (seq follows it) and returns
-	// the IDs it inserted (RETURNING id); a row whose ID or key is in the
-	// table already is skipped.
+	// the seq and ID of each row it inserted; a row whose ID or key is in
+	// the table already is skipped. A parked row's ID is always in named_id
+	// (unique): the stream may offer the same event again.
 	Park(rows []ParkRow, now time.Time) Query
 	// Blocked returns the aggregates among types/ids (pairwise) that have
 	// an unsent row: aggregate_type, aggregate_id.

@@ -17,7 +17,7 @@ type state struct {
 
 	// The IDs of the persistent events written in this transaction, and
 	// where in work the one hook that announces them sits (-1: none).
-	ids    []string
+	ids    []int64
 	idHook int
 }
 
@@ -62,7 +62,7 @@ func (s *state) Has(key any) bool {
 
 // AddPublished records IDs written in the transaction and makes sure one
 // after-commit hook announces them all, to a.
-func (s *state) AddPublished(a Announcer, ids []string) {
+func (s *state) AddPublished(a Announcer, ids []int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.done {
@@ -92,7 +92,7 @@ func (s *state) OnUndone(fn func()) {
 
 // finish ends the transaction's state and returns its work, the IDs of
 // the persistent events it wrote, and what runs if it did not commit.
-func (s *state) finish() ([]hook, []string, []func()) {
+func (s *state) finish() ([]hook, []int64, []func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w, ids, u := s.work, s.ids, s.undone

@@ -33,9 +33,9 @@ func TestSavepoints(t *testing.T) {
 	}
 }
 
-type announcer struct{ got [][]string }
+type announcer struct{ got [][]int64 }
 
-func (a *announcer) Published(ids []string) { a.got = append(a.got, ids) }
+func (a *announcer) Published(ids []int64) { a.got = append(a.got, ids) }
 
 // One hook announces every event of the transaction; one a savepoint
 // rollback dropped is replaced by the next publish. The rolled-back IDs
@@ -44,15 +44,15 @@ func TestAddPublished(t *testing.T) {
 	a := &announcer{}
 	s := state{idHook: -1}
 	s.savepointSQL("SAVEPOINT sp")
-	s.AddPublished(a, []string{"1"})
+	s.AddPublished(a, []int64{1})
 	s.savepointSQL("ROLLBACK TO SAVEPOINT sp")
-	s.AddPublished(a, []string{"2"})
-	s.AddPublished(a, []string{"3"})
+	s.AddPublished(a, []int64{2})
+	s.AddPublished(a, []int64{3})
 	work, ids, _ := s.finish()
 	for _, h := range work {
 		h.fn()
 	}
-	if len(work) != 1 || len(a.got) != 1 || !slices.Equal(a.got[0], []string{"1", "2", "3"}) || len(ids) != 3 {
-		t.Errorf("%d hooks, announced %q, ids %q", len(work), a.got, ids)
+	if len(work) != 1 || len(a.got) != 1 || !slices.Equal(a.got[0], []int64{1, 2, 3}) || len(ids) != 3 {
+		t.Errorf("%d hooks, announced %v, ids %v", len(work), a.got, ids)
 	}
 }

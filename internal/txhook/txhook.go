@@ -39,7 +39,7 @@ type Owner interface {
 // Announcer is told, once, the IDs of the persistent events a transaction
 // wrote, after it commits.
 type Announcer interface {
-	Published(ids []string)
+	Published(seqs []int64)
 }
 
 // ErrFinished is the error of attaching work to a transaction that has

@@ -150,7 +150,9 @@ func (r *Relay) prepare(ctx context.Context, items []walItem, stale func() error
 		}
 		var skipped []int
 		for _, i := range parkIdx {
-			if !inserted[items[i].c.Event.ID] {
+			seq, ok := inserted[items[i].c.Event.ID]
+			items[i].c.Seq = seq
+			if !ok {
 				// Its key (or ID) is in the table already: a duplicate,
 				// first committed wins; or the stream replays an event a
 				// crashed relay had written there, which the table's relay
@@ -209,10 +211,10 @@ func (b *batch) Close(ctx context.Context, gone error) error {
 	if gone == nil {
 		return r.recordStreamed(wctx, r.Logical, b.items, b.leased, b.states, b.outs, b.now, b.lease)
 	}
-	var sent []string
+	var sent []int64
 	for i := range b.items {
 		if b.leased[i] && b.states[i] == stSent {
-			sent = append(sent, b.items[i].c.Event.ID)
+			sent = append(sent, b.items[i].c.Seq)
 		}
 	}
 	if len(sent) > 0 {
@@ -239,7 +241,7 @@ func (r *Relay) parkDeferred(it *walItem, now time.Time) store.ParkRow {
 func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []walItem, leased []bool, states []streamState, outs []store.Outcome, now, lease time.Time) error {
 	var (
 		park       []store.ParkRow
-		sent, back []string
+		sent, back []int64
 		fails      []store.Outcome
 	)
 	for i := range items {
@@ -248,7 +250,7 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 		switch states[i] {
 		case stSent:
 			if inTable {
-				sent = append(sent, it.c.Event.ID)
+				sent = append(sent, it.c.Seq)
 			}
 		case stFailed:
 			if inTable {
@@ -259,7 +261,7 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 			park = append(park, store.ParkRow{Event: it.row, Status: o.Status, Attempts: 1, LastErr: o.Err, Due: o.Due, Created: it.c.CreatedAt})
 		case stDeferred, stLeased, stDirect:
 			if inTable {
-				back = append(back, it.c.Event.ID)
+				back = append(back, it.c.Seq)
 				continue
 			}
 			park = append(park, r.parkDeferred(it, now))
@@ -308,10 +310,11 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 // again before the session gives up (and the batch is streamed again).
 const recordWindow = 5 * time.Second
 
-// park writes rows, in chunks, and returns the IDs it inserted.
-func (r *Relay) park(ctx context.Context, lg store.Logical, rows []store.ParkRow, now time.Time) (map[string]bool, error) {
+// park writes rows, in chunks, and returns the IDs it inserted and their
+// seqs.
+func (r *Relay) park(ctx context.Context, lg store.Logical, rows []store.ParkRow, now time.Time) (map[string]int64, error) {
 	sqlDB := r.DB
-	inserted := make(map[string]bool, len(rows))
+	inserted := make(map[string]int64, len(rows))
 	for chunk := range slices.Chunk(rows, r.Store.Limits().InsertRows) {
 		q := lg.Park(chunk, now)
 		sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
@@ -322,11 +325,14 @@ func (r *Relay) park(ctx context.Context, lg store.Logical, rows []store.ParkRow
 			}
 			defer rs.Close()
 			for rs.Next() {
-				var id string
-				if err := rs.Scan(&id); err != nil {
+				var (
+					seq int64
+					id  string
+				)
+				if err := rs.Scan(&seq, &id); err != nil {
 					return err
 				}
-				inserted[id] = true
+				inserted[id] = seq
 			}
 			return rs.Err()
 		}()
@@ -390,7 +396,7 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	}
 	sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 	defer cancel()
-	held, err := store.HeldIDs(sctx, r.DB, r.Store, ids)
+	held, err := store.HeldIDs(sctx, r.DB, r.Store, ids, nil)
 	if err != nil {
 		return // a diagnostic only: the outcome does not depend on it
 	}

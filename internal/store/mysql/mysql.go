@@ -16,14 +16,19 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
 	"gorm.io/gorm"
 )
 
-//go:embed mysql.sql
-var schema string
+var (
+	//go:embed mysql.sql
+	schema string
+	//go:embed mysql-upgrade-3.sql
+	upgrade3 string
+)
 
 func init() {
 	store.Register(store.Driver{
@@ -60,6 +65,11 @@ func New(table string) *Store {
 		// IN, not <>: two equality ranges of the ordering index, which
 		// holds sent rows too.
 		Unsent: "p.status IN ('pending', 'failed')",
+		// MariaDB has no BIN_TO_UUID.
+		IDCol: "COALESCE(named_id, LOWER(CONCAT_WS('-', HEX(SUBSTR(id, 1, 4)), HEX(SUBSTR(id, 5, 2)), HEX(SUBSTR(id, 7, 2))," +
+			" HEX(SUBSTR(id, 9, 2)), HEX(SUBSTR(id, 11, 6)))))",
+		IDArg:     func(u uuid.UUID) any { return u[:] },
+		StatusArg: func(ph string) string { return ph },
 	}}
 }
 
@@ -93,21 +103,32 @@ func (d *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, erro
 // Insert skips a duplicate with ON DUPLICATE KEY UPDATE, not INSERT IGNORE,
 // which would also turn truncation and other errors into warnings.
 func (d *Store) Insert(rows []store.Event, now time.Time) store.Query {
-	return d.InsertRows(rows, now, " ON DUPLICATE KEY UPDATE id = id")
+	return d.InsertRows(rows, now, " ON DUPLICATE KEY UPDATE seq = seq", "")
 }
+
+// Returning implements store.Writer: MySQL has no INSERT ... RETURNING; the
+// rows of one INSERT without a conflict clause get consecutive seqs (a
+// "simple insert" at every innodb_autoinc_lock_mode).
+func (d *Store) Returning() bool { return false }
 
 // Version implements store.Schema.
 func (d *Store) Version(ctx context.Context, db store.Querier) (int, error) {
-	var table, seq int
+	var table, seq, named int
 	err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?),"+
-		" (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'seq')",
-		d.name, d.name).Scan(&table, &seq)
-	return store.VersionOf(table > 0, seq > 0), err
+		" (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'seq'),"+
+		" (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'named_id')",
+		d.name, d.name, d.name).Scan(&table, &seq, &named)
+	return store.VersionOf(table > 0, seq > 0, named > 0), err
 }
 
 // Upgrade implements store.Schema: no release created a version 1 table on
 // MySQL.
-func (d *Store) Upgrade() string { return "" }
+func (d *Store) Upgrade(from int) string {
+	if from == 2 {
+		return store.Rename(upgrade3, d.name)
+	}
+	return ""
+}
 
 // claimRetries bounds how often a claim that lost a deadlock or a lock wait
 // is tried again before the relay treats it as a failed cycle.
@@ -147,14 +168,14 @@ func (d *Store) claimTx(ctx context.Context, db *sql.DB, c store.ClaimSpec, dela
 	if err != nil || len(batch) == 0 {
 		return nil, errors.Join(err, tx.Commit())
 	}
-	ids := make([]string, len(batch))
+	seqs := make([]int64, len(batch))
 	for i := range batch {
-		ids[i] = batch[i].ID
+		seqs[i] = batch[i].Seq
 		batch[i].Attempts++
 	}
 	u := d.Build()
 	u.W("UPDATE ", d.Table, " SET locked_until = ", u.Time(c.Lease),
-		", attempts = attempts + 1, updated_at = ", u.Time(c.Now), " WHERE ", u.IDs("id", ids))
+		", attempts = attempts + 1, updated_at = ", u.Time(c.Now), " WHERE ", u.Seqs("seq", seqs))
 	q := u.Query()
 	if _, err := tx.ExecContext(ctx, q.SQL, q.Args...); err != nil {
 		return nil, err
@@ -172,8 +193,11 @@ func (d *Store) SelectDue(c store.ClaimSpec) store.Query { return d.selectDue(c,
 
 func (d *Store) selectDue(c store.ClaimSpec, delay time.Duration) store.Query {
 	b := d.Build()
-	b.W("SELECT ", d.ClaimColumns(), " FROM ", d.Table, " c WHERE ")
+	b.W("SELECT ", d.ClaimColumns(), " FROM ", d.Table, " c WHERE c.available_at <= ", b.Time(c.Now), " AND ")
 	d.Due(b, c)
+	if len(c.Seqs) > 0 {
+		b.W(" AND ", b.Seqs("c.seq", c.Seqs))
+	}
 	if delay > 0 {
 		b.W(" AND SLEEP(", strconv.FormatFloat(delay.Seconds(), 'f', 3, 64), ") = 0")
 	}
@@ -246,12 +270,12 @@ func (d *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Que
 	b.W("UPDATE ", d.Table, " AS o JOIN (")
 	for i, o := range outs {
 		if i == 0 {
-			b.W("SELECT ", b.Arg(o.ID), " AS id, ", b.Arg(o.Status), " AS status, ", b.Arg(o.Err), " AS err, ", b.Time(o.Due), " AS due")
+			b.W("SELECT ", b.Arg(o.Seq), " AS seq, ", b.Arg(o.Status), " AS status, ", b.Arg(o.Err), " AS err, ", b.Time(o.Due), " AS due")
 			continue
 		}
-		b.W(" UNION ALL SELECT ", b.Arg(o.ID), ", ", b.Arg(o.Status), ", ", b.Arg(o.Err), ", ", b.Time(o.Due))
+		b.W(" UNION ALL SELECT ", b.Arg(o.Seq), ", ", b.Arg(o.Status), ", ", b.Arg(o.Err), ", ", b.Time(o.Due))
 	}
-	b.W(") AS v ON o.id = v.id SET o.status = v.status, o.last_error = v.err, o.available_at = v.due,",
+	b.W(") AS v ON o.seq = v.seq SET o.status = v.status, o.last_error = v.err, o.available_at = v.due,",
 		" o.locked_until = NULL, o.updated_at = ", b.Time(now),
 		" WHERE o.locked_until = ", b.Time(lease), " AND o.status = 'pending'")
 	return b.Query()
@@ -262,7 +286,7 @@ func (d *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Que
 func (d *Store) DeleteSent(before time.Time, limit int) store.Query {
 	b := d.Build()
 	return b.W("DELETE FROM ", d.Table, " WHERE status = 'sent' AND sent_at < ", b.Time(before),
-		" ORDER BY sent_at LIMIT ", b.Arg(limit)).Query()
+		" ORDER BY seq LIMIT ", b.Arg(limit)).Query()
 }
 
 // orderingIndex: no partial index, so status is in it and the probe reads

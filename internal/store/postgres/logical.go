@@ -10,6 +10,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -115,7 +116,7 @@ func (s *Store) Emit(ctx context.Context, db store.Execer, slot, prefix string, 
 	return n == 1, nil
 }
 
-const parkColumns = "(id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, last_error, available_at, locked_until, occurred_at, created_at, updated_at)"
+const parkColumns = "(id, named_id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, last_error, available_at, locked_until, occurred_at, created_at, updated_at)"
 
 // Park implements store.Logical.
 func (s *Store) Park(rows []store.ParkRow, now time.Time) store.Query {
@@ -130,12 +131,16 @@ func (s *Store) Park(rows []store.ParkRow, now time.Time) store.Query {
 		if i > 0 {
 			b.W(", ")
 		}
-		b.W("(", b.Arg(p.Event.ID), ", ", b.Arg(p.Event.Type), ", ", b.Arg(p.Event.AggregateType), ", ", b.Arg(p.Event.AggregateID),
-			", ", b.Arg(p.Event.Key), ", ", b.Arg(string(p.Event.Payload)), ", ", b.Arg(headers),
-			", ", b.Arg(p.Status), ", ", b.Arg(p.Attempts), ", ", b.Arg(p.LastErr), ", ", b.Time(p.Due),
+		var key any
+		if p.Event.Key != p.Event.ID {
+			key = p.Event.Key
+		}
+		b.W("(", b.Arg(s.IDArg(sqlbuild.RowID(p.Event.ID))), ", ", b.Arg(p.Event.ID), ", ", b.Arg(p.Event.Type), ", ", b.Arg(p.Event.AggregateType), ", ", b.Arg(p.Event.AggregateID),
+			", ", b.Arg(key), ", ", b.Arg(string(p.Event.Payload)), ", ", b.Arg(headers),
+			", ", s.StatusArg(b.Arg(p.Status)), ", ", b.Arg(p.Attempts), ", ", b.Arg(p.LastErr), ", ", b.Time(p.Due),
 			", ", b.Arg(p.Lease), "::timestamptz, ", b.Time(p.Event.OccurredAt), ", ", b.Time(p.Created), ", ", b.Time(now), ")")
 	}
-	b.W(" ON CONFLICT DO NOTHING RETURNING id")
+	b.W(" ON CONFLICT DO NOTHING RETURNING seq, named_id")
 	return b.Query()
 }
 

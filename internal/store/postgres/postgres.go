@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -22,7 +23,9 @@ var (
 	//go:embed postgres.sql
 	schema string
 	//go:embed postgres-upgrade-2.sql
-	upgrade string
+	upgrade2 string
+	//go:embed postgres-upgrade-3.sql
+	upgrade3 string
 )
 
 func init() {
@@ -51,6 +54,10 @@ func New(table string) *Store {
 		TimeArg:     sqlbuild.SameTime,
 		TimeCol:     sqlbuild.BareCol,
 		Unsent:      "p.status <> 'sent'",
+		IDCol:       "COALESCE(named_id, id::text)",
+		IDArg:       func(u uuid.UUID) any { return u.String() },
+		StatusArg:   func(ph string) string { return ph + `::"` + table + `_status"` },
+		Fresh:       true,
 	}}
 }
 
@@ -58,6 +65,7 @@ var (
 	_ store.Store    = (*Store)(nil)
 	_ store.Notifier = (*Store)(nil)
 	_ store.Logical  = (*Store)(nil)
+	_ store.Walker   = (*Store)(nil)
 )
 
 // Name implements store.Store.
@@ -76,23 +84,32 @@ func (s *Store) Check(context.Context, *gorm.DB, *slog.Logger) error { return ni
 func (s *Store) Schema() string { return store.Rename(schema, s.name) }
 
 // Upgrade implements store.Schema.
-func (s *Store) Upgrade() string { return store.Rename(upgrade, s.name) }
+func (s *Store) Upgrade(from int) string {
+	switch from {
+	case 1:
+		return store.Rename(upgrade2, s.name)
+	case 2:
+		return store.Rename(upgrade3, s.name)
+	}
+	return ""
+}
 
 // Exists treats an index a failed concurrent build left invalid as
 // missing, so that it is built again.
 func (s *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
 	var ok bool
-	err := db.QueryRowContext(ctx, "SELECT COALESCE((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), to_regclass($1) IS NOT NULL)",
+	err := db.QueryRowContext(ctx, "SELECT COALESCE((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), to_regclass($1) IS NOT NULL OR to_regtype($1) IS NOT NULL)",
 		`"`+name+`"`).Scan(&ok)
 	return ok, err
 }
 
 // Version implements store.Schema.
 func (s *Store) Version(ctx context.Context, q store.Querier) (int, error) {
-	var table, seq bool
+	var table, seq, named bool
 	err := q.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute"+
-		" WHERE attrelid = to_regclass($1) AND attname = 'seq' AND NOT attisdropped)", `"`+s.name+`"`).Scan(&table, &seq)
-	return store.VersionOf(table, seq), err
+		" WHERE attrelid = to_regclass($1) AND attname = 'seq' AND NOT attisdropped), EXISTS (SELECT 1 FROM pg_attribute"+
+		" WHERE attrelid = to_regclass($1) AND attname = 'named_id' AND NOT attisdropped)", `"`+s.name+`"`).Scan(&table, &seq, &named)
+	return store.VersionOf(table, seq, named), err
 }
 
 // OrderingIndex is built CONCURRENTLY: a plain CREATE INDEX takes a lock
@@ -111,8 +128,11 @@ func (s *Store) OrderingIndex() (string, []string) {
 // Insert implements store.Writer. A duplicate is a no-op, and the caller's
 // transaction is not aborted by a unique violation.
 func (s *Store) Insert(rows []store.Event, now time.Time) store.Query {
-	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING")
+	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING", " RETURNING seq")
 }
+
+// Returning implements store.Writer.
+func (s *Store) Returning() bool { return true }
 
 // Claim implements store.Claimer in one statement.
 func (s *Store) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]store.Claimed, error) {
@@ -121,7 +141,7 @@ func (s *Store) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]sto
 
 // MarkFailed implements store.Claimer.
 func (s *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Query {
-	return s.MarkFailedValues(outs, now, lease, "::timestamptz")
+	return s.MarkFailedValues(outs, now, lease, "::timestamptz", "::bigint")
 }
 
 // DeleteSent implements store.Claimer.

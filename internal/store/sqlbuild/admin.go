@@ -13,10 +13,10 @@ func (s *Syntax) Where(b *Builder, f store.Filter, extra ...string) {
 	conds := append([]string(nil), extra...)
 	add := func(c string) { conds = append(conds, c) }
 	if len(f.IDs) > 0 {
-		add(b.IDs("id", f.IDs))
+		add(s.MatchIDs(b, f.IDs))
 	}
 	if len(f.Statuses) > 0 {
-		add(b.IDs("status", f.Statuses))
+		add(b.IDs(s.StatusText(), f.Statuses))
 	}
 	if len(f.Types) > 0 {
 		add(b.IDs("event_type", f.Types))
@@ -28,10 +28,10 @@ func (s *Syntax) Where(b *Builder, f store.Filter, extra ...string) {
 		add("aggregate_id = " + b.Arg(f.AggregateID))
 	}
 	if !f.CreatedSince.IsZero() {
-		add("created_at >= " + b.Time(f.CreatedSince))
+		add(s.CreatedCol() + " >= " + b.Time(f.CreatedSince))
 	}
 	if !f.CreatedUntil.IsZero() {
-		add("created_at < " + b.Time(f.CreatedUntil))
+		add(s.CreatedCol() + " < " + b.Time(f.CreatedUntil))
 	}
 	if f.ErrorContains != "" {
 		// '!' escapes, not backslash: MySQL reads a backslash in a
@@ -43,6 +43,42 @@ func (s *Syntax) Where(b *Builder, f store.Filter, extra ...string) {
 	}
 }
 
+// MatchIDs matches the rows with any of the event IDs: a chosen ID is
+// named_id (indexed); a generated one, a UUID, is the id column (not
+// indexed: an event looked up by a generated ID is found by a scan).
+func (s *Syntax) MatchIDs(b *Builder, ids []string) string {
+	var uuids []any
+	for _, id := range ids {
+		if u := RowID(id); u.String() == id {
+			uuids = append(uuids, s.IDArg(u))
+		}
+	}
+	cond := b.IDs("named_id", ids)
+	if len(uuids) == 0 {
+		return cond
+	}
+	if s.Arrays {
+		strs := make([]string, len(uuids))
+		for i, u := range uuids {
+			strs[i] = u.(string)
+		}
+		return "(" + cond + " OR (named_id IS NULL AND id = ANY(" + b.Arg(strs) + "::uuid[])))"
+	}
+	ph := make([]string, len(uuids))
+	for i, u := range uuids {
+		ph[i] = b.Arg(u)
+	}
+	return "(" + cond + " OR (named_id IS NULL AND id IN (" + strings.Join(ph, ", ") + ")))"
+}
+
+// StatusText reads the status as text.
+func (s *Syntax) StatusText() string {
+	if s.Arrays {
+		return "status::text"
+	}
+	return "status"
+}
+
 // likeContains is the LIKE pattern matching text anywhere, with LIKE's
 // wildcards in text taken literally.
 func likeContains(text string) string {
@@ -52,9 +88,9 @@ func likeContains(text string) string {
 
 // RowColumns are the columns store.ScanRows reads, in its order.
 func (s *Syntax) RowColumns() string {
-	return "seq, id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, last_error, " +
-		s.TimeCol("available_at") + ", " + s.TimeCol("locked_until") + ", " + s.TimeCol("occurred_at") + ", " +
-		s.TimeCol("created_at") + ", " + s.TimeCol("updated_at") + ", " + s.TimeCol("sent_at")
+	return "seq, " + s.IDCol + ", event_type, aggregate_type, aggregate_id, " + s.KeyCol() + ", payload, headers, " + s.StatusText() + ", attempts, last_error, " +
+		s.TimeCol("COALESCE(available_at, created_at, occurred_at)") + ", " + s.TimeCol("locked_until") + ", " + s.TimeCol("occurred_at") + ", " +
+		s.TimeCol(s.CreatedCol()) + ", " + s.TimeCol("COALESCE(updated_at, created_at, occurred_at)") + ", " + s.TimeCol("sent_at")
 }
 
 // List implements store.Admin: ordered by seq so that paging with AfterSeq
@@ -81,7 +117,8 @@ func (s *Syntax) List(p store.Page) store.Query {
 // Get implements store.Admin.
 func (s *Syntax) Get(id string) store.Query {
 	b := s.Build()
-	return b.W("SELECT ", s.RowColumns(), " FROM ", s.Table, " WHERE id = ", b.Arg(id)).Query()
+	b.W("SELECT ", s.RowColumns(), " FROM ", s.Table, " WHERE ")
+	return b.W(s.MatchIDs(b, []string{id})).Query()
 }
 
 // Count implements store.Admin.
@@ -95,7 +132,7 @@ func (s *Syntax) Count(f store.Filter) store.Query {
 // ReplaySelect implements store.Admin.
 func (s *Syntax) ReplaySelect(f store.Filter, after int64, limit int) store.Query {
 	b := s.Build()
-	b.W("SELECT seq, id FROM ", s.Table)
+	b.W("SELECT seq FROM ", s.Table)
 	s.Where(b, f, "status = 'failed'", "seq > "+b.Arg(after))
 	b.W(" ORDER BY seq LIMIT ", b.Arg(limit))
 	return b.Query()
@@ -104,11 +141,11 @@ func (s *Syntax) ReplaySelect(f store.Filter, after int64, limit int) store.Quer
 // ReplayUpdate implements store.Admin: the rows read beforehand that
 // still match and are still failed (a replay never touches another
 // status, whatever f says).
-func (s *Syntax) ReplayUpdate(f store.Filter, ids []string, now time.Time) store.Query {
+func (s *Syntax) ReplayUpdate(f store.Filter, seqs []int64, now time.Time) store.Query {
 	u := s.Build()
 	u.W("UPDATE ", s.Table, " SET status = 'pending', attempts = 0, available_at = ", u.Time(now),
 		", updated_at = ", u.Time(now), ", locked_until = NULL")
-	s.Where(u, f, "status = 'failed'", u.IDs("id", ids))
+	s.Where(u, f, "status = 'failed'", u.Seqs("seq", seqs))
 	return u.Query()
 }
 
@@ -117,7 +154,7 @@ func (s *Syntax) ReplayUpdate(f store.Filter, ids []string, now time.Time) store
 // finds first (through the sent index, for sent rows).
 func (s *Syntax) PurgeSelect(f store.Filter, limit int) store.Query {
 	b := s.Build()
-	b.W("SELECT seq, id FROM ", s.Table)
+	b.W("SELECT seq FROM ", s.Table)
 	s.Where(b, f)
 	b.W(" LIMIT ", b.Arg(limit))
 	return b.Query()
@@ -125,9 +162,9 @@ func (s *Syntax) PurgeSelect(f store.Filter, limit int) store.Query {
 
 // PurgeDelete implements store.Admin: the rows read beforehand that still
 // match.
-func (s *Syntax) PurgeDelete(f store.Filter, ids []string) store.Query {
+func (s *Syntax) PurgeDelete(f store.Filter, seqs []int64) store.Query {
 	d := s.Build()
 	d.W("DELETE FROM ", s.Table)
-	s.Where(d, f, d.IDs("id", ids))
+	s.Where(d, f, d.Seqs("seq", seqs))
 	return d.Query()
 }

@@ -6,10 +6,12 @@
 package sqlbuild
 
 import (
+	"crypto/md5"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/store"
 )
 
@@ -29,6 +31,17 @@ type Syntax struct {
 	// Unsent matches the rows p of an aggregate that are not yet sent, in
 	// the form the ordering index serves.
 	Unsent string
+	// IDCol reads the event's ID of a row: the ID the publisher chose
+	// (named_id), or the id column as text.
+	IDCol string
+	// IDArg converts an ID that is a UUID to the id column's argument.
+	IDArg func(uuid.UUID) any
+	// StatusArg wraps the placeholder of a status written from a
+	// parameter, which PostgreSQL's enum needs cast.
+	StatusArg func(ph string) string
+	// Fresh is true where a new event is written with available_at NULL
+	// (due at once) and found by seq, not by an index of due rows.
+	Fresh bool
 }
 
 // Dollar is PostgreSQL's placeholder, Question SQLite's and MySQL's.
@@ -89,24 +102,80 @@ func (b *Builder) IDs(col string, ids []string) string {
 	return s.String()
 }
 
+// Seqs returns a filter on col matching any of seqs.
+func (b *Builder) Seqs(col string, seqs []int64) string {
+	if b.s.Arrays {
+		return col + " = ANY(" + b.Arg(seqs) + ")"
+	}
+	var s strings.Builder
+	s.WriteString(col + " IN (")
+	for i, n := range seqs {
+		if i > 0 {
+			s.WriteString(", ")
+		}
+		s.WriteString(b.Arg(n))
+	}
+	s.WriteByte(')')
+	return s.String()
+}
+
 // Query returns the statement.
 func (b *Builder) Query() store.Query { return store.Query{SQL: b.b.String(), Args: b.args} }
+
 
 // SkipLocked locks the rows a subquery picks, skipping those another
 // transaction holds.
 const SkipLocked = " FOR UPDATE SKIP LOCKED"
 
-const insertColumns = "(id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, available_at, occurred_at, created_at, updated_at)"
+// RowID is the id column's UUID of an event ID: the ID itself when it is the
+// canonical text of a UUID (every generated ID), else one derived from it,
+// the MD5 of "outbox:" and the ID, as the version 3 upgrade scripts compute
+// it. The ID a publisher chose is kept as it is in named_id.
+func RowID(id string) uuid.UUID {
+	if u, err := uuid.Parse(id); err == nil && u.String() == id {
+		return u
+	}
+	return uuid.UUID(md5.Sum([]byte("outbox:" + id)))
+}
+
+// KeyCol reads a row's idempotency key: NULL stands for the ID.
+func (s *Syntax) KeyCol() string { return "COALESCE(idempotency_key, " + s.IDCol + ")" }
+
+// CreatedCol reads a row's creation time: NULL stands for occurred_at.
+func (s *Syntax) CreatedCol() string { return "COALESCE(created_at, occurred_at)" }
+
+const insertColumns = "(id, named_id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, available_at, occurred_at, created_at)"
+
+// Lean are the values of a row's columns that stand for another's when
+// NULL: the ID the publisher chose (NULL when generated), the key (NULL
+// when the ID), the due time (NULL, where the store finds new events by
+// seq, when due at once) and the creation time (NULL when occurred_at).
+func (s *Syntax) Lean(e *store.Event, now time.Time) (named, key, due, created any) {
+	if e.NamedID {
+		named = e.ID
+	}
+	if e.Key != e.ID {
+		key = e.Key
+	}
+	if !s.Fresh {
+		due = s.TimeArg(now)
+	}
+	if !e.OccurredAt.Equal(now) {
+		created = s.TimeArg(now)
+	}
+	return named, key, due, created
+}
 
 // InsertRows builds a multi-row INSERT; conflict is the clause that makes a
-// duplicate a no-op. Rows whose ID and key were both generated (a fresh
-// UUIDv7, the key equal to it) cannot be duplicates, and go without it:
-// an INSERT that may conflict is a speculative insertion, which costs
-// PostgreSQL a check of every unique index before the row and one more WAL
-// record after it. Should a generated ID ever repeat, the INSERT fails and
-// with it the caller's transaction: nothing is lost.
-func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict string) store.Query {
-	if allGenerated(rows) {
+// duplicate a no-op, and returning what follows it. Rows whose ID and key
+// were both generated (a fresh UUIDv7, the key equal to it) cannot be
+// duplicates, and go without it: an INSERT that may conflict is a
+// speculative insertion, which costs PostgreSQL a check of every unique
+// index before the row and one more WAL record after it. Such a row enters
+// no unique index at all: should a generated ID ever repeat, two rows hold
+// it, and the event is delivered twice (at least once, as always).
+func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict, returning string) store.Query {
+	if AllGenerated(rows) {
 		conflict = ""
 	}
 	b := s.Build()
@@ -120,15 +189,17 @@ func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict string) 
 		if i > 0 {
 			b.W(", ")
 		}
-		b.W("(", b.Arg(e.ID), ", ", b.Arg(e.Type), ", ", b.Arg(e.AggregateType), ", ", b.Arg(e.AggregateID),
-			", ", b.Arg(e.Key), ", ", b.Arg(string(e.Payload)), ", ", b.Arg(headers),
-			", 'pending', 0, ", b.Time(now), ", ", b.Time(e.OccurredAt), ", ", b.Time(now), ", ", b.Time(now), ")")
+		named, key, due, created := s.Lean(e, now)
+		b.W("(", b.Arg(s.IDArg(RowID(e.ID))), ", ", b.Arg(named), ", ", b.Arg(e.Type), ", ", b.Arg(e.AggregateType), ", ", b.Arg(e.AggregateID),
+			", ", b.Arg(key), ", ", b.Arg(string(e.Payload)), ", ", b.Arg(headers),
+			", ", b.Arg(due), ", ", b.Time(e.OccurredAt), ", ", b.Arg(created), ")")
 	}
-	b.W(conflict)
+	b.W(conflict, returning)
 	return b.Query()
 }
 
-func allGenerated(rows []store.Event) bool {
+// AllGenerated reports whether every row's ID and key were generated.
+func AllGenerated(rows []store.Event) bool {
 	for i := range rows {
 		if !rows[i].Generated {
 			return false
@@ -140,27 +211,42 @@ func allGenerated(rows []store.Event) bool {
 // ClaimColumns are the columns a claim returns, in store.QueryClaimed's
 // order.
 func (s *Syntax) ClaimColumns() string {
-	return "seq, id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, " +
-		s.TimeCol("occurred_at") + ", " + s.TimeCol("created_at")
+	return "seq, " + s.IDCol + ", event_type, aggregate_type, aggregate_id, " + s.KeyCol() + ", payload, headers, attempts, " +
+		s.TimeCol("occurred_at") + ", " + s.TimeCol(s.CreatedCol())
 }
 
-// KeysOf reads the idempotency keys and creation times of the rows with
-// the given IDs.
+// KeysOf reads the idempotency keys and creation times of the rows whose
+// publisher chose the given IDs: a generated ID is never held by another
+// row.
 func (s *Syntax) KeysOf(ids []string) store.Query {
 	b := s.Build()
-	return b.W("SELECT id, idempotency_key, ", s.TimeCol("created_at"), " FROM ", s.Table, " WHERE ", b.IDs("id", ids)).Query()
+	return b.W("SELECT named_id, COALESCE(idempotency_key, named_id), ", s.TimeCol(s.CreatedCol()), " FROM ", s.Table,
+		" WHERE ", b.IDs("named_id", ids)).Query()
 }
 
-// Due writes the claim's filter on the table aliased c: pending and due,
-// and with ordering, not behind an unsent event of its aggregate written
-// before it (seq is the database's write order, not a writer's clock).
-// Events without an aggregate ID are not ordered.
-func (s *Syntax) Due(b *Builder, c store.ClaimSpec) {
-	b.W("c.status = 'pending' AND c.available_at <= ", b.Time(c.Now),
-		" AND (c.locked_until IS NULL OR c.locked_until <= ", b.Time(c.Now), ")")
-	if len(c.IDs) > 0 {
-		b.W(" AND ", b.IDs("c.id", c.IDs))
+// Held implements store.Writer: both lookups are the unique indexes.
+func (s *Syntax) Held(ids, keys []string) store.Query {
+	b := s.Build()
+	b.W("SELECT ", s.IDCol, ", ", s.KeyCol(), ", ", s.TimeCol(s.CreatedCol()), " FROM ", s.Table, " WHERE ")
+	var conds []string
+	if len(ids) > 0 {
+		conds = append(conds, b.IDs("named_id", ids))
 	}
+	if len(keys) > 0 {
+		conds = append(conds, b.IDs("idempotency_key", keys))
+	}
+	if len(conds) == 0 {
+		conds = append(conds, "1 = 0")
+	}
+	return b.W(strings.Join(conds, " OR ")).Query()
+}
+
+// Due writes the claim's filter on the table aliased c: pending, its lease
+// (if any) passed, and with ordering, not behind an unsent event of its
+// aggregate written before it (seq is the database's write order, not a
+// writer's clock). Events without an aggregate ID are not ordered.
+func (s *Syntax) Due(b *Builder, c store.ClaimSpec) {
+	b.W("c.status = 'pending' AND (c.locked_until IS NULL OR c.locked_until <= ", b.Time(c.Now), ")")
 	if c.Ordered {
 		b.W(" AND (c.aggregate_id = '' OR NOT EXISTS (SELECT 1 FROM ", s.Table, " p",
 			" WHERE p.aggregate_type = c.aggregate_type AND p.aggregate_id = c.aggregate_id AND ", s.Unsent,
@@ -169,43 +255,109 @@ func (s *Syntax) Due(b *Builder, c store.ClaimSpec) {
 }
 
 // ClaimUpdate is the one-statement claim of databases with UPDATE ...
-// RETURNING: the subquery picks the due rows (lock skips rows another claim
-// holds), the UPDATE leases them. The lease is locked_until alone: the claim
-// changes no indexed column, so on PostgreSQL it can be a HOT update when
-// the page has room, and one index range (pending, available_at <= now)
-// still finds new rows and rows whose relay died (their lease expired); the
-// rows in flight, at most the relays' batches, are skipped on the way.
+// RETURNING, for a store whose new events are Fresh: the subqueries pick
+// the due rows (lock skips rows another claim holds), the UPDATE leases
+// them. Three sources, each one index range: the rows waiting for a retry
+// that are due (the retry index), the new rows from the relay's watermark
+// on (the primary key; done rows between are skipped on the way, at most
+// the relays' batches in flight), and the rows at the seqs the watermark
+// passed while they were not yet committed. The lease is locked_until
+// alone: the claim changes no indexed column, so on PostgreSQL it can be a
+// HOT update when the page has room.
 func (s *Syntax) ClaimUpdate(c store.ClaimSpec, lock string) store.Query {
 	b := s.Build()
-	b.W("UPDATE ", s.Table, " SET locked_until = ", b.Time(c.Lease),
-		", attempts = attempts + 1, updated_at = ", b.Time(c.Now),
-		" WHERE id IN (SELECT c.id FROM ", s.Table, " c WHERE ")
-	s.Due(b, c)
-	b.W(" ORDER BY c.available_at, c.seq LIMIT ", b.Arg(c.Limit), lock, ") RETURNING ", s.ClaimColumns())
+	var srcs []string
+	src := func(name string, where func()) {
+		b.W(map[bool]string{true: "WITH ", false: ", "}[len(srcs) == 0], name, " AS (SELECT c.seq FROM ", s.Table, " c WHERE ")
+		where()
+		b.W(" AND ")
+		s.Due(b, c)
+		srcs = append(srcs, name)
+	}
+	if len(c.Seqs) > 0 {
+		src("s", func() { b.W(b.Seqs("c.seq", c.Seqs)) })
+		b.W(lock, ")")
+	} else {
+		src("r", func() { b.W("c.available_at <= ", b.Time(c.Now)) })
+		b.W(" ORDER BY c.available_at LIMIT ", b.Arg(c.Limit), lock, ")")
+		if len(c.Gaps) > 0 {
+			src("g", func() { b.W(b.Seqs("c.seq", c.Gaps), " AND c.available_at IS NULL") })
+			b.W(lock, ")")
+		}
+		src("f", func() { b.W("c.seq >= ", b.Arg(c.From), " AND c.available_at IS NULL") })
+		b.W(" ORDER BY c.seq LIMIT ", b.Arg(c.Limit), lock, ")")
+	}
+	b.W(" UPDATE ", s.Table, " SET locked_until = ", b.Time(c.Lease),
+		", attempts = attempts + 1, updated_at = ", b.Time(c.Now), " WHERE seq IN (SELECT seq FROM (")
+	for i, name := range srcs {
+		if i > 0 {
+			b.W(" UNION ALL ")
+		}
+		b.W("SELECT seq FROM ", name)
+	}
+	b.W(") u LIMIT ", b.Arg(c.Limit), ") RETURNING ", s.ClaimColumns())
 	return b.Query()
 }
 
+// Walk reads, from seq from on, up to limit rows' seq, whether each is
+// open (new and pending) and whether it is leased at now: the relay's
+// watermark advances over the rest.
+func (s *Syntax) Walk(from int64, limit int, now time.Time) store.Query {
+	b := s.Build()
+	return b.W("SELECT ", s.walkColumns(b, now), " FROM ", s.Table,
+		" WHERE seq >= ", b.Arg(from), " ORDER BY seq LIMIT ", b.Arg(limit)).Query()
+}
+
+// Look reads the rows at seqs as Walk does.
+func (s *Syntax) Look(seqs []int64, now time.Time) store.Query {
+	b := s.Build()
+	return b.W("SELECT ", s.walkColumns(b, now), " FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs)).Query()
+}
+
+func (s *Syntax) walkColumns(b *Builder, now time.Time) string {
+	return "seq, CASE WHEN status = 'pending' AND available_at IS NULL THEN 1 ELSE 0 END," +
+		" CASE WHEN locked_until > " + b.Time(now) + " THEN 1 ELSE 0 END"
+}
+
+// Defer moves new rows the watermark is passing, not leased, to the rows
+// waiting for a retry, due now: a claim passed them over (they wait behind
+// their aggregate, or another claim held them), and the retry index finds
+// them from now on.
+func (s *Syntax) Defer(seqs []int64, now time.Time) store.Query {
+	b := s.Build()
+	return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), " WHERE ", b.Seqs("seq", seqs),
+		" AND status = 'pending' AND available_at IS NULL AND (locked_until IS NULL OR locked_until <= ", b.Time(now), ")").Query()
+}
+
+// LowOpen reads the lowest seq of an open row and the highest seq, each
+// NULL when there is none, in one scan of the table: where a watermark
+// starts, and the periodic sweep that lowers it to the rows of transactions
+// that committed long after they took their seq.
+func (s *Syntax) LowOpen() store.Query {
+	return store.Query{SQL: "SELECT MIN(CASE WHEN status = 'pending' AND available_at IS NULL THEN seq END), MAX(seq) FROM " + s.Table}
+}
+
 // MarkSent implements store.Claimer.
-func (s *Syntax) MarkSent(ids []string, now, lease time.Time) store.Query {
+func (s *Syntax) MarkSent(seqs []int64, now, lease time.Time) store.Query {
 	b := s.Build()
 	return b.W("UPDATE ", s.Table, " SET status = 'sent', sent_at = ", b.Time(now), ", updated_at = ", b.Time(now),
-		", locked_until = NULL, last_error = NULL WHERE ", b.IDs("id", ids),
+		", locked_until = NULL, last_error = NULL WHERE ", b.Seqs("seq", seqs),
 		" AND locked_until = ", b.Time(lease), " AND status = 'pending'").Query()
 }
 
 // Release implements store.Claimer.
-func (s *Syntax) Release(ids []string, now, lease time.Time) store.Query {
+func (s *Syntax) Release(seqs []int64, now, lease time.Time) store.Query {
 	b := s.Build()
 	return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), ", updated_at = ", b.Time(now),
-		", locked_until = NULL, attempts = attempts - 1 WHERE ", b.IDs("id", ids),
+		", locked_until = NULL, attempts = attempts - 1 WHERE ", b.Seqs("seq", seqs),
 		" AND locked_until = ", b.Time(lease), " AND status = 'pending'").Query()
 }
 
 // MarkFailedValues records failed attempts in one statement joined to a
 // VALUES list: each row gets its own status (pending for a retry, failed
-// when out of attempts), error and next due time. cast types the due
-// times, which are untyped text in VALUES otherwise.
-func (s *Syntax) MarkFailedValues(outs []store.Outcome, now, lease time.Time, cast string) store.Query {
+// when out of attempts), error and next due time. timeCast and seqCast
+// type the due times and seqs, which are untyped text in VALUES otherwise.
+func (s *Syntax) MarkFailedValues(outs []store.Outcome, now, lease time.Time, timeCast, seqCast string) store.Query {
 	b := s.Build()
 	b.W("UPDATE ", s.Table, " AS o SET status = v.column2, last_error = v.column3, available_at = v.column4,",
 		" locked_until = NULL, updated_at = ", b.Time(now), " FROM (VALUES ")
@@ -213,9 +365,9 @@ func (s *Syntax) MarkFailedValues(outs []store.Outcome, now, lease time.Time, ca
 		if i > 0 {
 			b.W(", ")
 		}
-		b.W("(", b.Arg(o.ID), ", ", b.Arg(o.Status), ", ", b.Arg(o.Err), ", ", b.Time(o.Due), cast, ")")
+		b.W("(", b.Arg(o.Seq), seqCast, ", ", s.StatusArg(b.Arg(o.Status)), ", ", b.Arg(o.Err), ", ", b.Time(o.Due), timeCast, ")")
 	}
-	b.W(") AS v WHERE o.id = v.column1 AND o.locked_until = ", b.Time(lease), " AND o.status = 'pending'")
+	b.W(") AS v WHERE o.seq = v.column1 AND o.locked_until = ", b.Time(lease), " AND o.status = 'pending'")
 	return b.Query()
 }
 
@@ -223,13 +375,13 @@ func (s *Syntax) MarkFailedValues(outs []store.Outcome, now, lease time.Time, ca
 // subquery (lock lets relays sharing the table skip each other's rows).
 func (s *Syntax) DeleteSentIn(before time.Time, limit int, lock string) store.Query {
 	b := s.Build()
-	return b.W("DELETE FROM ", s.Table, " WHERE id IN (SELECT id FROM ", s.Table,
+	return b.W("DELETE FROM ", s.Table, " WHERE seq IN (SELECT seq FROM ", s.Table,
 		" WHERE status = 'sent' AND sent_at < ", b.Time(before), " LIMIT ", b.Arg(limit), lock, ")").Query()
 }
 
 // Stats implements store.Admin.
 func (s *Syntax) Stats() store.Query {
-	return store.Query{SQL: "SELECT status, COUNT(*), " + s.TimeCol("MIN(created_at)") + " FROM " + s.Table + " GROUP BY status"}
+	return store.Query{SQL: "SELECT status, COUNT(*), " + s.TimeCol("MIN("+s.CreatedCol()+")") + " FROM " + s.Table + " GROUP BY status"}
 }
 
 // FailedSince counts the rows marked failed at or after since (a failed
@@ -238,3 +390,6 @@ func (s *Syntax) FailedSince(since time.Time) store.Query {
 	b := s.Build()
 	return b.W("SELECT COUNT(*) FROM ", s.Table, " WHERE status = 'failed' AND updated_at >= ", b.Time(since)).Query()
 }
+
+// IDExpr is the SQL expression that reads a row's event ID (store.Admin).
+func (s *Syntax) IDExpr() string { return s.IDCol }

@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
@@ -25,7 +26,9 @@ var (
 	//go:embed sqlite.sql
 	schema string
 	//go:embed sqlite-upgrade-2.sql
-	upgrade string
+	upgrade2 string
+	//go:embed sqlite-upgrade-3.sql
+	upgrade3 string
 )
 
 func init() {
@@ -50,10 +53,17 @@ func New(table string) *Store {
 		TimeArg:     Time,
 		TimeCol:     sqlbuild.BareCol,
 		Unsent:      "p.status <> 'sent'",
+		IDCol:       "COALESCE(named_id, id)",
+		IDArg:       func(u uuid.UUID) any { return u.String() },
+		StatusArg:   func(ph string) string { return ph },
+		Fresh:       true,
 	}}
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Walker = (*Store)(nil)
+)
 
 // timeFormat is the one text form every time is written in, so that text
 // comparisons order them: the cgo driver's own format for a time.Time,
@@ -77,7 +87,15 @@ func (s *Store) Limits() store.Limits {
 func (s *Store) Schema() string { return store.Rename(schema, s.name) }
 
 // Upgrade implements store.Schema.
-func (s *Store) Upgrade() string { return store.Rename(upgrade, s.name) }
+func (s *Store) Upgrade(from int) string {
+	switch from {
+	case 1:
+		return store.Rename(upgrade2, s.name)
+	case 2:
+		return store.Rename(upgrade3, s.name)
+	}
+	return ""
+}
 
 // Exists implements store.Schema.
 func (s *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
@@ -88,10 +106,11 @@ func (s *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, erro
 
 // Version implements store.Schema.
 func (s *Store) Version(ctx context.Context, q store.Querier) (int, error) {
-	var table, seq int
+	var table, seq, named int
 	err := q.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?),"+
-		" (SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'seq')", s.name, s.name).Scan(&table, &seq)
-	return store.VersionOf(table > 0, seq > 0), err
+		" (SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'seq'), (SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'named_id')",
+		s.name, s.name, s.name).Scan(&table, &seq, &named)
+	return store.VersionOf(table > 0, seq > 0, named > 0), err
 }
 
 // OrderingIndex implements store.Schema.
@@ -103,8 +122,11 @@ func (s *Store) OrderingIndex() (string, []string) {
 
 // Insert implements store.Writer.
 func (s *Store) Insert(rows []store.Event, now time.Time) store.Query {
-	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING")
+	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING", " RETURNING seq")
 }
+
+// Returning implements store.Writer.
+func (s *Store) Returning() bool { return true }
 
 // Claim implements store.Claimer in one statement: the database's one
 // writer makes it atomic.
@@ -114,7 +136,7 @@ func (s *Store) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]sto
 
 // MarkFailed implements store.Claimer.
 func (s *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Query {
-	return s.MarkFailedValues(outs, now, lease, "")
+	return s.MarkFailedValues(outs, now, lease, "", "")
 }
 
 // DeleteSent implements store.Claimer.

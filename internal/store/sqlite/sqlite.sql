@@ -1,46 +1,59 @@
--- The outbox table for SQLite (schema version 2), as db.Use creates it
+-- The outbox table for SQLite (schema version 3), as db.Use creates it
 -- unless Config.DisableAutoMigrate is set. For another table name, replace
 -- every outbox_events (outbox.SchemaSQL does this for you); a table created
--- by version 1 is upgraded by db.Use, or by the statements of
--- schema/sqlite-upgrade-2.sql (outbox.UpgradeSQL). Identifiers are quoted
--- so that any name Config.Table accepts works, keywords and capitals
+-- by an earlier version is upgraded by db.Use, or by the statements of
+-- schema/sqlite-upgrade-<version>.sql (outbox.UpgradeSQL). Identifiers are
+-- quoted so that any name Config.Table accepts works, keywords and capitals
 -- included.
 -- Times are written by the library as UTC text in one format, so that
 -- comparing them as strings orders them correctly.
+--
+-- The row is lean: an event whose ID and key the outbox generated writes one
+-- index entry (the rowid) and leaves NULL every column whose value another
+-- column gives (outbox.List, Get and the outbox command show the value):
+-- idempotency_key NULL is the event's ID, available_at NULL is due at once,
+-- created_at NULL is occurred_at, updated_at NULL is created_at.
 CREATE TABLE IF NOT EXISTS "outbox_events" (
     -- The rowid, assigned in write order: per-aggregate delivery follows it,
-    -- not the writers' clocks.
-    seq             INTEGER  PRIMARY KEY,
+    -- not the writers' clocks, and the relay reads new events by it, from a
+    -- low watermark it keeps. AUTOINCREMENT: a seq is never given out twice,
+    -- even once the rows at the top were deleted, so none lands below the
+    -- watermark.
+    seq             INTEGER  PRIMARY KEY AUTOINCREMENT,
+    -- The event's ID. An ID the publisher chose is in named_id too, which
+    -- only such events fill.
     id              TEXT     NOT NULL,
+    named_id        TEXT,
     event_type      TEXT     NOT NULL,
     aggregate_type  TEXT     NOT NULL DEFAULT '',
     aggregate_id    TEXT     NOT NULL DEFAULT '',
-    idempotency_key TEXT     NOT NULL,
+    idempotency_key TEXT,
     payload         TEXT     NOT NULL,
     headers         TEXT,
     status          TEXT     NOT NULL DEFAULT 'pending',
     attempts        INTEGER  NOT NULL DEFAULT 0,
     last_error      TEXT,
-    available_at    DATETIME NOT NULL,
+    available_at    DATETIME,
     locked_until    DATETIME,
     occurred_at     DATETIME NOT NULL,
-    created_at      DATETIME NOT NULL,
-    updated_at      DATETIME NOT NULL,
+    created_at      DATETIME,
+    updated_at      DATETIME,
     sent_at         DATETIME,
-    CONSTRAINT "outbox_events_id_key" UNIQUE (id),
     CONSTRAINT "outbox_events_status_check" CHECK (status IN ('pending', 'sent', 'failed'))
 );
 
--- The first write wins on the idempotency key. By default the key is the
--- event's ID, already unique: only events with a key of their own enter
--- this index, so a default event pays for one unique index, not two.
+-- The first write wins on an ID or a key the publisher chose: only such
+-- events enter these indexes. A generated ID (a fresh UUIDv7) cannot repeat.
+CREATE UNIQUE INDEX IF NOT EXISTS "outbox_events_named_id_idx"
+    ON "outbox_events" (named_id) WHERE named_id IS NOT NULL;
 CREATE UNIQUE INDEX IF NOT EXISTS "outbox_events_idempotency_key_idx"
-    ON "outbox_events" (idempotency_key) WHERE idempotency_key <> id;
+    ON "outbox_events" (idempotency_key) WHERE idempotency_key IS NOT NULL;
 
--- The relay's claim reads only due pending rows, oldest first. A partial index
--- keeps that cost independent of how many sent rows the table holds.
-CREATE INDEX IF NOT EXISTS "outbox_events_pending_idx"
-    ON "outbox_events" (available_at, seq) WHERE status = 'pending';
+-- Events that wait for a retry (or were replayed, or handed back): the claim
+-- finds them here when due. A new event is due at once (available_at NULL)
+-- and does not enter it; the relay finds new events by seq.
+CREATE INDEX IF NOT EXISTS "outbox_events_retry_idx"
+    ON "outbox_events" (available_at) WHERE status = 'pending' AND available_at IS NOT NULL;
 
 -- Retention deletes sent rows by age in small batches. Rows enter this index
 -- only when the relay marks them sent, so business inserts do not pay for it.

@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -49,6 +50,12 @@ func Exercise(t *testing.T, open Open) {
 	t.Run("Admin", func(t *testing.T) { t.Parallel(); testAdmin(t, open) })
 	t.Run("Limits", func(t *testing.T) { t.Parallel(); testLimits(t, open) })
 	t.Run("Concurrency", func(t *testing.T) { t.Parallel(); testConcurrency(t, open) })
+	if _, ok := s.(store.Walker); ok {
+		t.Run("Walker", func(t *testing.T) { t.Parallel(); testWalker(t, open) })
+	} else {
+		t.Logf("%s implements no store.Walker", s.Name())
+		t.Run("NoWalker", func(t *testing.T) { t.Parallel(); testNoWalker(t, open) })
+	}
 	// The optional roles, where the store has them.
 	if _, ok := s.(store.Notifier); ok {
 		t.Run("Notifier", func(t *testing.T) { t.Parallel(); testNotifier(t, open) })
@@ -159,29 +166,58 @@ func (e *env) count(q store.Query) int64 {
 	return n
 }
 
-// seqIDs runs a statement returning seq, id.
-func (e *env) seqIDs(q store.Query) ([]int64, []string) {
+// seqList runs a statement returning one column, seq.
+func (e *env) seqList(q store.Query) []int64 {
 	e.t.Helper()
 	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
 	require.NoError(e.t, err, "%s", q.SQL)
 	defer rs.Close()
-	var (
-		seqs []int64
-		ids  []string
-	)
+	var seqs []int64
 	for rs.Next() {
-		var (
-			seq int64
-			id  string
-		)
-		require.NoError(e.t, rs.Scan(&seq, &id))
-		seqs, ids = append(seqs, seq), append(ids, id)
+		var seq int64
+		require.NoError(e.t, rs.Scan(&seq))
+		seqs = append(seqs, seq)
 	}
 	require.NoError(e.t, rs.Err())
-	return seqs, ids
+	return seqs
 }
 
-// state is a row's status and attempts, read with literal SQL.
+// all reads every row through List, by seq.
+func (e *env) all() []store.Row {
+	e.t.Helper()
+	return e.query(e.s.List(store.Page{Limit: 100000}))
+}
+
+// idsAt are the IDs of the rows at seqs, in seqs' order ("?" for a seq
+// that holds no row).
+func (e *env) idsAt(seqs []int64) []string {
+	e.t.Helper()
+	byseq := map[int64]string{}
+	for _, r := range e.all() {
+		byseq[r.Seq] = r.ID
+	}
+	out := make([]string, len(seqs))
+	for i, s := range seqs {
+		id, ok := byseq[s]
+		if !ok {
+			id = fmt.Sprintf("?%d", s)
+		}
+		out[i] = id
+	}
+	return out
+}
+
+// seqs is the seq of each row, in ids' order, read through Get.
+func (e *env) seqs(ids ...string) []int64 {
+	e.t.Helper()
+	out := make([]int64, len(ids))
+	for i, id := range ids {
+		out[i] = e.get(id).Seq
+	}
+	return out
+}
+
+// state is a row's status and attempts.
 type state struct {
 	Status   string
 	Attempts int
@@ -190,19 +226,10 @@ type state struct {
 // states reads every row's status and attempts, by ID.
 func (e *env) states() map[string]state {
 	e.t.Helper()
-	rs, err := e.db.QueryContext(e.ctx, "SELECT id, status, attempts FROM "+e.qt)
-	require.NoError(e.t, err)
-	defer rs.Close()
 	out := map[string]state{}
-	for rs.Next() {
-		var (
-			id string
-			s  state
-		)
-		require.NoError(e.t, rs.Scan(&id, &s.Status, &s.Attempts))
-		out[id] = s
+	for _, r := range e.all() {
+		out[r.ID] = state{r.Status, r.Attempts}
 	}
-	require.NoError(e.t, rs.Err())
 	return out
 }
 
@@ -240,7 +267,7 @@ func (e *env) settle(ids ...string) time.Time {
 	e.leases++
 	at := now.Add(1000 * time.Hour)
 	lease := at.Add(time.Hour + time.Duration(e.leases)*time.Microsecond)
-	got := e.claimIDs(store.ClaimSpec{Now: at, Lease: lease, Limit: len(ids), IDs: ids})
+	got := e.claimIDs(store.ClaimSpec{Now: at, Lease: lease, Limit: len(ids), Seqs: e.seqs(ids...)})
 	require.ElementsMatch(e.t, ids, got, "claim the rows to settle")
 	return lease
 }
@@ -249,7 +276,7 @@ func (e *env) settle(ids ...string) time.Time {
 func (e *env) sent(at time.Time, ids ...string) {
 	e.t.Helper()
 	lease := e.settle(ids...)
-	require.EqualValues(e.t, len(ids), e.exec(e.s.MarkSent(ids, at, lease)), "MarkSent")
+	require.EqualValues(e.t, len(ids), e.exec(e.s.MarkSent(e.seqs(ids...), at, lease)), "MarkSent")
 }
 
 // failed marks the rows failed for good at the time at, with the error.
@@ -258,10 +285,26 @@ func (e *env) failed(at time.Time, msg string, ids ...string) {
 	lease := e.settle(ids...)
 	outs := make([]store.Outcome, len(ids))
 	for i, id := range ids {
-		outs[i] = store.Outcome{ID: id, Status: "failed", Err: msg, Due: at}
+		outs[i] = e.outcome(id, "failed", msg, at)
 	}
 	require.EqualValues(e.t, len(ids), e.exec(e.s.MarkFailed(outs, at, lease)), "MarkFailed")
 }
+
+// outcome is the outcome of the row with the ID, by its seq.
+func (e *env) outcome(id, status, msg string, due time.Time) store.Outcome {
+	e.t.Helper()
+	return store.Outcome{Seq: e.get(id).Seq, ID: id, Status: status, Err: msg, Due: due}
+}
+
+// walker is the store as a store.Walker, or nil.
+func (e *env) walker() store.Walker {
+	w, _ := e.s.(store.Walker)
+	return w
+}
+
+// where is a condition on the row with the ID the publisher chose, for
+// literal SQL.
+func where(id string) string { return " WHERE named_id = '" + id + "'" }
 
 // ensureOrdering builds the ordering index, as a relay with
 // OrderByAggregate does before its first claim.
@@ -274,7 +317,7 @@ func (e *env) ensureOrdering() {
 // ev is an event the caller named (not generated), its key its ID.
 func ev(id string) store.Event {
 	return store.Event{
-		ID: id, Type: "order.created", Key: id,
+		ID: id, Type: "order.created", Key: id, NamedID: true,
 		Payload:    []byte(`{"id":"` + id + `"}`),
 		OccurredAt: now.Add(-time.Minute),
 	}
@@ -287,10 +330,12 @@ func agg(id, typ, aggID string) store.Event {
 	return e
 }
 
-// generated is an event whose ID and key the publisher generated.
-func generated(id string) store.Event {
+// generated is an event whose ID (a fresh UUIDv7) and key the publisher
+// generated, as Publish writes one.
+func generated() store.Event {
+	id := uuid.Must(uuid.NewV7()).String()
 	e := ev(id)
-	e.Generated = true
+	e.Generated, e.NamedID = true, false
 	return e
 }
 

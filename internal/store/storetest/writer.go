@@ -1,10 +1,16 @@
 package storetest
 
 import (
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/store"
+	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -88,17 +94,27 @@ func testWriter(t *testing.T, open Open) {
 	t.Run("GeneratedWithoutConflictClause", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, open)
-		g := generated("g-1")
+		g := generated()
 		require.EqualValues(t, 1, e.insert(now, g))
-		// A generated ID cannot repeat, so the INSERT has no clause to skip
-		// one: should one repeat, the INSERT fails (and with it the
-		// caller's transaction) rather than drop an event silently.
-		q := e.s.Insert([]store.Event{g}, now)
-		_, err := e.db.ExecContext(e.ctx, q.SQL, q.Args...)
-		assert.Error(t, err, "a repeated generated ID must fail the INSERT: %s", q.SQL)
-		// One caller-named row keeps the clause for the whole statement.
-		assert.EqualValues(t, 1, e.insert(now, g, ev("named")), "the generated duplicate skipped, the named row written")
+		// A generated ID cannot repeat, so it enters no unique index: should
+		// one ever repeat, two rows hold it (the event is delivered twice, at
+		// least once as always).
+		assert.EqualValues(t, 1, e.insert(now, g), "a repeated generated ID is written again: no index holds it")
 		assert.EqualValues(t, 2, e.rows())
+		// And a statement of generated rows has no clause to skip a
+		// duplicate: an event marked generated whose key is taken (which
+		// Publish never writes) fails the INSERT rather than being skipped.
+		taken := ev("taken")
+		taken.Key = "k-taken"
+		require.EqualValues(t, 1, e.insert(now, taken))
+		clash := generated()
+		clash.Key = "k-taken"
+		q := e.s.Insert([]store.Event{clash}, now)
+		_, err := e.db.ExecContext(e.ctx, q.SQL, q.Args...)
+		assert.Error(t, err, "an INSERT of generated rows must carry no conflict clause: %s", q.SQL)
+		// One caller-named row keeps the clause for the whole statement.
+		assert.EqualValues(t, 1, e.insert(now, clash, ev("named")), "the clashing row skipped, the named row written")
+		assert.EqualValues(t, 4, e.rows())
 	})
 
 	t.Run("DuplicatesSkipped", func(t *testing.T) {
@@ -129,4 +145,233 @@ func testWriter(t *testing.T, open Open) {
 		// created_at tells the rows this INSERT wrote from older ones.
 		assert.Equal(t, map[string]key{"x": {"kx", now}, "z": {"z", later}}, e.keysOf("x", "y", "z"))
 	})
+
+	// Schema version 3's lean row: a generated event leaves NULL every
+	// column another column gives, and reads back as if they were written.
+	t.Run("LeanGenerated", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		g := generated()
+		g.OccurredAt = now
+		require.EqualValues(t, 1, e.insert(now, g))
+		r := e.get(g.ID)
+		nulls := e.nulls(r.Seq)
+		assert.True(t, nulls["named_id"], "a generated ID is not in named_id")
+		assert.True(t, nulls["idempotency_key"], "a key that is the ID is NULL")
+		assert.True(t, nulls["created_at"], "created_at is NULL when the event occurred at the INSERT's time")
+		assert.True(t, nulls["updated_at"], "updated_at is NULL until the row changes")
+		assert.Equal(t, e.walker() != nil, nulls["available_at"], "available_at is NULL (due at once) exactly where the store walks new rows by seq")
+		assert.Equal(t, hexOf(uuid.MustParse(g.ID)), e.idColumn(r.Seq), "the id column holds the generated UUID")
+
+		check := func(r store.Row, how string) {
+			t.Helper()
+			assert.Equal(t, g.ID, r.ID, how)
+			assert.Equal(t, g.ID, r.Key, "%s: the key is the ID", how)
+			assert.Equal(t, "pending", r.Status, how)
+			sameTime(t, now, r.OccurredAt, "%s: occurred_at", how)
+			sameTime(t, now, r.CreatedAt, "%s: created_at is occurred_at", how)
+			sameTime(t, now, r.UpdatedAt, "%s: updated_at is created_at", how)
+			sameTime(t, now, r.AvailableAt, "%s: available_at is created_at", how)
+		}
+		check(r, "Get")
+		byID := store.Filter{IDs: []string{g.ID}}
+		rows := e.query(e.s.List(store.Page{Filter: byID, Limit: 10}))
+		if assert.Len(t, rows, 1, "List by the generated ID") {
+			check(rows[0], "List")
+		}
+		assert.EqualValues(t, 1, e.count(e.s.Count(byID)), "Count by the generated ID")
+		assert.Equal(t, []int64{r.Seq}, e.seqList(e.s.PurgeSelect(byID, 10)), "PurgeSelect by the generated ID")
+		assert.Empty(t, e.keysOf(g.ID), "KeysOf finds only IDs the publisher chose: a generated one is held by no other row")
+
+		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
+		require.Len(t, got, 1)
+		c := got[0]
+		assert.Equal(t, r.Seq, c.Seq)
+		assert.Equal(t, g.ID, c.ID)
+		assert.Equal(t, g.ID, c.Key)
+		sameTime(t, now, c.OccurredAt, "claimed occurred_at")
+		sameTime(t, now, c.CreatedAt, "claimed created_at is occurred_at")
+
+		// An event that occurred before the INSERT has its created_at.
+		g2 := generated()
+		require.EqualValues(t, 1, e.insert(now, g2))
+		r2 := e.get(g2.ID)
+		assert.False(t, e.nulls(r2.Seq)["created_at"], "created_at written when it is not occurred_at")
+		sameTime(t, now, r2.CreatedAt, "created_at")
+		sameTime(t, now, r2.AvailableAt, "available_at is created_at")
+		sameTime(t, g2.OccurredAt, r2.OccurredAt, "occurred_at")
+		got = e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
+		require.Len(t, got, 1)
+		assert.Equal(t, g2.ID, got[0].ID)
+		sameTime(t, now, got[0].CreatedAt, "claimed created_at")
+	})
+
+	// A generated ID with a key the publisher chose: the key is unique, the
+	// ID in no index.
+	t.Run("GeneratedIDChosenKey", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		k := generated()
+		k.Generated, k.Key = false, "k-1"
+		require.EqualValues(t, 1, e.insert(now, k))
+		r := e.get(k.ID)
+		assert.Equal(t, k.ID, r.ID)
+		assert.Equal(t, "k-1", r.Key)
+		nulls := e.nulls(r.Seq)
+		assert.True(t, nulls["named_id"], "a generated ID is not in named_id")
+		assert.False(t, nulls["idempotency_key"], "a key of its own is written")
+		other := generated()
+		other.Generated, other.Key = false, "k-1"
+		assert.EqualValues(t, 0, e.insert(now, other), "another event with the key is skipped")
+		assert.EqualValues(t, 1, e.rows())
+		assert.Empty(t, e.keysOf(k.ID), "KeysOf finds only IDs the publisher chose")
+		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
+		require.Len(t, got, 1)
+		assert.Equal(t, k.ID, got[0].ID)
+		assert.Equal(t, "k-1", got[0].Key)
+	})
+
+	// An ID the publisher chose that is no UUID: kept in named_id, the id
+	// column derived from it (sqlbuild.RowID).
+	t.Run("NamedID", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		o := ev("order-42")
+		require.EqualValues(t, 1, e.insert(now, o))
+		r := e.get("order-42")
+		assert.Equal(t, "order-42", r.ID)
+		assert.Equal(t, "order-42", r.Key)
+		named, ok := e.namedID(r.Seq)
+		assert.True(t, ok, "named_id is written")
+		assert.Equal(t, "order-42", named)
+		nulls := e.nulls(r.Seq)
+		assert.True(t, nulls["idempotency_key"], "a key that is the ID is NULL")
+		assert.Equal(t, hexOf(sqlbuild.RowID("order-42")), e.idColumn(r.Seq), "the id column is the UUID derived from the ID")
+		assert.Equal(t, map[string]key{"order-42": {"order-42", now}}, e.keysOf("order-42"))
+
+		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
+		require.Len(t, got, 1)
+		assert.Equal(t, "order-42", got[0].ID)
+		assert.Equal(t, "order-42", got[0].Key)
+		assert.Equal(t, r.Seq, got[0].Seq)
+
+		again := ev("order-42")
+		again.Type = "second"
+		assert.EqualValues(t, 0, e.insert(now.Add(time.Minute), again), "the same named ID (and key) again is skipped")
+		other := ev("order-42")
+		other.Key = "another-key"
+		assert.EqualValues(t, 0, e.insert(now.Add(time.Minute), other), "the same named ID with another key is skipped")
+		assert.EqualValues(t, 1, e.rows())
+		assert.Equal(t, "order.created", e.get("order-42").EventType, "the first write wins")
+
+		// With a key of its own.
+		o2 := ev("order-43")
+		o2.Key = "k-43"
+		require.EqualValues(t, 1, e.insert(now, o2))
+		assert.Equal(t, "k-43", e.get("order-43").Key)
+		assert.Equal(t, map[string]key{"order-43": {"k-43", now}}, e.keysOf("order-43"))
+		o3 := ev("order-44")
+		o3.Key = "k-43"
+		assert.EqualValues(t, 0, e.insert(now, o3), "a named event with a taken key is skipped")
+	})
+
+	// An ID the publisher chose that is the canonical text of a UUID: in
+	// named_id, and the id column is the UUID itself.
+	t.Run("NamedUUID", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		const id = "0190f0c4-8a6e-7b3c-9d2e-5f1a2b3c4d5e"
+		require.EqualValues(t, 1, e.insert(now, ev(id)))
+		r := e.get(id)
+		assert.Equal(t, id, r.ID)
+		assert.Equal(t, id, r.Key)
+		named, ok := e.namedID(r.Seq)
+		assert.True(t, ok, "named_id is written")
+		assert.Equal(t, id, named)
+		assert.Equal(t, hexOf(uuid.MustParse(id)), e.idColumn(r.Seq), "the id column is the UUID")
+		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
+		require.Len(t, got, 1)
+		assert.Equal(t, id, got[0].ID)
+		assert.Equal(t, id, got[0].Key)
+		assert.EqualValues(t, 0, e.insert(now, ev(id)), "the same named UUID again is skipped")
+		assert.Equal(t, map[string]key{id: {id, now}}, e.keysOf(id))
+
+		// IDs compare byte for byte: the same UUID spelt in capitals is
+		// another ID, and not a UUID's canonical text.
+		upper := strings.ToUpper(id)
+		require.EqualValues(t, 1, e.insert(now, ev(upper)))
+		u := e.get(upper)
+		assert.Equal(t, upper, u.ID)
+		assert.Equal(t, hexOf(sqlbuild.RowID(upper)), e.idColumn(u.Seq), "the id column is derived from the non-canonical text")
+		assert.Equal(t, r.Seq, e.get(id).Seq, "Get of the canonical text finds its own row only")
+		assert.EqualValues(t, 2, e.rows())
+	})
+
+	// An event whose key is an earlier default event's ID, and a default
+	// event whose ID is an earlier event's own key: the ID and the key
+	// are unique each in its own index (a default event's key is NULL), so
+	// both are written, on every store.
+	t.Run("KeyMeetsID", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		require.EqualValues(t, 1, e.insert(now, ev("x")))
+		y := ev("y")
+		y.Key = "x"
+		assert.EqualValues(t, 1, e.insert(now, y), "a key equal to an earlier default event's ID")
+		a := ev("a")
+		a.Key = "k"
+		require.EqualValues(t, 1, e.insert(now, a))
+		assert.EqualValues(t, 1, e.insert(now, ev("k")), "a default event whose ID is an earlier event's key")
+		assert.EqualValues(t, 4, e.rows())
+	})
 }
+
+// nulls reports which of the columns NULL stands in for another's are
+// NULL in the row at seq, read with literal SQL.
+func (e *env) nulls(seq int64) map[string]bool {
+	e.t.Helper()
+	cols := []string{"named_id", "idempotency_key", "available_at", "created_at", "updated_at"}
+	sel := make([]string, len(cols))
+	for i, c := range cols {
+		sel[i] = "CASE WHEN " + c + " IS NULL THEN 1 ELSE 0 END"
+	}
+	vals := make([]int, len(cols))
+	ptrs := make([]any, len(cols))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq = %d", strings.Join(sel, ", "), e.qt, seq)
+	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q).Scan(ptrs...), "%s", q)
+	out := map[string]bool{}
+	for i, c := range cols {
+		out[c] = vals[i] == 1
+	}
+	return out
+}
+
+// namedID reads the named_id column of the row at seq.
+func (e *env) namedID(seq int64) (string, bool) {
+	e.t.Helper()
+	var s sql.NullString
+	q := fmt.Sprintf("SELECT named_id FROM %s WHERE seq = %d", e.qt, seq)
+	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q).Scan(&s), "%s", q)
+	return s.String, s.Valid
+}
+
+// idColumn reads the id column of the row at seq as 32 hex digits, spelt
+// for each database (a native UUID, text, or 16 bytes).
+func (e *env) idColumn(seq int64) string {
+	e.t.Helper()
+	expr, ok := map[string]string{
+		"postgres": "REPLACE(id::text, '-', '')",
+		"sqlite":   "REPLACE(id, '-', '')",
+		"mysql":    "LOWER(HEX(id))",
+	}[e.s.Name()]
+	require.True(e.t, ok, "the suite does not know how %s reads the id column: add it to idColumn", e.s.Name())
+	var s string
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq = %d", expr, e.qt, seq)
+	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q).Scan(&s), "%s", q)
+	return s
+}
+
+func hexOf(u uuid.UUID) string { return hex.EncodeToString(u[:]) }

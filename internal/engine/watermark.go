@@ -1,0 +1,175 @@
+package engine
+
+import (
+	"context"
+	"database/sql"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/store"
+)
+
+// The watermark is how a relay finds new events without an index that every
+// INSERT would enter (store.Walker): new rows are due at once and read by
+// seq, the primary key, from a low watermark below which every row is done,
+// waits for a retry (the retry index finds it), or is a gap.
+//
+// Seqs are taken at INSERT and become visible at commit, so a row can
+// appear below rows already seen: the seqs the walk passes that hold no
+// row yet are gaps, looked at on every claim until their row appears or
+// they are older than SweepEvery (a rolled-back transaction's seq never
+// fills). A sweep every SweepEvery lowers the watermark to the lowest open
+// row, one scan of the table, which finds the rows of transactions that
+// took longer than that between their INSERT and their commit.
+const (
+	// SweepEvery is how often the watermark is checked against the whole
+	// table, and how long a gap is looked at.
+	SweepEvery = 30 * time.Second
+	// WalkRows is how many rows one walk reads.
+	WalkRows = 1000
+	// MaxGaps bounds the gaps looked at; past it the sweep finds the rows.
+	MaxGaps = 10000
+	// SweepLookback is how far below the highest seq a sweep that finds no
+	// open row puts the watermark, so that the walk registers the gaps of
+	// the transactions in flight.
+	SweepLookback = 1000
+)
+
+type watermark struct {
+	mu       sync.Mutex
+	from     int64               // every row below is done, retried, or a gap
+	frontier int64               // the highest seq the last claim took
+	gaps     map[int64]time.Time // seq → when the walk passed it
+	swept    time.Time           // zero before the first sweep
+}
+
+func (w *watermark) gapList() []int64 {
+	if len(w.gaps) == 0 {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(w.gaps))
+}
+
+// claimed notes what a claim took: the gaps it filled, and how far it read.
+func (w *watermark) claimed(rows []store.Claimed) {
+	for i := range rows {
+		delete(w.gaps, rows[i].Seq)
+		w.frontier = max(w.frontier, rows[i].Seq)
+	}
+}
+
+type walkRow struct {
+	seq          int64
+	open, leased bool
+}
+
+func readWalk(ctx context.Context, db *sql.DB, q store.Query) ([]walkRow, error) {
+	rs, err := db.QueryContext(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var out []walkRow
+	for rs.Next() {
+		var r walkRow
+		var open, leased int
+		if err := rs.Scan(&r.seq, &open, &leased); err != nil {
+			return nil, err
+		}
+		r.open, r.leased = open == 1, leased == 1
+		out = append(out, r)
+	}
+	return out, rs.Err()
+}
+
+// advance moves the watermark up to the first open row that is leased, or
+// that the last claim did not pass over; open rows it passed over, not
+// leased (behind their aggregate, or held by another claim at the time),
+// are deferred to the retry index, so that nothing holds the watermark
+// back but events in flight.
+func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now time.Time) error {
+	if w.gaps == nil {
+		w.gaps = map[int64]time.Time{}
+	}
+	if w.swept.IsZero() || time.Since(w.swept) >= SweepEvery {
+		if err := w.sweep(ctx, db, s); err != nil {
+			return err
+		}
+	}
+	var deferred []int64
+	if len(w.gaps) > 0 {
+		rows, err := readWalk(ctx, db, s.Look(w.gapList(), now))
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			switch {
+			case !r.open:
+				delete(w.gaps, r.seq)
+			case !r.leased:
+				// Appeared, new: the claim takes it through Gaps.
+			}
+		}
+		for seq, seen := range w.gaps {
+			if time.Since(seen) >= SweepEvery {
+				delete(w.gaps, seq)
+			}
+		}
+	}
+	rows, err := readWalk(ctx, db, s.Walk(w.from, WalkRows, now))
+	if err != nil {
+		return err
+	}
+	next := w.from
+walk:
+	for _, r := range rows {
+		for g := next; g < r.seq && len(w.gaps) < MaxGaps; g++ {
+			w.gaps[g] = time.Now()
+		}
+		switch {
+		case r.open && r.leased:
+			next = r.seq
+			break walk
+		case r.open && r.seq >= w.frontier:
+			next = r.seq
+			break walk
+		case r.open:
+			deferred = append(deferred, r.seq)
+		}
+		next = r.seq + 1
+	}
+	if len(deferred) > 0 {
+		q := s.Defer(deferred, now)
+		if _, err := db.ExecContext(ctx, q.SQL, q.Args...); err != nil {
+			return err
+		}
+	}
+	w.from = next
+	return nil
+}
+
+// sweep lowers the watermark to the lowest open row (one scan of the
+// table), or, with none, to SweepLookback below the highest seq.
+func (w *watermark) sweep(ctx context.Context, db *sql.DB, s store.Walker) error {
+	q := s.LowOpen()
+	var low, high sql.NullInt64
+	if err := db.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&low, &high); err != nil {
+		return err
+	}
+	first := w.swept.IsZero()
+	w.swept = time.Now()
+	to := w.from
+	if first {
+		to = high.Int64 + 1
+	}
+	if high.Valid {
+		to = min(to, max(high.Int64+1-SweepLookback, 0))
+	}
+	if low.Valid {
+		to = min(to, low.Int64)
+	}
+	w.from = to
+	return nil
+}
