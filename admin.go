@@ -301,7 +301,13 @@ func (o *Outbox) Purge(db *gorm.DB, f Filter) (int, error) {
 	}
 }
 
-// selectIDs runs a SELECT seq, id and returns the IDs and the last seq.
+// IDColumn is the SQL expression, over the outbox table's own columns, that
+// reads an event's ID: COALESCE(named_id, id::text) on PostgreSQL, where id
+// is a UUID column and named_id the ID a publisher chose (schema version 3,
+// docs/schema.md). Select it from the table, unqualified, for SQL of your
+// own: SELECT <IDColumn> AS event_id FROM <Table>.
+func (o *Outbox) IDColumn() string { return o.store.IDExpr() }
+
 // selectSeqs reads a query's seqs, and the last one.
 func selectSeqs(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]int64, int64, error) {
 	rows, err := pool.QueryContext(ctx, q.SQL, q.Args...)

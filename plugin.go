@@ -321,7 +321,11 @@ func (o *Outbox) initTable(ctx context.Context, db *gorm.DB) error {
 	if err != nil {
 		return err
 	}
-	if v, err := o.store.Version(ctx, sqlDB); err == nil && v > 0 && v < store.SchemaVersion {
+	v, err := o.store.Version(ctx, sqlDB)
+	if err != nil {
+		return fmt.Errorf("outbox: read the schema of %s: %w", o.table, err)
+	}
+	if v > 0 && v < store.SchemaVersion {
 		return fmt.Errorf("%w: table %s has schema version %d and Config.DisableAutoMigrate is set: apply outbox.UpgradeSQLFrom(%q, %q, %d) (schema/%s-upgrade-*.sql) first",
 			ErrInvalidConfig, o.table, v, o.store.Name(), o.table, v, o.store.Name())
 	}

@@ -394,7 +394,9 @@ func floorLatency(ctx context.Context, pg *pgServer, plain *gorm.DB) (latencyCon
 	return latencyContender{
 		name: "floor: NOTIFY per commit, LISTEN, claim+lease, deliver, mark (hand-written)",
 		prepare: func(ctx context.Context) error {
-			return exec(ctx, sqlDB(plain), `TRUNCATE bench_orders, "`+table+`"`)
+			// RESTART IDENTITY: the floor's watermark starts at seq 1 on
+			// an empty table.
+			return exec(ctx, sqlDB(plain), `TRUNCATE bench_orders, "`+table+`" RESTART IDENTITY`)
 		},
 		publish: func(ctx context.Context, i int) error {
 			err := plain.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -423,11 +425,15 @@ func floorLatency(ctx context.Context, pg *pgServer, plain *gorm.DB) (latencyCon
 				return fmt.Errorf("listen connection: %w", err)
 			}
 			defer conn.Close()
+			wm, err := pg.floorStart(ctx, db, table)
+			if err != nil {
+				return err
+			}
 			drainDue := func() error {
 				for {
 					now := time.Now().UTC().Truncate(time.Microsecond)
 					lease := now.Add(time.Minute)
-					rs, err := pg.floorClaim(ctx, db, table, defaultBatchSize, now, lease)
+					rs, err := pg.floorClaim(ctx, db, table, wm, defaultBatchSize, now, lease)
 					if err != nil || len(rs) == 0 {
 						return err
 					}
@@ -435,7 +441,7 @@ func floorLatency(ctx context.Context, pg *pgServer, plain *gorm.DB) (latencyCon
 						i, _ := strconv.Atoi(r.aggID)
 						handled(i)
 					}
-					if err := pg.floorMark(ctx, db, table, rowIDs(rs), lease); err != nil {
+					if err := pg.floorMark(ctx, db, table, rowSeqs(rs), lease); err != nil {
 						return err
 					}
 				}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	mysqldriver "github.com/go-sql-driver/mysql"
-	"github.com/gorm-outbox/outbox"
+	"github.com/google/uuid"
 	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
 )
@@ -116,13 +116,18 @@ func (m *mysqlServer) clear(ctx context.Context, db *sql.DB, tables ...string) e
 	return nil
 }
 
-// floorInsert has four time placeholders: MySQL's ? cannot be referred to
-// twice.
+// floorInsert is the INSERT the library runs for a generated event (InsertRows
+// in sqlbuild.go): the ID as its 16 bytes, available_at written (MySQL finds
+// due rows through its pending index), created_at NULL (= occurred_at),
+// named_id and idempotency_key NULL. Two time placeholders: MySQL's ?
+// cannot be referred to twice.
 func (m *mysqlServer) floorInsert(table string) (string, int) {
-	return "INSERT INTO " + m.quote(table) + ` (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
-		status, attempts, available_at, occurred_at, created_at, updated_at)
-		VALUES (?, ?, ?, ?, ?, ?, 'pending', 0, ?, ?, ?, ?)`, 4
+	return "INSERT INTO " + m.quote(table) + ` (id, named_id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
+		headers, available_at, occurred_at, created_at)
+		VALUES (?, NULL, ?, ?, ?, NULL, ?, NULL, ?, ?, NULL)`, 2
 }
+
+func (m *mysqlServer) idArg(id uuid.UUID) any { return id[:] }
 
 // mysqlTimeFormat is DATETIME(6)'s literal form. Times go as UTC text, as
 // the library sends them: the driver would shift a time.Time by the DSN's
@@ -131,38 +136,45 @@ const mysqlTimeFormat = "2006-01-02 15:04:05.000000"
 
 func (m *mysqlServer) timeArg(t time.Time) any { return t.UTC().Format(mysqlTimeFormat) }
 
-// fillChunk is how many rows one INSERT ... SELECT of fill writes: the
-// numbers come from a cross join of five ten-row digit tables (MySQL has no
+// fill writes its rows with one INSERT ... SELECT. The numbers come from a
+// cross join of ten-row digit tables, as many as n needs (MySQL has no
 // generate_series; MariaDB's sequence engine is not in MySQL, and recursive
-// CTEs are capped at 1000 levels by default on both).
-const fillChunk = 100000
-
-func (m *mysqlServer) fill(ctx context.Context, db *sql.DB, table string, n int, status outbox.Status) error {
-	t0 := "CAST('" + time.Now().UTC().Add(-24*time.Hour).Format(mysqlTimeFormat) + "' AS DATETIME(6))"
-	sentAt := "NULL"
-	if status == outbox.StatusSent {
-		sentAt = "t0 + INTERVAL g MICROSECOND"
+// CTEs are capped at 1000 levels by default on both); ORDER BY g gives them
+// their seqs in that order. The IDs are UUIDv7s of the rows' times: 48 bits
+// of milliseconds, the version 7, the variant, random bits from MD5(RAND()).
+func (m *mysqlServer) fill(ctx context.Context, db *sql.DB, table string, n int, k fillKind) error {
+	now := time.Now().UTC()
+	at := func(t time.Time) string { return "CAST('" + t.Format(mysqlTimeFormat) + "' AS DATETIME(6))" }
+	start := now.Add(-24 * time.Hour)
+	const ts = "t0 + INTERVAL g MICROSECOND"
+	id := fmt.Sprintf("UNHEX(CONCAT(LPAD(HEX(%d + g DIV 1000), 12, '0'), '7', SUBSTR(r, 1, 3), SUBSTR('89ab', 1 + FLOOR(RAND() * 4), 1), SUBSTR(r, 4, 15)))",
+		start.UnixMilli())
+	cols := "id, event_type, aggregate_type, aggregate_id, payload, occurred_at, available_at"
+	vals := id + ", 'order.created', 'order', CAST(g AS CHAR), JSON_OBJECT('order_id', g, 'total', 42), " + ts
+	switch k {
+	case fillPending:
+		vals += ", " + ts
+	case fillSent:
+		cols += ", status, attempts, updated_at, sent_at"
+		vals += ", " + ts + ", 'sent', 1, " + ts + " + INTERVAL 1000 MICROSECOND, " + ts + " + INTERVAL 1000 MICROSECOND"
+	case fillBackoff:
+		cols += ", attempts, last_error, updated_at"
+		vals += ", " + at(now.Add(time.Hour)) + " + INTERVAL g MICROSECOND, 1, 'bench: handler failed', " + at(now)
 	}
-	prefix := string(status)[:1]
 	const digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4" +
 		" UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9)"
-	for base := 0; base < n; base += fillChunk {
-		g := fmt.Sprintf("%d + 1", base)
-		var from []string
-		for i, mul := 0, 1; mul < fillChunk; i, mul = i+1, mul*10 {
-			g += fmt.Sprintf(" + %d * d%d.d", mul, i)
-			from = append(from, fmt.Sprintf("%s d%d", digits, i))
-		}
-		q := "INSERT INTO " + m.quote(table) + ` (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers,
-			status, attempts, available_at, occurred_at, created_at, updated_at, sent_at)
-		SELECT CONCAT('` + prefix + `', LPAD(g, 10, '0')), 'order.created', 'order', CAST(g AS CHAR), CONCAT('` + prefix + `', LPAD(g, 10, '0')),
-			JSON_OBJECT('order_id', g, 'total', 42), NULL,
-			'` + string(status) + `', 0, t0 + INTERVAL g MICROSECOND, t0, t0 + INTERVAL g MICROSECOND, t0, ` + sentAt + `
-		FROM (SELECT ` + g + ` AS g FROM ` + strings.Join(from, ", ") + `) s, (SELECT ` + t0 + ` AS t0) t
-		WHERE g <= ` + fmt.Sprint(n) + ` ORDER BY g`
-		if _, err := db.ExecContext(ctx, q); err != nil {
-			return fmt.Errorf("fill %s with %d %s rows: %w", table, n, status, err)
-		}
+	g := "1"
+	var from []string
+	for i, mul := 0, 1; i == 0 || mul < n; i, mul = i+1, mul*10 {
+		g += fmt.Sprintf(" + %d * d%d.d", mul, i)
+		from = append(from, fmt.Sprintf("%s d%d", digits, i))
+	}
+	q := "INSERT INTO " + m.quote(table) + " (" + cols + ")" + `
+	SELECT ` + vals + `
+	FROM (SELECT ` + g + ` AS g, MD5(RAND()) AS r FROM ` + strings.Join(from, ", ") + `) s, (SELECT ` + at(start) + ` AS t0) t
+	WHERE g <= ` + fmt.Sprint(n) + ` ORDER BY g`
+	if _, err := db.ExecContext(ctx, q); err != nil {
+		return fmt.Errorf("fill %s with %d %s rows: %w", table, n, k, err)
 	}
 	// Fresh statistics for the optimizer, as vacuum gives PostgreSQL's.
 	return exec(ctx, db, "ANALYZE TABLE "+m.quote(table))
@@ -179,25 +191,32 @@ func mysqlRetryable(err error) bool {
 	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
 }
 
-// inList is an IN list of one placeholder per id, and the ids as
+// inList is an IN list of one placeholder per value, and the values as
 // arguments.
-func inList(ids []string) (string, []any) {
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
+func inList[T any](xs []T) (string, []any) {
+	args := make([]any, len(xs))
+	for i, x := range xs {
+		args[i] = x
 	}
-	return "(" + strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", ") + ")", args
+	return "(" + strings.TrimSuffix(strings.Repeat("?, ", len(xs)), ", ") + ")", args
 }
 
+// mysqlIDCol reads a row's event ID as the library does (Syntax.IDCol in
+// mysql.go: MariaDB has no BIN_TO_UUID).
+const mysqlIDCol = "COALESCE(named_id, LOWER(CONCAT_WS('-', HEX(SUBSTR(id, 1, 4)), HEX(SUBSTR(id, 5, 2)), HEX(SUBSTR(id, 7, 2))," +
+	" HEX(SUBSTR(id, 9, 2)), HEX(SUBSTR(id, 11, 6)))))"
+
 // mysqlSelectDue is the library's selectDue (mysql.go), copied: keep the
-// two in step. It returns the columns the floor uses (the library's also
-// returns seq, and reads the times as text). Arguments: now, batch size.
-const mysqlSelectDue = "SELECT " + floorColumns + " FROM %s c WHERE c.status = 'pending' AND c.available_at <= ?" +
+// two in step. MySQL keeps its pending index (status, available_at, seq),
+// which the claim reads as one range. It returns the library's columns,
+// but reads the times as DATETIME (the library reads them as text).
+// Arguments: now, now, batch size.
+var mysqlSelectDue = "SELECT " + floorColumns(mysqlIDCol) + " FROM %s c WHERE c.available_at <= ? AND c.status = 'pending'" +
 	" AND (c.locked_until IS NULL OR c.locked_until <= ?) ORDER BY c.available_at, c.seq LIMIT ? FOR UPDATE SKIP LOCKED"
 
 // claimTx is the library's claim transaction (claimTx in mysql.go) by hand:
 // at READ COMMITTED, lock the due rows skipping those another claim holds,
-// then lease them. The caller commits or rolls back.
+// then lease them by seq. The caller commits or rolls back.
 func (m *mysqlServer) claimTx(ctx context.Context, tx *sql.Tx, table string, batch int, now, lease time.Time) ([]floorRow, error) {
 	rows, err := tx.QueryContext(ctx, fmt.Sprintf(mysqlSelectDue, m.quote(table)), m.timeArg(now), m.timeArg(now), batch)
 	if err != nil {
@@ -207,10 +226,10 @@ func (m *mysqlServer) claimTx(ctx context.Context, tx *sql.Tx, table string, bat
 	if err != nil || len(rs) == 0 {
 		return nil, err
 	}
-	in, ids := inList(rowIDs(rs))
-	args := append([]any{m.timeArg(lease), m.timeArg(now)}, ids...)
+	in, seqs := inList(rowSeqs(rs))
+	args := append([]any{m.timeArg(lease), m.timeArg(now)}, seqs...)
 	if _, err := tx.ExecContext(ctx, "UPDATE "+m.quote(table)+
-		" SET locked_until = ?, attempts = attempts + 1, updated_at = ? WHERE id IN "+in, args...); err != nil {
+		" SET locked_until = ?, attempts = attempts + 1, updated_at = ? WHERE seq IN "+in, args...); err != nil {
 		return nil, err
 	}
 	for i := range rs {
@@ -231,7 +250,10 @@ func (m *mysqlServer) retry(ctx context.Context, f func() (int, error)) (int, er
 	}
 }
 
-func (m *mysqlServer) floorClaim(ctx context.Context, db *sql.DB, table string, batch int, now, lease time.Time) ([]floorRow, error) {
+// floorStart: the floor's claim reads the pending index, not a watermark.
+func (m *mysqlServer) floorStart(context.Context, *sql.DB, string) (*floorWM, error) { return nil, nil }
+
+func (m *mysqlServer) floorClaim(ctx context.Context, db *sql.DB, table string, _ *floorWM, batch int, now, lease time.Time) ([]floorRow, error) {
 	var rs []floorRow
 	_, err := m.retry(ctx, func() (int, error) {
 		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
@@ -250,17 +272,17 @@ func (m *mysqlServer) floorClaim(ctx context.Context, db *sql.DB, table string, 
 	return rs, nil
 }
 
-func (m *mysqlServer) floorMark(ctx context.Context, db *sql.DB, table string, ids []string, lease time.Time) error {
+func (m *mysqlServer) floorMark(ctx context.Context, db *sql.DB, table string, seqs []int64, lease time.Time) error {
 	now := m.timeArg(time.Now())
-	in, args := inList(ids)
+	in, args := inList(seqs)
 	args = append(append([]any{now, now}, args...), m.timeArg(lease))
 	_, err := db.ExecContext(ctx, "UPDATE "+m.quote(table)+
-		" SET status = 'sent', sent_at = ?, updated_at = ?, locked_until = NULL, last_error = NULL WHERE id IN "+in+
+		" SET status = 'sent', sent_at = ?, updated_at = ?, locked_until = NULL, last_error = NULL WHERE seq IN "+in+
 		" AND locked_until = ? AND status = 'pending'", args...)
 	return err
 }
 
-func (m *mysqlServer) floorOneStep(ctx context.Context, db *sql.DB, table string, batch int, deliver func([]floorRow)) (int, error) {
+func (m *mysqlServer) floorOneStep(ctx context.Context, db *sql.DB, table string, _ *floorWM, batch int, deliver func([]floorRow)) (int, error) {
 	return m.retry(ctx, func() (int, error) {
 		tx, err := db.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 		if err != nil {
@@ -276,10 +298,10 @@ func (m *mysqlServer) floorOneStep(ctx context.Context, db *sql.DB, table string
 		if err != nil || len(rs) == 0 {
 			return 0, err
 		}
-		in, ids := inList(rowIDs(rs))
+		in, seqs := inList(rowSeqs(rs))
 		if _, err := tx.ExecContext(ctx, "UPDATE "+m.quote(table)+
-			" SET status = 'sent', sent_at = ?, updated_at = ?, attempts = attempts + 1 WHERE id IN "+in,
-			append([]any{now, now}, ids...)...); err != nil {
+			" SET status = 'sent', sent_at = ?, updated_at = ?, attempts = attempts + 1 WHERE seq IN "+in,
+			append([]any{now, now}, seqs...)...); err != nil {
 			return 0, err
 		}
 		deliver(rs)

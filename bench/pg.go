@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gorm-outbox/outbox"
+	"github.com/google/uuid"
 	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver, as gorm.io/driver/postgres uses
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -121,28 +121,46 @@ func (p *pgServer) clear(ctx context.Context, db *sql.DB, tables ...string) erro
 	return exec(ctx, db, "TRUNCATE "+strings.Join(q, ", ")+" RESTART IDENTITY")
 }
 
+// floorInsert is the INSERT the library runs for a generated event (InsertRows
+// in sqlbuild.go, without its RETURNING seq, which only DeliverAfterCommit
+// needs): the ID as a uuid, available_at NULL (due at once, found by seq),
+// created_at NULL (= occurred_at), named_id and idempotency_key NULL.
 func (p *pgServer) floorInsert(table string) (string, int) {
-	return `INSERT INTO ` + table + ` (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
-		status, attempts, available_at, occurred_at, created_at, updated_at)
-		VALUES ($1, $2, $3, $4, $5, $6, 'pending', 0, $7, $7, $7, $7)`, 1
+	return `INSERT INTO ` + table + ` (id, named_id, event_type, aggregate_type, aggregate_id, idempotency_key, payload,
+		headers, available_at, occurred_at, created_at)
+		VALUES ($1::uuid, NULL, $2, $3, $4, NULL, $5, NULL, NULL, $6, NULL)`, 1
 }
+
+func (p *pgServer) idArg(id uuid.UUID) any { return id.String() }
 
 func (p *pgServer) timeArg(t time.Time) any { return t }
 
-func (p *pgServer) fill(ctx context.Context, db *sql.DB, table string, n int, status outbox.Status) error {
-	sentAt := "NULL"
-	if status == outbox.StatusSent {
-		sentAt = "t0 + g * interval '1 microsecond'"
+// pgUUIDv7 is a UUIDv7 of the time ts (a timestamptz expression) in SQL:
+// PostgreSQL 15 has no uuidv7(). The first 48 bits are the Unix time in
+// milliseconds, the version nibble is turned from gen_random_uuid's 4 into
+// 7 (bits 52 and 53), the rest stays random.
+func pgUUIDv7(ts string) string {
+	return "encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing substring(int8send(floor(extract(epoch from " + ts +
+		") * 1000)::bigint) from 3) from 1 for 6), 52, 1), 53, 1), 'hex')::uuid"
+}
+
+func (p *pgServer) fill(ctx context.Context, db *sql.DB, table string, n int, k fillKind) error {
+	const ts = "t0 + g * interval '1 microsecond'"
+	cols := "id, event_type, aggregate_type, aggregate_id, payload, occurred_at"
+	vals := pgUUIDv7(ts) + ", 'order.created', 'order', g::text, jsonb_build_object('order_id', g, 'total', 42), " + ts
+	switch k {
+	case fillSent:
+		cols += ", status, attempts, updated_at, sent_at"
+		vals += ", 'sent', 1, " + ts + " + interval '1 millisecond', " + ts + " + interval '1 millisecond'"
+	case fillBackoff:
+		cols += ", attempts, last_error, available_at, updated_at"
+		vals += ", 1, 'bench: handler failed', now() + interval '1 hour' + g * interval '1 microsecond', now()"
 	}
-	prefix := string(status)[:1]
-	q := `INSERT INTO "` + table + `" (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers,
-		status, attempts, available_at, occurred_at, created_at, updated_at, sent_at)
-	SELECT '` + prefix + `' || lpad(g::text, 10, '0'), 'order.created', 'order', g::text, '` + prefix + `' || lpad(g::text, 10, '0'),
-		jsonb_build_object('order_id', g, 'total', 42), NULL,
-		'` + string(status) + `', 0, t0 + g * interval '1 microsecond', t0, t0 + g * interval '1 microsecond', t0, ` + sentAt + `
-	FROM generate_series(1, $1::int) g, (SELECT now() - interval '1 day' AS t0) t`
+	q := `INSERT INTO "` + table + `" (` + cols + `)
+	SELECT ` + vals + `
+	FROM (SELECT now() - interval '1 day' AS t0) t, generate_series(1, $1::int) g`
 	if _, err := db.ExecContext(ctx, q, n); err != nil {
-		return fmt.Errorf("fill %s with %d %s rows: %w", table, n, status, err)
+		return fmt.Errorf("fill %s with %d %s rows: %w", table, n, k, err)
 	}
 	return vacuum(ctx, db, table)
 }
@@ -158,43 +176,76 @@ func vacuum(ctx context.Context, db *sql.DB, tables ...string) error {
 	return nil
 }
 
-// The floors' SQL. The claim is the library's PostgreSQL claim (built by
-// claimUpdate in dialect.go; not exported, so copied here: keep the two in
-// step), returning the columns the floor uses (the library's also returns
-// seq). $1 lease end, $2 now, $3 batch size.
+// pgIDCol reads a row's event ID as the library does (Syntax.IDCol in
+// postgres.go).
+const pgIDCol = "COALESCE(named_id, id::text)"
+
+// The floors' SQL. The claim is the library's PostgreSQL claim (ClaimUpdate
+// in sqlbuild.go; internal, so copied here: keep the two in step), without
+// the sources the floor has no use for (the seqs of a watermark's gaps:
+// floorWM has none): the rows waiting for a retry that are due (the retry
+// index), then the new rows from the watermark on (the primary key), at
+// most batch of both together. $1 lease end, $2 now, $3 batch size, $4
+// the watermark.
 const (
-	pgClaim = `UPDATE "%[1]s" SET locked_until = $1, attempts = attempts + 1, updated_at = $2
-		WHERE id IN (SELECT c.id FROM "%[1]s" c WHERE c.status = 'pending' AND c.available_at <= $2
-			AND (c.locked_until IS NULL OR c.locked_until <= $2) ORDER BY c.available_at, c.seq LIMIT $3 FOR UPDATE SKIP LOCKED)
-		RETURNING ` + floorColumns
+	pgClaim = `WITH r AS (SELECT c.seq FROM "%[1]s" c WHERE c.available_at <= $2
+			AND c.status = 'pending' AND (c.locked_until IS NULL OR c.locked_until <= $2)
+			ORDER BY c.available_at LIMIT $3 FOR UPDATE SKIP LOCKED),
+		f AS (SELECT c.seq FROM "%[1]s" c WHERE c.seq >= $4 AND c.available_at IS NULL
+			AND c.status = 'pending' AND (c.locked_until IS NULL OR c.locked_until <= $2)
+			ORDER BY c.seq LIMIT $3 FOR UPDATE SKIP LOCKED)
+		UPDATE "%[1]s" SET locked_until = $1, attempts = attempts + 1, updated_at = $2
+		WHERE seq IN (SELECT seq FROM (SELECT seq FROM r UNION ALL SELECT seq FROM f) u LIMIT $3)
+		RETURNING ` + "%[2]s"
 	pgMark = `UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, locked_until = NULL, last_error = NULL
-		WHERE id = ANY($3) AND locked_until = $2 AND status = 'pending'`
-	pgOneStep = `UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, attempts = attempts + 1
-		WHERE id IN (SELECT c.id FROM "%[1]s" c WHERE c.status = 'pending' AND c.available_at <= $1
-			ORDER BY c.available_at, c.seq LIMIT $2 FOR UPDATE SKIP LOCKED)
-		RETURNING ` + floorColumns
+		WHERE seq = ANY($3) AND locked_until = $2 AND status = 'pending'`
+	// $1 now, $2 batch size, $3 the watermark.
+	pgOneStep = `WITH r AS (SELECT c.seq FROM "%[1]s" c WHERE c.available_at <= $1 AND c.status = 'pending'
+			ORDER BY c.available_at LIMIT $2 FOR UPDATE SKIP LOCKED),
+		f AS (SELECT c.seq FROM "%[1]s" c WHERE c.seq >= $3 AND c.available_at IS NULL AND c.status = 'pending'
+			ORDER BY c.seq LIMIT $2 FOR UPDATE SKIP LOCKED)
+		UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, attempts = attempts + 1
+		WHERE seq IN (SELECT seq FROM (SELECT seq FROM r UNION ALL SELECT seq FROM f) u LIMIT $2)
+		RETURNING ` + "%[2]s"
 )
 
-func (p *pgServer) floorClaim(ctx context.Context, db *sql.DB, table string, batch int, now, lease time.Time) ([]floorRow, error) {
-	rows, err := db.QueryContext(ctx, fmt.Sprintf(pgClaim, table), lease, now, batch)
+// floorStart is where a library relay's first sweep puts its watermark
+// (LowOpen in sqlbuild.go, one scan of the table): the lowest new pending
+// row, else past the highest seq.
+func (p *pgServer) floorStart(ctx context.Context, db *sql.DB, table string) (*floorWM, error) {
+	var from int64
+	err := db.QueryRowContext(ctx, `SELECT COALESCE(MIN(seq) FILTER (WHERE status = 'pending' AND available_at IS NULL), MAX(seq) + 1, 1) FROM "`+table+`"`).Scan(&from)
+	if err != nil {
+		return nil, fmt.Errorf("floor watermark of %s: %w", table, err)
+	}
+	return newFloorWM(from), nil
+}
+
+func (p *pgServer) floorClaim(ctx context.Context, db *sql.DB, table string, wm *floorWM, batch int, now, lease time.Time) ([]floorRow, error) {
+	rows, err := db.QueryContext(ctx, fmt.Sprintf(pgClaim, table, floorColumns(pgIDCol)), lease, now, batch, wm.low())
 	if err != nil {
 		return nil, err
 	}
-	return scanFloor(rows)
+	rs, err := scanFloor(rows)
+	if err != nil {
+		return nil, err
+	}
+	wm.claimed(rs)
+	return rs, nil
 }
 
-func (p *pgServer) floorMark(ctx context.Context, db *sql.DB, table string, ids []string, lease time.Time) error {
-	_, err := db.ExecContext(ctx, fmt.Sprintf(pgMark, table), time.Now().UTC(), lease, ids)
+func (p *pgServer) floorMark(ctx context.Context, db *sql.DB, table string, seqs []int64, lease time.Time) error {
+	_, err := db.ExecContext(ctx, fmt.Sprintf(pgMark, table), time.Now().UTC(), lease, seqs)
 	return err
 }
 
-func (p *pgServer) floorOneStep(ctx context.Context, db *sql.DB, table string, batch int, deliver func([]floorRow)) (int, error) {
+func (p *pgServer) floorOneStep(ctx context.Context, db *sql.DB, table string, wm *floorWM, batch int, deliver func([]floorRow)) (int, error) {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
-	rows, err := tx.QueryContext(ctx, fmt.Sprintf(pgOneStep, table), time.Now().UTC(), batch)
+	rows, err := tx.QueryContext(ctx, fmt.Sprintf(pgOneStep, table, floorColumns(pgIDCol)), time.Now().UTC(), batch, wm.low())
 	if err != nil {
 		return 0, err
 	}
@@ -203,7 +254,11 @@ func (p *pgServer) floorOneStep(ctx context.Context, db *sql.DB, table string, b
 		return 0, err
 	}
 	deliver(rs)
-	return len(rs), tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return 0, err
+	}
+	wm.claimed(rs)
+	return len(rs), nil
 }
 
 func (p *pgServer) oneStepName() string { return "one-step UPDATE…RETURNING, deliver in tx" }
@@ -214,12 +269,17 @@ func (p *pgServer) probeMetric() string { return "EXPLAIN ANALYZE execution time
 
 // probeClaim runs the claim under EXPLAIN ANALYZE five times, each in a
 // transaction rolled back (the claim is executed, then undone), and returns
-// the median execution time and the indexes the plan read.
+// the median execution time and the indexes the plan read. The watermark
+// is where a relay's sweep would put it, read first (not timed).
 func (p *pgServer) probeClaim(ctx context.Context, db *sql.DB, table string, batch int) (float64, string, error) {
 	var (
 		times series
 		plan  string
 	)
+	wm, err := p.floorStart(ctx, db, table)
+	if err != nil {
+		return 0, "", err
+	}
 	for range 5 {
 		ms, idx, err := func() (float64, string, error) {
 			tx, err := db.BeginTx(ctx, nil)
@@ -229,8 +289,8 @@ func (p *pgServer) probeClaim(ctx context.Context, db *sql.DB, table string, bat
 			defer func() { _ = tx.Rollback() }()
 			now := time.Now().UTC()
 			var raw []byte
-			err = tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+fmt.Sprintf(pgClaim, table),
-				now.Add(time.Minute), now, batch).Scan(&raw)
+			err = tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+fmt.Sprintf(pgClaim, table, floorColumns(pgIDCol)),
+				now.Add(time.Minute), now, batch, wm.low()).Scan(&raw)
 			if err != nil {
 				return 0, "", fmt.Errorf("explain claim on %s: %w", table, err)
 			}

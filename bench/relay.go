@@ -313,7 +313,7 @@ func oursRelay(s server, admin *sql.DB, table string, shape relayShape, name str
 			if err := s.clear(ctx, admin, table); err != nil {
 				return err
 			}
-			return s.fill(ctx, admin, table, n, outbox.StatusPending)
+			return s.fill(ctx, admin, table, n, fillPending)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
 			return runOurs(ctx, s, table, outbox.RelayConfig{BatchSize: shape.batch, Workers: shape.workers}, relays, t, nil)
@@ -479,7 +479,9 @@ func ensureXIDs(ctx context.Context, db *sql.DB, n int) error {
 // transaction, mark sent guarded by the lease (what ours does). Unsafe
 // (oneStep): mark sent in the transaction that takes the rows and deliver
 // inside it; a crash after the commit loses the batch, and the transaction
-// stays open across the handlers.
+// stays open across the handlers. On PostgreSQL both read new rows by seq
+// from a watermark their relays share (floorWM), as schema version 3 has no
+// index of pending rows; on MySQL both read the pending index.
 func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) relayContender {
 	name := fmt.Sprintf("floor a: claim+lease, deliver, mark (batch %d)", batch)
 	kind := "floor-safe"
@@ -493,24 +495,24 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 			t.mark(i)
 		}
 	}
-	safeLoop := func(ctx context.Context, db *sql.DB, t *tally) error {
+	safeLoop := func(ctx context.Context, db *sql.DB, wm *floorWM, t *tally) error {
 		for ctx.Err() == nil {
 			now := time.Now().UTC().Truncate(time.Microsecond)
 			lease := now.Add(time.Minute)
-			rs, err := s.floorClaim(ctx, db, table, batch, now, lease)
+			rs, err := s.floorClaim(ctx, db, table, wm, batch, now, lease)
 			if err != nil || len(rs) == 0 {
 				return err
 			}
 			deliver(t, rs)
-			if err := s.floorMark(ctx, db, table, rowIDs(rs), lease); err != nil {
+			if err := s.floorMark(ctx, db, table, rowSeqs(rs), lease); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	oneStepLoop := func(ctx context.Context, db *sql.DB, t *tally) error {
+	oneStepLoop := func(ctx context.Context, db *sql.DB, wm *floorWM, t *tally) error {
 		for ctx.Err() == nil {
-			n, err := s.floorOneStep(ctx, db, table, batch, func(rs []floorRow) { deliver(t, rs) })
+			n, err := s.floorOneStep(ctx, db, table, wm, batch, func(rs []floorRow) { deliver(t, rs) })
 			if err != nil || n == 0 {
 				return err
 			}
@@ -529,7 +531,7 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 			if err := s.clear(ctx, admin, table); err != nil {
 				return err
 			}
-			return s.fill(ctx, admin, table, n, outbox.StatusPending)
+			return s.fill(ctx, admin, table, n, fillPending)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
 			db, err := s.openSQL()
@@ -537,13 +539,19 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 				return fmt.Errorf("open: %w", err)
 			}
 			defer db.Close()
+			// Where the relays start, as ours do: timed, like ours' first
+			// sweep.
+			wm, err := s.floorStart(ctx, db, table)
+			if err != nil {
+				return err
+			}
 			var wg sync.WaitGroup
 			errs := make([]error, relays)
 			for i := range relays {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					if err := loop(ctx, db, t); err != nil && ctx.Err() == nil {
+					if err := loop(ctx, db, wm, t); err != nil && ctx.Err() == nil {
 						errs[i] = err
 					}
 				}()

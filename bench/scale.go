@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"runtime"
 	"runtime/debug"
@@ -34,9 +35,13 @@ func scaleOn(ctx context.Context, s server, opts options, t *table) error {
 		}
 	}
 	progress("scale %s: filling %s with %d sent rows", s.name(), full, opts.scaleSent)
+	var sentTop int64 // the highest seq of the sent rows
 	if opts.scaleSent > 0 {
 		start := time.Now()
-		if err := s.fill(ctx, adb, full, opts.scaleSent, outbox.StatusSent); err != nil {
+		if err := s.fill(ctx, adb, full, opts.scaleSent, fillSent); err != nil {
+			return err
+		}
+		if sentTop, err = maxSeq(ctx, s, adb, full); err != nil {
 			return err
 		}
 		progress("scale %s: filled in %s", s.name(), time.Since(start).Round(time.Second))
@@ -47,14 +52,14 @@ func scaleOn(ctx context.Context, s server, opts options, t *table) error {
 			if err := s.clear(ctx, adb, empty); err != nil {
 				return err
 			}
-			return s.fill(ctx, adb, empty, n, outbox.StatusPending)
+			return s.fill(ctx, adb, empty, n, fillPending)
 		},
 		full: func(ctx context.Context, n int) error {
-			// Keep the sent rows ('s…'); drop the previous round's backlog.
-			if err := exec(ctx, adb, `DELETE FROM `+s.quote(full)+` WHERE id LIKE 'p%'`); err != nil {
+			// Keep the sent rows; drop the previous round's backlog.
+			if err := exec(ctx, adb, fmt.Sprintf(`DELETE FROM %s WHERE seq > %d`, s.quote(full), sentTop)); err != nil {
 				return err
 			}
-			return s.fill(ctx, adb, full, n, outbox.StatusPending)
+			return s.fill(ctx, adb, full, n, fillPending)
 		},
 	}
 	label := map[string]string{empty: "empty table", full: fmt.Sprintf("%d sent rows", opts.scaleSent)}
@@ -117,7 +122,7 @@ func scaleOn(ctx context.Context, s server, opts options, t *table) error {
 					if err := s.clear(ctx, adb, mem); err != nil {
 						return err
 					}
-					return s.fill(ctx, adb, mem, n, outbox.StatusPending)
+					return s.fill(ctx, adb, mem, n, fillPending)
 				},
 				run: func(ctx context.Context, relays int, t *tally) error {
 					// Sample from a clean heap once the relay's pool and
@@ -160,6 +165,15 @@ func scaleOn(ctx context.Context, s server, opts options, t *table) error {
 			vals: resident[n], format: fmtMiB})
 	}
 	return nil
+}
+
+// maxSeq is the highest seq in table, 0 when it is empty.
+func maxSeq(ctx context.Context, d database, db *sql.DB, table string) (int64, error) {
+	var top int64
+	if err := db.QueryRowContext(ctx, "SELECT COALESCE(MAX(seq), 0) FROM "+d.quote(table)).Scan(&top); err != nil {
+		return 0, fmt.Errorf("highest seq of %s: %w", table, err)
+	}
+	return top, nil
 }
 
 type memPeak struct{ heapInuse, mapped uint64 }

@@ -271,9 +271,10 @@ func publishWatermill(tx *gorm.DB, o *BenchOrder) error {
 	return nil
 }
 
-// floorInsert is the hand-written outbox: one plain INSERT of the same
-// columns into a table with the same DDL as ours, and nothing else (no
-// validation, no ON CONFLICT, no after-commit hook).
+// floorInsert is the hand-written outbox: one plain INSERT of the row ours
+// writes for a generated event (the same columns, the same NULLs) into a
+// table with the same DDL as ours, and nothing else (no validation, no ON
+// CONFLICT, no RETURNING, no after-commit hook).
 func floorInsert(d database) func(*gorm.DB, *BenchOrder) error {
 	insert := floorInsertInto("floor_events", d)
 	return func(tx *gorm.DB, o *BenchOrder) error {
@@ -295,7 +296,7 @@ func floorInsertInto(table string, d database) func(tx *gorm.DB, aggID string, o
 			return fmt.Errorf("encode payload: %w", err)
 		}
 		now := d.timeArg(time.Now().UTC())
-		args := []any{id.String(), "order.created", "order", aggID, id.String(), string(payload)}
+		args := []any{d.idArg(id), "order.created", "order", aggID, string(payload)}
 		for range times {
 			args = append(args, now)
 		}

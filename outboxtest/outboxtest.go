@@ -96,8 +96,8 @@ func installed(t testing.TB, db *gorm.DB) *outbox.Outbox {
 func Row(t testing.TB, db *gorm.DB, id string) outbox.Row {
 	t.Helper()
 	ob := installed(t, db)
-	var r outbox.Row
-	if err := db.Table(ob.Table()).Where("id = ?", id).Take(&r).Error; err != nil {
+	r, err := ob.Get(db, id)
+	if err != nil {
 		t.Fatalf("outboxtest: read event %s: %v", id, err)
 	}
 	return r

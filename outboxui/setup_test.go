@@ -182,7 +182,7 @@ func (e *env) row(id string) outbox.Row {
 // backdate sets an event's created_at.
 func (e *env) backdate(id string, at time.Time) {
 	e.t.Helper()
-	res := e.db.Exec("UPDATE "+e.ob.Table()+" SET created_at = ? WHERE id = ?", e.b.timeArg(at), id)
+	res := e.db.Exec("UPDATE "+e.ob.Table()+" SET created_at = ? WHERE named_id = ?", e.b.timeArg(at), id)
 	require.NoError(e.t, res.Error)
 	require.EqualValues(e.t, 1, res.RowsAffected)
 }

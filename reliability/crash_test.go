@@ -130,7 +130,7 @@ func testCrashRecovery(t *testing.T, s server) {
 			}
 			return nil
 		})
-		inflight[r] = newClaims(t, db, ob.Table(), seen)
+		inflight[r] = newClaims(t, db, ob, seen)
 		require.LessOrEqual(t, len(inflight[r]), crashBatch, "round %d: more claims in flight than one batch", r)
 		maxInflight = max(maxInflight, len(inflight[r]))
 		totalInflight += len(inflight[r])
@@ -147,7 +147,8 @@ func testCrashRecovery(t *testing.T, s server) {
 		require.NoError(t, db.Raw(query).Scan(&n).Error)
 		return n
 	}
-	table := ob.Table()
+	// The events by ID, as the outbox writes them (schema version 3).
+	table := "(SELECT " + ob.IDColumn() + " AS id, status FROM " + ob.Table() + ")"
 	committed := q(`SELECT count(*) FROM crash_orders`)
 	require.Positive(t, committed, "the children committed nothing: the test proves nothing")
 	assert.Zero(t, q(`SELECT count(*) FROM crash_orders o WHERE NOT EXISTS (SELECT 1 FROM `+table+` e WHERE e.id = o.event_id)`),
@@ -159,7 +160,7 @@ func testCrashRecovery(t *testing.T, s server) {
 	assert.Zero(t, q(`SELECT count(*) FROM crash_deliveries d WHERE NOT EXISTS (SELECT 1 FROM crash_orders o WHERE o.event_id = d.event_id)`),
 		"an event was delivered whose transaction did not commit")
 	assert.Zero(t, q(`SELECT count(*) FROM crash_orders WHERE id LIKE 'rb-%'`), "a rolled-back transaction committed")
-	assert.Equal(t, map[outbox.Status]int64{outbox.StatusSent: committed}, statusCounts(t, db, table))
+	assert.Equal(t, map[outbox.Status]int64{outbox.StatusSent: committed}, statusCounts(t, db, ob.Table()))
 
 	deliveries := q(`SELECT count(*) FROM crash_deliveries`)
 	distinct := q(`SELECT count(DISTINCT event_id) FROM crash_deliveries`)
@@ -202,13 +203,13 @@ func waitKillMoment(d time.Duration) {
 // newClaims returns the IDs of the rows claimed and not yet resolved that
 // no earlier call saw with the same lease: after a kill, the claims the dead
 // child held.
-func newClaims(t *testing.T, db *gorm.DB, table string, seen map[string]bool) map[string]bool {
+func newClaims(t *testing.T, db *gorm.DB, ob *outbox.Outbox, seen map[string]bool) map[string]bool {
 	t.Helper()
 	var rows []struct {
 		ID          string
 		LockedUntil time.Time
 	}
-	require.NoError(t, db.Table(table).Select("id, locked_until").
+	require.NoError(t, db.Table(ob.Table()).Select(ob.IDColumn()+" AS id, locked_until").
 		Where("status = ? AND locked_until IS NOT NULL", outbox.StatusPending).Scan(&rows).Error)
 	out := map[string]bool{}
 	for _, r := range rows {

@@ -207,7 +207,7 @@ func TestFaultCutMidClaim(t *testing.T) {
 				dups := e.checkDelivered(t, ids)
 				assert.Zero(t, dups, "a lost claim causes no duplicate")
 				var reclaimed int64
-				require.NoError(t, e.direct.Table(e.ob.Table()).Where("id IN ? AND attempts = 2", ids).Count(&reclaimed).Error)
+				require.NoError(t, e.direct.Table(e.ob.Table()).Where("named_id IN ? AND attempts = 2", ids).Count(&reclaimed).Error)
 				if tc.committed {
 					assert.EqualValues(t, batch, reclaimed, "the lost claim counts as an attempt")
 				} else {
@@ -409,7 +409,7 @@ func runThroughOutages(t *testing.T, e *faultEnv, n int, outage func(i int)) out
 	<-writerDone
 
 	var committed []string
-	require.NoError(t, e.direct.Table(e.ob.Table()).Where("event_type = ?", "x").Pluck("id", &committed).Error)
+	require.NoError(t, e.direct.Table(e.ob.Table()).Where("event_type = ?", "x").Pluck("named_id", &committed).Error)
 	eventually(t, 60*time.Second, func() error {
 		c := statusCounts(t, e.direct, e.ob.Table())
 		if c[outbox.StatusPending] > 0 || c[outbox.StatusFailed] > 0 {

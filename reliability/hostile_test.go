@@ -110,7 +110,7 @@ func testHostileHandlers(t *testing.T, db *gorm.DB) {
 	}
 	for typ, want := range bad {
 		var rec outbox.Row
-		require.NoError(t, db.Table(ob.Table()).Where("id = ?", "bad-"+typ).Take(&rec).Error)
+		require.NoError(t, db.Table(ob.Table()).Where("named_id = ?", "bad-"+typ).Take(&rec).Error)
 		assert.Equal(t, outbox.StatusFailed, rec.Status, typ)
 		assert.Equal(t, maxAttempts, rec.Attempts, typ)
 		require.NotNil(t, rec.LastError, typ)

@@ -290,7 +290,7 @@ func leasedRows(t testing.TB, db *gorm.DB, table string, seen map[string]bool) m
 		Payload     string
 		LockedUntil time.Time
 	}
-	require.NoError(t, db.Table(table).Select("id, payload, locked_until").
+	require.NoError(t, db.Table(table).Select("named_id AS id, payload, locked_until").
 		Where("status = ? AND locked_until IS NOT NULL", outbox.StatusPending).Scan(&rows).Error)
 	out := map[string]bool{}
 	for _, r := range rows {
@@ -474,7 +474,7 @@ func checkLogicalRows(t *testing.T, db *gorm.DB, table string) (rows, failedFirs
 		Payload string
 		Status  outbox.Status
 	}
-	require.NoError(t, db.Table(table).Select("id, payload, status").Scan(&got).Error)
+	require.NoError(t, db.Table(table).Select("named_id AS id, payload, status").Scan(&got).Error)
 	have := map[string]bool{}
 	for _, r := range got {
 		var p lgPayload

@@ -52,11 +52,14 @@ func (w *watermark) gapList() []int64 {
 	return slices.Sorted(maps.Keys(w.gaps))
 }
 
-// claimed notes what a claim took: the gaps it filled, and how far it read.
+// claimed notes what a claim took: the gaps it filled, and how far its
+// read of new rows from the watermark got.
 func (w *watermark) claimed(rows []store.Claimed) {
 	for i := range rows {
 		delete(w.gaps, rows[i].Seq)
-		w.frontier = max(w.frontier, rows[i].Seq)
+		if rows[i].Fresh && rows[i].Seq >= w.from {
+			w.frontier = max(w.frontier, rows[i].Seq)
+		}
 	}
 }
 

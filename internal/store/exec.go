@@ -32,15 +32,16 @@ func QueryClaimed(ctx context.Context, q interface {
 			c          Claimed
 			headers    sql.NullString
 			occ, added DBTime
+			fresh      int
 		)
 		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.AggregateType, &c.AggregateID, &c.Key,
-			&c.Payload, &headers, &c.Attempts, &occ, &added); err != nil {
+			&c.Payload, &headers, &c.Attempts, &occ, &added, &fresh); err != nil {
 			return nil, err
 		}
 		if headers.Valid && headers.String != "" {
 			c.Headers = []byte(headers.String)
 		}
-		c.OccurredAt, c.CreatedAt = occ.T, added.T
+		c.OccurredAt, c.CreatedAt, c.Fresh = occ.T, added.T, fresh == 1
 		batch = append(batch, c)
 	}
 	return batch, rows.Err()

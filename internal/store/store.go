@@ -14,14 +14,27 @@ package store
 
 import (
 	"context"
+	"crypto/md5"
 	"database/sql"
 	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
+
+// RowID is the id column's UUID of an event ID: the ID itself when it is the
+// canonical text of a UUID (every generated ID), else one derived from it,
+// the MD5 of "outbox:" and the ID, as the version 3 upgrade scripts compute
+// it. The ID a publisher chose is kept as it is in named_id.
+func RowID(id string) uuid.UUID {
+	if u, err := uuid.Parse(id); err == nil && u.String() == id {
+		return u
+	}
+	return uuid.UUID(md5.Sum([]byte("outbox:" + id)))
+}
 
 // Query is one statement and its arguments. Statements never contain
 // event data, only placeholders.
@@ -64,6 +77,8 @@ type Claimed struct {
 	Headers                                   []byte // JSON, nil when there are none
 	Attempts                                  int
 	OccurredAt, CreatedAt                     time.Time
+	// Fresh: a new row (available_at NULL), which the claim read by seq.
+	Fresh bool
 }
 
 // ClaimSpec is what one claim asks for.

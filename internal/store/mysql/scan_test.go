@@ -34,7 +34,7 @@ func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	require.NoError(t, store.Ensure(t.Context(), db, d, name, ddl...))
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	ev := func(id, agg string) store.Event {
-		return store.Event{ID: id, Type: "x", AggregateType: "a", AggregateID: agg, Key: id, Payload: []byte("{}"), OccurredAt: now}
+		return store.Event{ID: id, Type: "x", AggregateType: "a", AggregateID: agg, Key: id, NamedID: true, Payload: []byte("{}"), OccurredAt: now}
 	}
 	exec := func(x interface {
 		ExecContext(context.Context, string, ...any) (sql.Result, error)

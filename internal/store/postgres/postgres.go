@@ -42,12 +42,13 @@ func init() {
 // argument, and partial indexes keep sent rows out of the claim's way.
 type Store struct {
 	sqlbuild.Syntax
+	sqlbuild.Walking
 	name string
 }
 
 // New returns the store of the table named table.
 func New(table string) *Store {
-	return &Store{name: table, Syntax: sqlbuild.Syntax{
+	s := &Store{name: table, Syntax: sqlbuild.Syntax{
 		Table:       `"` + table + `"`,
 		Placeholder: sqlbuild.Dollar,
 		Arrays:      true,
@@ -59,6 +60,8 @@ func New(table string) *Store {
 		StatusArg:   func(ph string) string { return ph + `::"` + table + `_status"` },
 		Fresh:       true,
 	}}
+	s.Walking = sqlbuild.Walking{S: &s.Syntax}
+	return s
 }
 
 var (

@@ -6,7 +6,6 @@
 package sqlbuild
 
 import (
-	"crypto/md5"
 	"strconv"
 	"strings"
 	"time"
@@ -122,21 +121,12 @@ func (b *Builder) Seqs(col string, seqs []int64) string {
 // Query returns the statement.
 func (b *Builder) Query() store.Query { return store.Query{SQL: b.b.String(), Args: b.args} }
 
-
 // SkipLocked locks the rows a subquery picks, skipping those another
 // transaction holds.
 const SkipLocked = " FOR UPDATE SKIP LOCKED"
 
-// RowID is the id column's UUID of an event ID: the ID itself when it is the
-// canonical text of a UUID (every generated ID), else one derived from it,
-// the MD5 of "outbox:" and the ID, as the version 3 upgrade scripts compute
-// it. The ID a publisher chose is kept as it is in named_id.
-func RowID(id string) uuid.UUID {
-	if u, err := uuid.Parse(id); err == nil && u.String() == id {
-		return u
-	}
-	return uuid.UUID(md5.Sum([]byte("outbox:" + id)))
-}
+// RowID is store.RowID.
+func RowID(id string) uuid.UUID { return store.RowID(id) }
 
 // KeyCol reads a row's idempotency key: NULL stands for the ID.
 func (s *Syntax) KeyCol() string { return "COALESCE(idempotency_key, " + s.IDCol + ")" }
@@ -212,7 +202,7 @@ func AllGenerated(rows []store.Event) bool {
 // order.
 func (s *Syntax) ClaimColumns() string {
 	return "seq, " + s.IDCol + ", event_type, aggregate_type, aggregate_id, " + s.KeyCol() + ", payload, headers, attempts, " +
-		s.TimeCol("occurred_at") + ", " + s.TimeCol(s.CreatedCol())
+		s.TimeCol("occurred_at") + ", " + s.TimeCol(s.CreatedCol()) + ", CASE WHEN available_at IS NULL THEN 1 ELSE 0 END"
 }
 
 // KeysOf reads the idempotency keys and creation times of the rows whose
@@ -299,17 +289,23 @@ func (s *Syntax) ClaimUpdate(c store.ClaimSpec, lock string) store.Query {
 	return b.Query()
 }
 
+// Walking is the store.Walker of a store whose new rows are Fresh: only
+// such a store embeds it, so that the others are no Walker.
+type Walking struct{ S *Syntax }
+
 // Walk reads, from seq from on, up to limit rows' seq, whether each is
 // open (new and pending) and whether it is leased at now: the relay's
 // watermark advances over the rest.
-func (s *Syntax) Walk(from int64, limit int, now time.Time) store.Query {
+func (w Walking) Walk(from int64, limit int, now time.Time) store.Query {
+	s := w.S
 	b := s.Build()
 	return b.W("SELECT ", s.walkColumns(b, now), " FROM ", s.Table,
 		" WHERE seq >= ", b.Arg(from), " ORDER BY seq LIMIT ", b.Arg(limit)).Query()
 }
 
 // Look reads the rows at seqs as Walk does.
-func (s *Syntax) Look(seqs []int64, now time.Time) store.Query {
+func (w Walking) Look(seqs []int64, now time.Time) store.Query {
+	s := w.S
 	b := s.Build()
 	return b.W("SELECT ", s.walkColumns(b, now), " FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs)).Query()
 }
@@ -323,7 +319,8 @@ func (s *Syntax) walkColumns(b *Builder, now time.Time) string {
 // waiting for a retry, due now: a claim passed them over (they wait behind
 // their aggregate, or another claim held them), and the retry index finds
 // them from now on.
-func (s *Syntax) Defer(seqs []int64, now time.Time) store.Query {
+func (w Walking) Defer(seqs []int64, now time.Time) store.Query {
+	s := w.S
 	b := s.Build()
 	return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), " WHERE ", b.Seqs("seq", seqs),
 		" AND status = 'pending' AND available_at IS NULL AND (locked_until IS NULL OR locked_until <= ", b.Time(now), ")").Query()
@@ -333,7 +330,8 @@ func (s *Syntax) Defer(seqs []int64, now time.Time) store.Query {
 // NULL when there is none, in one scan of the table: where a watermark
 // starts, and the periodic sweep that lowers it to the rows of transactions
 // that committed long after they took their seq.
-func (s *Syntax) LowOpen() store.Query {
+func (w Walking) LowOpen() store.Query {
+	s := w.S
 	return store.Query{SQL: "SELECT MIN(CASE WHEN status = 'pending' AND available_at IS NULL THEN seq END), MAX(seq) FROM " + s.Table}
 }
 

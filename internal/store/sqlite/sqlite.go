@@ -42,12 +42,13 @@ func init() {
 // Store is the SQLite store.
 type Store struct {
 	sqlbuild.Syntax
+	sqlbuild.Walking
 	name string
 }
 
 // New returns the store of the table named table.
 func New(table string) *Store {
-	return &Store{name: table, Syntax: sqlbuild.Syntax{
+	s := &Store{name: table, Syntax: sqlbuild.Syntax{
 		Table:       `"` + table + `"`,
 		Placeholder: sqlbuild.Question,
 		TimeArg:     Time,
@@ -58,6 +59,8 @@ func New(table string) *Store {
 		StatusArg:   func(ph string) string { return ph },
 		Fresh:       true,
 	}}
+	s.Walking = sqlbuild.Walking{S: &s.Syntax}
+	return s
 }
 
 var (

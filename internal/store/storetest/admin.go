@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,7 +88,7 @@ func testAdmin(t *testing.T, open Open) {
 				e.t = t
 				assert.Equal(t, c.want, nilIfEmpty(e.list(store.Page{Filter: c.f, Limit: 100})), "List")
 				assert.EqualValues(t, len(c.want), e.count(e.s.Count(c.f)), "Count")
-				_, purge := e.seqIDs(e.s.PurgeSelect(c.f, 100))
+				purge := e.idsAt(e.seqList(e.s.PurgeSelect(c.f, 100)))
 				assert.ElementsMatch(t, c.want, purge, "PurgeSelect")
 				// Replay's filter: the root narrows it to failed rows (and
 				// refuses one whose statuses leave them out).
@@ -102,10 +103,39 @@ func testAdmin(t *testing.T, open Open) {
 						wantFailed = append(wantFailed, id)
 					}
 				}
-				_, replay := e.seqIDs(e.s.ReplaySelect(rf, 0, 100))
-				assert.Equal(t, wantFailed, replay, "ReplaySelect with Statuses failed")
+				replay := e.idsAt(e.seqList(e.s.ReplaySelect(rf, 0, 100)))
+				assert.Equal(t, wantFailed, nilIfEmpty(replay), "ReplaySelect with Statuses failed")
 			})
 		}
+	})
+
+	// Filter.IDs and Get find an event by its ID whatever kind it is: a
+	// named ID (named_id), a named UUID, a generated UUID (the id column).
+	t.Run("IDsOfEveryKind", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		const named = "0190f0c4-8a6e-7b3c-9d2e-5f1a2b3c4d5e"
+		g1, g2 := generated(), generated()
+		k := generated()
+		k.Generated, k.Key = false, "k-1"
+		require.EqualValues(t, 5, e.insert(now, ev("order-42"), ev(named), g1, g2, k))
+		for _, id := range []string{"order-42", named, g1.ID, g2.ID, k.ID} {
+			assert.Equal(t, id, e.get(id).ID, "Get(%q)", id)
+		}
+		_, ok := e.find(strings.ToUpper(g1.ID))
+		assert.False(t, ok, "IDs compare as text: a generated ID in capitals is another ID")
+		f := store.Filter{IDs: []string{"order-42", named, g1.ID, k.ID, "missing", strings.ToUpper(g2.ID), "6f9619ff-8b86-4011-b42d-00c04fc964ff"}}
+		want := []string{"order-42", named, g1.ID, k.ID}
+		assert.Equal(t, want, e.list(store.Page{Filter: f, Limit: 10}), "List")
+		assert.EqualValues(t, len(want), e.count(e.s.Count(f)), "Count")
+		assert.ElementsMatch(t, want, e.idsAt(e.seqList(e.s.PurgeSelect(f, 10))), "PurgeSelect")
+		e.failed(now, "boom", "order-42", g1.ID, g2.ID)
+		rf := f
+		rf.Statuses = []string{"failed"}
+		assert.Equal(t, []string{"order-42", g1.ID}, e.idsAt(e.seqList(e.s.ReplaySelect(rf, 0, 10))), "ReplaySelect")
+		assert.EqualValues(t, 2, e.exec(e.s.ReplayUpdate(rf, e.seqs("order-42", g1.ID, g2.ID), now)), "ReplayUpdate: g2 does not match the filter")
+		assert.EqualValues(t, 3, e.exec(e.s.PurgeDelete(f, e.seqs(named, g1.ID, g2.ID, k.ID))), "PurgeDelete: g2 does not match the filter")
+		assert.Equal(t, []string{"order-42", g2.ID}, idsOf(e.all()))
 	})
 
 	t.Run("Paging", func(t *testing.T) {
@@ -156,7 +186,8 @@ func testAdmin(t *testing.T, open Open) {
 		e.sent(now, "s1")
 		at := now.Add(time.Hour)
 		named := []string{"f1", "p1", "s1", "missing"}
-		assert.EqualValues(t, 1, e.exec(e.s.ReplayUpdate(store.Filter{IDs: named, Statuses: []string{"failed"}}, named, at)), "only failed rows")
+		seqs := append(e.seqs("f1", "p1", "s1"), e.get("s1").Seq+100)
+		assert.EqualValues(t, 1, e.exec(e.s.ReplayUpdate(store.Filter{IDs: named, Statuses: []string{"failed"}}, seqs, at)), "only failed rows")
 		f := e.get("f1")
 		assert.Equal(t, "pending", f.Status)
 		assert.Equal(t, 0, f.Attempts)
@@ -165,7 +196,14 @@ func testAdmin(t *testing.T, open Open) {
 		assert.Nil(t, f.LockedUntil)
 		assert.Equal(t, map[string]state{"f1": {"pending", 0}, "p1": {"pending", 0}, "s1": {"sent", 1}}, e.states())
 		sameTime(t, now, e.get("p1").UpdatedAt, "a pending row is not touched")
-		assert.Equal(t, []string{"f1"}, e.claimIDs(store.ClaimSpec{Now: at, Lease: at.Add(time.Minute), Limit: 10, IDs: []string{"f1"}}))
+		assert.Equal(t, []string{"f1"}, e.claimIDs(store.ClaimSpec{Now: at, Lease: at.Add(time.Minute), Limit: 10, Seqs: e.seqs("f1")}))
+		if e.walker() != nil {
+			// A replayed row waits in the retry index, due at once: the
+			// watermark (From) does not hide it.
+			_, high := e.lowOpen()
+			assert.Equal(t, []string{"f1"}, e.claimIDs(store.ClaimSpec{Now: at.Add(2 * time.Minute), Lease: at.Add(time.Hour), Limit: 10, From: high.Int64 + 1}),
+				"a replayed row is claimed whatever the watermark")
+		}
 	})
 
 	t.Run("ReplayByFilter", func(t *testing.T) {
@@ -177,16 +215,14 @@ func testAdmin(t *testing.T, open Open) {
 		f := store.Filter{Statuses: []string{"failed"}, Types: []string{"a"}}
 		seq := e.seqOf("f1", "f3", "f4")
 
-		seqs, got := e.seqIDs(e.s.ReplaySelect(f, 0, 2))
-		assert.Equal(t, []string{"f1", "f3"}, got, "the first batch, by seq")
+		seqs := e.seqList(e.s.ReplaySelect(f, 0, 2))
+		assert.Equal(t, []string{"f1", "f3"}, e.idsAt(seqs), "the first batch, by seq")
 		assert.Equal(t, []int64{seq["f1"], seq["f3"]}, seqs)
-		_, got = e.seqIDs(e.s.ReplaySelect(f, seq["f3"], 2))
-		assert.Equal(t, []string{"f4"}, got, "after the last seq")
-		_, got = e.seqIDs(e.s.ReplaySelect(f, seq["f4"], 2))
-		assert.Empty(t, got)
+		assert.Equal(t, []int64{seq["f4"]}, e.seqList(e.s.ReplaySelect(f, seq["f3"], 2)), "after the last seq")
+		assert.Empty(t, e.seqList(e.s.ReplaySelect(f, seq["f4"], 2)))
 
 		at := now.Add(time.Hour)
-		assert.EqualValues(t, 2, e.exec(e.s.ReplayUpdate(f, []string{"f1", "f3", "f2", "p1"}, at)), "the rows read that still match")
+		assert.EqualValues(t, 2, e.exec(e.s.ReplayUpdate(f, e.seqs("f1", "f3", "f2", "p1"), at)), "the rows read that still match")
 		for _, id := range []string{"f1", "f3"} {
 			r := e.get(id)
 			assert.Equal(t, "pending", r.Status, id)
@@ -195,7 +231,7 @@ func testAdmin(t *testing.T, open Open) {
 			assert.Nil(t, r.LockedUntil, id)
 		}
 		assert.Equal(t, map[string]state{"f1": {"pending", 0}, "f2": {"failed", 1}, "f3": {"pending", 0}, "f4": {"failed", 1}, "p1": {"pending", 0}}, e.states())
-		assert.EqualValues(t, 0, e.exec(e.s.ReplayUpdate(f, []string{"f1"}, at)), "a row replayed meanwhile no longer matches")
+		assert.EqualValues(t, 0, e.exec(e.s.ReplayUpdate(f, e.seqs("f1"), at)), "a row replayed meanwhile no longer matches")
 	})
 
 	// Admin's doc: ReplaySelect reads the failed rows matching f, and
@@ -206,9 +242,9 @@ func testAdmin(t *testing.T, open Open) {
 		e.insert(now, ev("p1"), ev("f1"), ev("s1"))
 		e.failed(now, "boom", "f1")
 		e.sent(now, "s1")
-		_, got := e.seqIDs(e.s.ReplaySelect(store.Filter{}, 0, 10))
+		got := e.idsAt(e.seqList(e.s.ReplaySelect(store.Filter{}, 0, 10)))
 		assert.Equal(t, []string{"f1"}, got, "ReplaySelect without Statuses")
-		assert.EqualValues(t, 1, e.exec(e.s.ReplayUpdate(store.Filter{}, []string{"p1", "f1", "s1"}, now.Add(time.Hour))), "ReplayUpdate without Statuses")
+		assert.EqualValues(t, 1, e.exec(e.s.ReplayUpdate(store.Filter{}, e.seqs("p1", "f1", "s1"), now.Add(time.Hour))), "ReplayUpdate without Statuses")
 		assert.Equal(t, map[string]state{"p1": {"pending", 0}, "f1": {"pending", 0}, "s1": {"sent", 1}}, e.states(), "a sent row stays sent")
 	})
 
@@ -220,13 +256,12 @@ func testAdmin(t *testing.T, open Open) {
 		e.sent(now, "s1", "s2")
 		e.failed(now, "boom", "f1")
 		f := store.Filter{Statuses: []string{"sent", "failed"}, Types: []string{"a"}}
-		_, got := e.seqIDs(e.s.PurgeSelect(f, 10))
-		assert.ElementsMatch(t, []string{"s1", "f1"}, got)
-		_, got = e.seqIDs(e.s.PurgeSelect(f, 1))
-		assert.Len(t, got, 1, "at most limit")
-		assert.EqualValues(t, 2, e.exec(e.s.PurgeDelete(f, []string{"s1", "f1", "s2", "p1"})), "the rows read that still match")
+		assert.ElementsMatch(t, []string{"s1", "f1"}, e.idsAt(e.seqList(e.s.PurgeSelect(f, 10))))
+		assert.Len(t, e.seqList(e.s.PurgeSelect(f, 1)), 1, "at most limit")
+		gone := e.seqs("s1", "f1")
+		assert.EqualValues(t, 2, e.exec(e.s.PurgeDelete(f, append(e.seqs("s2", "p1"), gone...))), "the rows read that still match")
 		assert.Equal(t, map[string]state{"s2": {"sent", 1}, "p1": {"pending", 0}}, e.states())
-		assert.EqualValues(t, 0, e.exec(e.s.PurgeDelete(f, []string{"s1", "f1"})))
+		assert.EqualValues(t, 0, e.exec(e.s.PurgeDelete(f, gone)))
 	})
 
 	t.Run("Stats", func(t *testing.T) {
@@ -256,7 +291,7 @@ func testAdmin(t *testing.T, open Open) {
 		// FailedSince: rows failed at or after the time (updated_at is when).
 		e.insert(now, ev("p3"))
 		lease := e.settle("p3")
-		e.exec(e.s.MarkFailed([]store.Outcome{{ID: "p3", Status: "pending", Err: "retry", Due: now}}, now, lease))
+		e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("p3", "pending", "retry", now)}, now, lease))
 		assert.EqualValues(t, 2, e.count(e.s.FailedSince(now.Add(-time.Hour))), "failed since an hour, inclusive; a retry is not failed")
 		assert.EqualValues(t, 3, e.count(e.s.FailedSince(now.Add(-3*time.Hour))))
 		assert.EqualValues(t, 0, e.count(e.s.FailedSince(now.Add(µs))))

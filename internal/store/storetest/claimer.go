@@ -15,23 +15,47 @@ func testClaimer(t *testing.T, open Open) {
 	t.Run("OldestFirst", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, open)
-		// An INSERT makes its rows due at its own time: oldest by
-		// available_at, then by seq (the IDs sort the other way).
 		e.insert(now.Add(-1*time.Second), ev("r1"))
 		e.insert(now.Add(-3*time.Second), ev("r2"))
 		e.insert(now.Add(-2*time.Second), ev("c-z"), ev("c-a"))
 		e.insert(now.Add(time.Second), ev("future"))
 		lease := now.Add(time.Minute)
-		var order []string
-		for range 6 {
-			got := e.claimIDs(store.ClaimSpec{Now: now, Lease: lease, Limit: 1})
-			if len(got) == 0 {
-				break
+		one := func(at time.Time) []string {
+			t.Helper()
+			var order []string
+			for range 6 {
+				got := e.claimIDs(store.ClaimSpec{Now: at, Lease: lease, Limit: 1})
+				if len(got) == 0 {
+					break
+				}
+				order = append(order, got...)
 			}
-			order = append(order, got...)
+			return order
 		}
-		assert.Equal(t, []string{"r2", "c-z", "c-a", "r1"}, order, "claimed one at a time: (available_at, seq) order, the future row left")
-		assert.Equal(t, []string{"future"}, e.claimIDs(store.ClaimSpec{Now: now.Add(time.Second), Lease: lease, Limit: 10}), "due at its time")
+		if e.walker() != nil {
+			// New rows are due at once (available_at NULL), whatever the
+			// INSERT's time, and read in write order (seq).
+			assert.Equal(t, []string{"r1", "r2", "c-z", "c-a", "future"}, one(now), "claimed one at a time: new rows in seq order")
+		} else {
+			// An INSERT makes its rows due at its own time: oldest by
+			// available_at, then by seq (the IDs sort the other way).
+			assert.Equal(t, []string{"r2", "c-z", "c-a", "r1"}, one(now), "claimed one at a time: (available_at, seq) order, the future row left")
+			assert.Equal(t, []string{"future"}, e.claimIDs(store.ClaimSpec{Now: now.Add(time.Second), Lease: lease, Limit: 10}), "due at its time")
+		}
+
+		// Rows waiting for a retry: oldest due time first, then seq; the
+		// rows not due yet left.
+		var outs []store.Outcome
+		for id, due := range map[string]time.Time{
+			"r1": now.Add(3 * time.Minute), "r2": now.Add(time.Minute), "c-z": now.Add(2 * time.Minute),
+			"c-a": now.Add(2 * time.Minute), "future": now.Add(time.Hour),
+		} {
+			outs = append(outs, e.outcome(id, "pending", "retry", due))
+		}
+		require.EqualValues(t, 5, e.exec(e.s.MarkFailed(outs, now, lease)))
+		lease = now.Add(2 * time.Hour)
+		assert.Equal(t, []string{"r2", "c-z", "c-a", "r1"}, one(now.Add(3*time.Minute)), "retries claimed one at a time: (available_at, seq) order, the later one left")
+		assert.Equal(t, []string{"future"}, e.claimIDs(store.ClaimSpec{Now: now.Add(time.Hour), Lease: now.Add(3 * time.Hour), Limit: 10}), "due at its time")
 	})
 
 	t.Run("Limit", func(t *testing.T) {
@@ -79,16 +103,22 @@ func testClaimer(t *testing.T, open Open) {
 		sameTimePtr(t, lease2, r.LockedUntil, "locked_until is the new lease")
 	})
 
-	t.Run("IDs", func(t *testing.T) {
+	t.Run("Seqs", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, open)
-		e.insert(now, ev("a"), ev("b"), ev("c"))
-		e.insert(now.Add(time.Hour), ev("later"))
+		e.insert(now, ev("a"), ev("b"), ev("c"), ev("later"))
+		// later waits for a retry an hour from now: not due.
+		l0 := e.settle("later")
+		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("later", "pending", "retry", now.Add(time.Hour))}, now, l0)))
+		seq := e.seqOf("a", "b", "c", "later")
 		lease := now.Add(time.Minute)
-		assert.Equal(t, []string{"b", "c"}, e.claimIDs(store.ClaimSpec{Now: now, Lease: lease, Limit: 10, IDs: []string{"c", "b", "later", "missing"}}),
-			"only the due rows among the IDs")
-		assert.Empty(t, e.claimIDs(store.ClaimSpec{Now: now, Lease: lease, Limit: 10, IDs: []string{"b"}}), "a leased row")
+		missing := seq["later"] + 100
+		assert.Equal(t, []string{"b", "c"}, e.claimIDs(store.ClaimSpec{Now: now, Lease: lease, Limit: 10, Seqs: []int64{seq["c"], seq["b"], seq["later"], missing}}),
+			"only the due rows among the seqs")
+		assert.Empty(t, e.claimIDs(store.ClaimSpec{Now: now, Lease: lease, Limit: 10, Seqs: []int64{seq["b"]}}), "a leased row")
 		assert.Equal(t, []string{"a"}, e.claimIDs(store.ClaimSpec{Now: now, Lease: lease, Limit: 10}))
+		assert.Equal(t, []string{"later"}, e.claimIDs(store.ClaimSpec{Now: now.Add(time.Hour), Lease: now.Add(2 * time.Hour), Limit: 10, Seqs: []int64{seq["later"]}}),
+			"the retry at its time")
 	})
 
 	t.Run("Ordered", func(t *testing.T) {
@@ -108,20 +138,20 @@ func testClaimer(t *testing.T, open Open) {
 		got := e.claimIDs(spec(now, l1))
 		require.Equal(t, []string{"a1", "b1", "user-a", "n1", "n2", "t1", "t2"}, got, "the oldest unsent row of each aggregate, and every row of none")
 		others := []string{"b1", "user-a", "n1", "n2", "t1", "t2"}
-		require.EqualValues(t, len(others), e.exec(e.s.MarkSent(others, now, l1)))
+		require.EqualValues(t, len(others), e.exec(e.s.MarkSent(e.seqs(others...), now, l1)))
 
 		// Once an older row is sent, the next goes; while a1 is in flight,
 		// retried or failed, a2 stays behind it.
 		e.insert(now, agg("b2", "acct", "B"))
 		assert.Equal(t, []string{"b2"}, e.claimIDs(spec(now, l1)), "b2 after b1 sent; a2 behind a1 in flight")
-		require.EqualValues(t, 1, e.exec(e.s.MarkSent([]string{"b2"}, now, l1)))
-		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{{ID: "a1", Status: "pending", Err: "retry", Due: now.Add(time.Minute)}}, now, l1)))
+		require.EqualValues(t, 1, e.exec(e.s.MarkSent(e.seqs("b2"), now, l1)))
+		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("a1", "pending", "retry", now.Add(time.Minute))}, now, l1)))
 		assert.Empty(t, e.claimIDs(spec(now.Add(10*time.Second), l1)), "a2 behind a1 waiting for its retry")
 		l2 := now.Add(2 * time.Minute)
 		assert.Equal(t, []string{"a1"}, e.claimIDs(spec(now.Add(time.Minute), l2)), "a1's retry, a2 still behind")
-		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{{ID: "a1", Status: "failed", Err: "gave up", Due: now.Add(time.Minute)}}, now.Add(time.Minute), l2)))
+		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("a1", "failed", "gave up", now.Add(time.Minute))}, now.Add(time.Minute), l2)))
 		assert.Empty(t, e.claimIDs(spec(now.Add(time.Hour), now.Add(2*time.Hour))), "a failed older row holds back the later ones")
-		require.EqualValues(t, 1, e.exec(e.s.PurgeDelete(store.Filter{Statuses: []string{"failed"}}, []string{"a1"})))
+		require.EqualValues(t, 1, e.exec(e.s.PurgeDelete(store.Filter{Statuses: []string{"failed"}}, e.seqs("a1"))))
 		assert.Equal(t, []string{"a2"}, e.claimIDs(spec(now.Add(time.Hour), now.Add(2*time.Hour))), "a2 once a1 is purged")
 	})
 
@@ -132,17 +162,17 @@ func testClaimer(t *testing.T, open Open) {
 		l1 := now.Add(30 * time.Second)
 		require.Len(t, e.claim(store.ClaimSpec{Now: now, Lease: l1, Limit: 10}), 2)
 		// s1 fails once and is claimed again under a new lease.
-		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{{ID: "s1", Status: "pending", Err: "boom", Due: now}}, now, l1)))
+		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("s1", "pending", "boom", now)}, now, l1)))
 		l2 := now.Add(40 * time.Second)
 		require.Equal(t, []string{"s1"}, e.claimIDs(store.ClaimSpec{Now: now.Add(time.Second), Lease: l2, Limit: 10}))
 
 		at := now.Add(2 * time.Second)
-		assert.EqualValues(t, 0, e.exec(e.s.MarkSent([]string{"s1"}, at, l1)), "MarkSent under a stale lease")
+		assert.EqualValues(t, 0, e.exec(e.s.MarkSent(e.seqs("s1"), at, l1)), "MarkSent under a stale lease")
 		r := e.get("s1")
 		assert.Equal(t, "pending", r.Status)
 		sameTimePtr(t, l2, r.LockedUntil, "the live lease is kept")
 
-		assert.EqualValues(t, 1, e.exec(e.s.MarkSent([]string{"s1", "s2"}, at, l2)), "only the row under the given lease")
+		assert.EqualValues(t, 1, e.exec(e.s.MarkSent(e.seqs("s1", "s2"), at, l2)), "only the row under the given lease")
 		r = e.get("s1")
 		assert.Equal(t, "sent", r.Status)
 		sameTimePtr(t, at, r.SentAt, "sent_at")
@@ -151,11 +181,11 @@ func testClaimer(t *testing.T, open Open) {
 		assert.Nil(t, r.LastError, "the earlier attempt's error is cleared")
 		assert.Equal(t, 2, r.Attempts)
 		assert.Equal(t, "pending", e.get("s2").Status)
-		assert.EqualValues(t, 0, e.exec(e.s.MarkSent([]string{"s1"}, at, l2)), "MarkSent of a sent row")
+		assert.EqualValues(t, 0, e.exec(e.s.MarkSent(e.seqs("s1"), at, l2)), "MarkSent of a sent row")
 
 		// Only pending rows: a row that is not, though its lease matches.
-		e.raw("UPDATE " + e.qt + " SET status = 'failed' WHERE id = 's2'")
-		assert.EqualValues(t, 0, e.exec(e.s.MarkSent([]string{"s2"}, at, l1)), "MarkSent of a failed row under its lease")
+		e.raw("UPDATE " + e.qt + " SET status = 'failed'" + where("s2"))
+		assert.EqualValues(t, 0, e.exec(e.s.MarkSent(e.seqs("s2"), at, l1)), "MarkSent of a failed row under its lease")
 		assert.Equal(t, "failed", e.get("s2").Status)
 	})
 
@@ -168,8 +198,8 @@ func testClaimer(t *testing.T, open Open) {
 		at := now.Add(time.Second)
 		retry, gaveUp := now.Add(5*time.Minute), now.Add(time.Hour)
 		outs := []store.Outcome{
-			{ID: "m1", Status: "pending", Err: "retry: 503", Due: retry},
-			{ID: "m2", Status: "failed", Err: "gave up: 400", Due: gaveUp},
+			e.outcome("m1", "pending", "retry: 503", retry),
+			e.outcome("m2", "failed", "gave up: 400", gaveUp),
 		}
 		assert.EqualValues(t, 0, e.exec(e.s.MarkFailed(outs, at, l1.Add(-µs))), "MarkFailed under a stale lease")
 		assert.Equal(t, map[string]state{"m1": {"pending", 1}, "m2": {"pending", 1}, "m3": {"pending", 1}}, e.states())
@@ -195,15 +225,15 @@ func testClaimer(t *testing.T, open Open) {
 		assert.EqualValues(t, 0, e.exec(e.s.MarkFailed(outs, at, l1)), "MarkFailed again: the rows are no longer leased")
 
 		// The retry is due at its time; the failed row never.
-		both := []string{"m1", "m2"}
+		both := e.seqs("m1", "m2")
 		lease := now.Add(1000 * time.Hour)
-		assert.Empty(t, e.claimIDs(store.ClaimSpec{Now: retry.Add(-µs), Lease: lease, Limit: 10, IDs: both}))
-		assert.Equal(t, []string{"m1"}, e.claimIDs(store.ClaimSpec{Now: retry, Lease: lease, Limit: 10, IDs: both}))
-		assert.Empty(t, e.claimIDs(store.ClaimSpec{Now: lease.Add(time.Hour), Lease: lease.Add(2 * time.Hour), Limit: 10, IDs: []string{"m2"}}), "a failed row is never due")
+		assert.Empty(t, e.claimIDs(store.ClaimSpec{Now: retry.Add(-µs), Lease: lease, Limit: 10, Seqs: both}), "a retry before its time")
+		assert.Equal(t, []string{"m1"}, e.claimIDs(store.ClaimSpec{Now: retry, Lease: lease, Limit: 10, Seqs: both}))
+		assert.Empty(t, e.claimIDs(store.ClaimSpec{Now: lease.Add(time.Hour), Lease: lease.Add(2 * time.Hour), Limit: 10, Seqs: e.seqs("m2")}), "a failed row is never due")
 
 		// Only pending rows.
-		e.raw("UPDATE " + e.qt + " SET status = 'sent' WHERE id = 'm3'")
-		assert.EqualValues(t, 0, e.exec(e.s.MarkFailed([]store.Outcome{{ID: "m3", Status: "pending", Err: "x", Due: now}}, at, l1)),
+		e.raw("UPDATE " + e.qt + " SET status = 'sent'" + where("m3"))
+		assert.EqualValues(t, 0, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("m3", "pending", "x", now)}, at, l1)),
 			"MarkFailed of a sent row under its lease")
 		assert.Equal(t, "sent", e.get("m3").Status)
 	})
@@ -215,25 +245,25 @@ func testClaimer(t *testing.T, open Open) {
 		l1 := now.Add(30 * time.Second)
 		require.Len(t, e.claim(store.ClaimSpec{Now: now, Lease: l1, Limit: 10}), 2)
 		at := now.Add(time.Second)
-		assert.EqualValues(t, 0, e.exec(e.s.Release([]string{"r1"}, at, l1.Add(µs))), "Release under a stale lease")
+		assert.EqualValues(t, 0, e.exec(e.s.Release(e.seqs("r1"), at, l1.Add(µs))), "Release under a stale lease")
 		assert.Equal(t, 1, e.get("r1").Attempts)
 
-		assert.EqualValues(t, 1, e.exec(e.s.Release([]string{"r1"}, at, l1)))
+		assert.EqualValues(t, 1, e.exec(e.s.Release(e.seqs("r1"), at, l1)))
 		r := e.get("r1")
 		assert.Equal(t, "pending", r.Status)
 		assert.Equal(t, 0, r.Attempts, "the claim's attempt is taken back")
 		sameTime(t, at, r.AvailableAt, "due now")
 		sameTime(t, at, r.UpdatedAt, "updated_at")
 		assert.Nil(t, r.LockedUntil)
-		got := e.claim(store.ClaimSpec{Now: at, Lease: now.Add(time.Hour), Limit: 10, IDs: []string{"r1", "r2"}})
+		got := e.claim(store.ClaimSpec{Now: at, Lease: now.Add(time.Hour), Limit: 10, Seqs: e.seqs("r1", "r2")})
 		require.Len(t, got, 1, "the released row is due at once, the other still leased")
 		assert.Equal(t, "r1", got[0].ID)
 		assert.Equal(t, 1, got[0].Attempts)
-		assert.EqualValues(t, 0, e.exec(e.s.Release([]string{"r1"}, at, l1)), "Release under the lease it had before")
+		assert.EqualValues(t, 0, e.exec(e.s.Release(e.seqs("r1"), at, l1)), "Release under the lease it had before")
 
 		// Only pending rows.
-		e.raw("UPDATE " + e.qt + " SET status = 'failed' WHERE id = 'r2'")
-		assert.EqualValues(t, 0, e.exec(e.s.Release([]string{"r2"}, at, l1)), "Release of a failed row under its lease")
+		e.raw("UPDATE " + e.qt + " SET status = 'failed'" + where("r2"))
+		assert.EqualValues(t, 0, e.exec(e.s.Release(e.seqs("r2"), at, l1)), "Release of a failed row under its lease")
 		assert.Equal(t, state{"failed", 1}, e.states()["r2"])
 	})
 
@@ -248,7 +278,7 @@ func testClaimer(t *testing.T, open Open) {
 		e.sent(before, "edge")
 		e.failed(now.Add(-2*time.Hour), "x", "failed")
 		// A row that is not sent is never deleted, whatever its sent_at.
-		e.raw("UPDATE " + e.qt + " SET status = 'failed' WHERE id = 'was-sent'")
+		e.raw("UPDATE " + e.qt + " SET status = 'failed'" + where("was-sent"))
 
 		var deleted []int64
 		for range 4 {

@@ -17,6 +17,10 @@ var maxParams = map[string]int{
 	"mysql":    65535,
 }
 
+// maxGaps is how many seqs a relay's watermark passes to Look and Claim at
+// most (engine.MaxGaps).
+const maxGaps = 10000
+
 // Parameters per row: an INSERT row has 11, an outcome row 4.
 const (
 	insertParams  = 11
@@ -43,44 +47,76 @@ func testLimits(t *testing.T, open Open) {
 	rows := make([]store.Event, n)
 	names := ids("n", n)
 	for i, id := range names {
-		rows[i] = generated(id)
+		// Generated events and events the publisher named, alternately:
+		// the statement has its conflict clause.
+		if i%2 == 0 {
+			rows[i] = generated()
+			names[i] = rows[i].ID
+		} else {
+			rows[i] = ev(id)
+		}
 	}
-	rows[n-1].Generated = false // the statement with its conflict clause
 	require.EqualValues(t, n, e.insert(now, rows...), "one INSERT of InsertRows rows")
-	assert.Len(t, e.keysOf(names...), n, "KeysOf of InsertRows IDs")
+	assert.Len(t, e.keysOf(names...), n/2, "KeysOf of InsertRows IDs finds the named ones")
 
 	m := min(lim.OutcomeRows, n)
 	at := now.Add(time.Second)
-	claimAll := func(lease time.Time) []string {
+	claimAll := func(lease time.Time) []store.Claimed {
 		t.Helper()
-		got := e.claimIDs(store.ClaimSpec{Now: at, Lease: lease, Limit: m})
+		got := e.claim(store.ClaimSpec{Now: at, Lease: lease, Limit: m})
 		require.Len(t, got, m)
 		return got
+	}
+	seqsOf := func(batch []store.Claimed) []int64 {
+		out := make([]int64, len(batch))
+		for i := range batch {
+			out[i] = batch[i].Seq
+		}
+		return out
 	}
 	l1 := now.Add(time.Hour)
 	batch := claimAll(l1)
 	outs := make([]store.Outcome, m)
-	for i, id := range batch {
-		outs[i] = store.Outcome{ID: id, Status: "pending", Err: fmt.Sprintf("error %d", i), Due: at}
+	for i, c := range batch {
+		outs[i] = store.Outcome{Seq: c.Seq, ID: c.ID, Status: "pending", Err: fmt.Sprintf("error %d", i), Due: at}
 	}
 	assert.EqualValues(t, m, e.exec(e.s.MarkFailed(outs, at, l1)), "one MarkFailed of OutcomeRows rows")
 	l2 := l1.Add(time.Second)
 	batch = claimAll(l2)
-	assert.EqualValues(t, m, e.exec(e.s.Release(batch, at, l2)), "one Release of OutcomeRows rows")
+	assert.EqualValues(t, m, e.exec(e.s.Release(seqsOf(batch), at, l2)), "one Release of OutcomeRows rows")
 	l3 := l2.Add(time.Second)
 	batch = claimAll(l3)
-	assert.EqualValues(t, m, e.exec(e.s.MarkSent(batch, at, l3)), "one MarkSent of OutcomeRows rows")
+	assert.EqualValues(t, m, e.exec(e.s.MarkSent(seqsOf(batch), at, l3)), "one MarkSent of OutcomeRows rows")
 
-	// The operating functions' batches, with every filter field set.
+	// The operating functions' batches, with every filter field set (IDs
+	// of every kind).
 	f := store.Filter{
-		IDs: []string{"a", "b"}, Statuses: []string{"sent", "failed"}, Types: []string{"x", "y"},
+		IDs: []string{"a", "b", names[0], "0190f0c4-8a6e-7b3c-9d2e-5f1a2b3c4d5e"}, Statuses: []string{"sent", "failed"}, Types: []string{"x", "y"},
 		AggregateType: "t", AggregateID: "i", CreatedSince: now.Add(-time.Hour), CreatedUntil: now.Add(time.Hour),
 		ErrorContains: "e",
 	}
-	scan := ids("x", lim.AdminBatch)
+	scan := make([]int64, lim.AdminBatch)
+	for i := range scan {
+		scan[i] = int64(i + 1)
+	}
 	e.exec(e.s.ReplayUpdate(f, scan, at))
 	e.exec(e.s.PurgeDelete(f, scan))
-	e.seqIDs(e.s.ReplaySelect(f, 0, lim.AdminScan))
-	e.seqIDs(e.s.PurgeSelect(f, lim.AdminScan))
+	e.seqList(e.s.ReplaySelect(f, 0, lim.AdminScan))
+	e.seqList(e.s.PurgeSelect(f, lim.AdminScan))
+	if w := e.walker(); w != nil {
+		// The watermark's statements, with as many seqs as a relay passes
+		// them (engine.MaxGaps), one new row among them.
+		require.EqualValues(t, 1, e.insert(at, ev("late")))
+		late := e.get("late").Seq
+		gaps := make([]int64, maxGaps)
+		for i := range gaps {
+			gaps[i] = late - int64(i) // every row's seq among them
+		}
+		assert.Len(t, e.walk(w.Walk(0, maxGaps, at)), n+1, "one Walk of every row")
+		assert.Len(t, e.walk(w.Look(gaps, at)), n+1, "one Look of %d seqs", maxGaps)
+		claimed := e.claimIDs(store.ClaimSpec{Now: at, Lease: l3.Add(time.Second), Limit: m, From: late + 1, Gaps: gaps})
+		assert.Equal(t, []string{"late"}, claimed, "a claim with %d gaps", maxGaps)
+		assert.EqualValues(t, 0, e.exec(w.Defer(gaps, at)), "one Defer of %d seqs: the one open row is leased", maxGaps)
+	}
 	assert.EqualValues(t, min(m, lim.RetentionBatch), e.exec(e.s.DeleteSent(now.Add(time.Hour), lim.RetentionBatch)), "one DeleteSent of RetentionBatch rows")
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
@@ -136,6 +137,30 @@ func testLogical(t *testing.T, open Open) {
 		assert.Equal(t, "failed", e.get("p-1").Status, "the first write wins")
 		assert.EqualValues(t, 4, e.rows())
 
+		// A parked event's ID is in named_id, whoever chose it: a generated
+		// event the stream offers again is skipped.
+		g := generated()
+		assert.Equal(t, []string{g.ID}, e.parked(lg.Park([]store.ParkRow{{Event: g, Status: "pending", Due: now, Created: now}}, at)))
+		named, ok := e.namedID(e.get(g.ID).Seq)
+		assert.True(t, ok, "a parked generated ID is in named_id")
+		assert.Equal(t, g.ID, named)
+		assert.Equal(t, hexOf(uuid.MustParse(g.ID)), e.idColumn(e.get(g.ID).Seq), "the id column is the UUID")
+		assert.Empty(t, e.parked(lg.Park([]store.ParkRow{{Event: g, Status: "pending", Due: now, Created: now}}, at)), "the same generated event parked again")
+		assert.Equal(t, hexOf(store.RowID("p-2")), e.idColumn(e.get("p-2").Seq), "the id column of a named ID")
+		assert.True(t, e.nulls(e.get("p-1").Seq)["idempotency_key"], "a key that is the ID is NULL")
+		assert.EqualValues(t, 5, e.rows())
+
+		// Parked rows wait in the retry index (they have their due time):
+		// the watermark does not hide them.
+		if w := e.walker(); w != nil {
+			_, high := e.lowOpen()
+			got := e.claimIDs(store.ClaimSpec{Now: now.Add(2 * time.Hour), Lease: now.Add(3 * time.Hour), Limit: 10, From: high.Int64 + 1})
+			assert.ElementsMatch(t, []string{"p-2", "p-3", "p-4", g.ID}, got, "the parked pending rows, due, whatever From")
+			for _, r := range e.walk(w.Walk(0, 100, now)) {
+				assert.False(t, r.Open, "a parked row is not a new row: seq %d", r.Seq)
+			}
+		}
+
 		// InsertRows rows in one statement (Logical mode parks in chunks of it).
 		n := e.s.Limits().InsertRows
 		many := make([]store.ParkRow, n)
@@ -211,18 +236,28 @@ func testLogical(t *testing.T, open Open) {
 	})
 }
 
-// parked runs a Park statement and returns the IDs it inserted.
+// parked runs a Park statement and returns the IDs it inserted, each
+// checked against the seq it returned.
 func (e *env) parked(q store.Query) []string {
 	e.t.Helper()
 	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
 	require.NoError(e.t, err, "%.200s", q.SQL)
-	defer rs.Close()
-	var out []string
+	var (
+		out  []string
+		seqs []int64
+	)
 	for rs.Next() {
-		var id string
-		require.NoError(e.t, rs.Scan(&id))
-		out = append(out, id)
+		var (
+			seq int64
+			id  string
+		)
+		require.NoError(e.t, rs.Scan(&seq, &id))
+		out, seqs = append(out, id), append(seqs, seq)
 	}
 	require.NoError(e.t, rs.Err())
+	require.NoError(e.t, rs.Close())
+	if len(seqs) > 0 {
+		assert.Equal(e.t, out, e.idsAt(seqs), "Park returns each inserted row's seq and ID")
+	}
 	return out
 }

@@ -1,8 +1,12 @@
 package storetest
 
 import (
+	"database/sql"
 	"embed"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +31,67 @@ CREATE INDEX IF NOT EXISTS "outbox_events_aggregate_idx"
     ON "outbox_events" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent';
 `
 
+// versionTwoFiles are the tables schema version 2 created, by store name:
+// seq, but not yet the primary key; the ID in id (text), every column NOT
+// NULL but headers, locked_until, last_error and sent_at; a pending index.
+//
+//go:embed schema-v2/*.sql
+var versionTwoFiles embed.FS
+
+// versionTwo is store name's version 2 table.
+func versionTwo(name string) (string, bool) {
+	ddl, err := versionTwoFiles.ReadFile("schema-v2/" + name + ".sql")
+	if err != nil {
+		return "", false
+	}
+	return string(ddl), true
+}
+
+// oldInsert writes events as versions 1 and 2 wrote them, at the time at:
+// every column but seq (version 2 assigns it), the key and the times
+// spelt out. The builders write version 3 only, so this statement is the
+// suite's own, its times spelt as each store wrote them.
+func (e *env) oldInsert(at time.Time, evs ...store.Event) {
+	e.t.Helper()
+	ph := func(n int) string { return "?" }
+	tm := func(t time.Time) any { return t }
+	switch e.s.Name() {
+	case "postgres":
+		ph = func(n int) string { return fmt.Sprintf("$%d", n) }
+	case "mysql":
+		tm = func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") }
+	case "sqlite":
+		tm = func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.999999999-07:00") }
+	default:
+		require.FailNow(e.t, "the suite does not know how "+e.s.Name()+" wrote versions 1 and 2: add it to oldInsert")
+	}
+	for _, ev := range evs {
+		var headers any
+		if ev.Headers != nil {
+			headers = string(ev.Headers)
+		}
+		args := []any{ev.ID, ev.Type, ev.AggregateType, ev.AggregateID, ev.Key, string(ev.Payload), headers, tm(at), tm(ev.OccurredAt), tm(at), tm(at)}
+		marks := make([]string, len(args))
+		for i := range marks {
+			marks[i] = ph(i + 1)
+		}
+		e.exec(store.Query{SQL: "INSERT INTO " + e.qt + " (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers," +
+			" available_at, occurred_at, created_at, updated_at) VALUES (" + strings.Join(marks, ", ") + ")", Args: args})
+	}
+}
+
+// upgradeLockFree reports, on MySQL, whether the named lock the upgrade
+// script takes is free again (true elsewhere).
+func (e *env) upgradeLockFree() bool {
+	e.t.Helper()
+	if e.s.Name() != "mysql" {
+		return true
+	}
+	var free sql.NullInt64
+	require.NoError(e.t, e.db.QueryRowContext(e.ctx, "SELECT IS_FREE_LOCK('"+e.table+".upgrade')").Scan(&free))
+	return free.Valid && free.Int64 == 1
+}
+
 // versionOne is store name's version 1 table with its ordering index.
 func versionOne(name string) (string, bool) {
 	ddl, err := versionOneFiles.ReadFile("schema-v1/" + name + ".sql")
@@ -44,10 +109,15 @@ func testSchema(t *testing.T, open Open, name string) {
 		require.NoError(t, err)
 		assert.Equal(t, 0, v, "Version of an empty database")
 
-		// SplitDDL names every statement of Schema(), the table first.
+		// SplitDDL names every statement of Schema(), the table before its
+		// indexes (only the types its columns use before it).
 		ddl := store.SplitDDL(e.s.Schema())
 		require.Len(t, ddl, len(statements(e.s.Schema())), "SplitDDL must name every statement of Schema():\n%s", e.s.Schema())
-		require.Equal(t, e.table, ddl[0].Name, "the table comes first")
+		tableAt := slices.IndexFunc(ddl, func(d store.DDL) bool { return d.Name == e.table })
+		require.GreaterOrEqual(t, tableAt, 0, "the schema creates the table %s", e.table)
+		for _, d := range ddl[:tableAt] {
+			assert.Regexp(t, `(?i)^CREATE\s+TYPE\b`, d.SQL, "only a type comes before the table")
+		}
 		seen := map[string]bool{}
 		for _, d := range ddl {
 			assert.False(t, seen[d.Name], "%s is created twice", d.Name)
@@ -92,13 +162,21 @@ func testSchema(t *testing.T, open Open, name string) {
 		e.get("kept")
 	})
 
-	t.Run("Upgrade", func(t *testing.T) {
+	t.Run("UpgradeFrom", func(t *testing.T) {
 		t.Parallel()
 		e := fresh(t, open)
-		if e.s.Upgrade() == "" {
+		assert.Empty(t, e.s.Upgrade(0), "no upgrade from no table")
+		assert.Empty(t, e.s.Upgrade(store.SchemaVersion), "no upgrade from the current version")
+		require.Empty(t, e.s.Upgrade(store.SchemaVersion+1), "no upgrade from a version to come")
+	})
+
+	t.Run("UpgradeFromVersion1", func(t *testing.T) {
+		t.Parallel()
+		e := fresh(t, open)
+		if e.s.Upgrade(1) == "" {
 			// This database never had version 1: store.Upgrade refuses
 			// rather than guess, and changes nothing.
-			require.Error(t, store.Upgrade(e.ctx, e.db, e.s))
+			require.Error(t, store.Upgrade(e.ctx, e.db, e.s, 1))
 			v, err := e.s.Version(e.ctx, e.db)
 			require.NoError(t, err)
 			assert.Equal(t, 0, v)
@@ -106,7 +184,7 @@ func testSchema(t *testing.T, open Open, name string) {
 			return
 		}
 		v1, ok := versionOne(e.s.Name())
-		require.True(t, ok, "store %s has an Upgrade script but the suite has no version 1 table for it: add the first release's DDL to schema-v1/%s.sql", e.s.Name(), e.s.Name())
+		require.True(t, ok, "store %s has an Upgrade(1) script but the suite has no version 1 table for it: add the first release's DDL to schema-v1/%s.sql", e.s.Name(), e.s.Name())
 		for _, st := range statements(store.Rename(v1, e.table)) {
 			e.raw(st)
 		}
@@ -127,13 +205,13 @@ func testSchema(t *testing.T, open Open, name string) {
 			agg("a-2", "acct", "A"), agg("a-1", "acct", "A"),
 		} {
 			e1.Key = "key-" + e1.ID
-			require.EqualValues(t, 1, e.insert(base.Add(time.Duration(i)*time.Second), e1))
+			e.oldInsert(base.Add(time.Duration(i)*time.Second), e1)
 		}
 		e.raw("UPDATE " + e.qt + " SET status = 'sent', attempts = 1, sent_at = created_at WHERE id = 'sent-1'")
 		e.raw("UPDATE " + e.qt + " SET status = 'failed', attempts = 10, last_error = 'boom' WHERE id = 'failed-1'")
 		e.raw("UPDATE " + e.qt + " SET attempts = 2 WHERE id = 'a-2'")
 
-		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s))
+		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s, 1))
 		v, err = e.s.Version(e.ctx, e.db)
 		require.NoError(t, err)
 		assert.Equal(t, store.SchemaVersion, v, "Version after Upgrade")
@@ -144,10 +222,10 @@ func testSchema(t *testing.T, open Open, name string) {
 		}
 		ok, err = e.s.Exists(e.ctx, e.db, name)
 		require.NoError(t, err)
-		assert.False(t, ok, "Upgrade drops version 1's ordering index, so that Ensure builds version 2's")
+		assert.False(t, ok, "Upgrade drops version 1's ordering index, so that Ensure builds the current one")
 
 		// Another instance finds the work done, then creates what is missing.
-		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s), "Upgrade of an upgraded table")
+		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s, 1), "Upgrade of an upgraded table")
 		require.NoError(t, store.Create(e.ctx, e.db, e.s))
 		assert.EqualValues(t, 7, e.rows())
 
@@ -164,11 +242,17 @@ func testSchema(t *testing.T, open Open, name string) {
 		}
 		assert.Equal(t, 2, e.get("a-2").Attempts)
 		sameTime(t, base.Add(6*time.Second), e.get("a-1").CreatedAt, "created_at of a-1")
+		assert.Equal(t, "key-a-1", e.get("a-1").Key)
+		for _, id := range []string{"sent-1", "a-1"} {
+			named, ok := e.namedID(e.get(id).Seq)
+			assert.True(t, ok && named == id, "version 1's ID %s is in named_id (%q)", id, named)
+		}
 
-		// The old keys still hold; new rows are numbered after the old.
+		// The old keys and IDs still hold; new rows are numbered after the old.
 		dup := ev("dup")
 		dup.Key = "key-a-1"
 		assert.EqualValues(t, 0, e.insert(now, dup), "a new event with an old row's key")
+		assert.EqualValues(t, 0, e.insert(now, ev("a-1")), "a new event with an old row's ID")
 		require.EqualValues(t, 1, e.insert(now, ev("new")))
 		assert.Greater(t, e.get("new").Seq, e.get("a-1").Seq, "seq continues after the old rows")
 
@@ -176,6 +260,169 @@ func testSchema(t *testing.T, open Open, name string) {
 		e.ensureOrdering()
 		assert.Equal(t, []string{"b-3", "a-2", "new"},
 			e.claimIDs(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10, Ordered: true}))
+	})
+
+	t.Run("UpgradeFromVersion2", func(t *testing.T) {
+		t.Parallel()
+		e := fresh(t, open)
+		v2, ok := versionTwo(e.s.Name())
+		if e.s.Upgrade(2) == "" {
+			require.False(t, ok, "the suite has a version 2 table for %s, which has no Upgrade(2) script", e.s.Name())
+			require.Error(t, store.Upgrade(e.ctx, e.db, e.s, 2))
+			t.Logf("%s has no version 2: checked that store.Upgrade refuses", e.s.Name())
+			return
+		}
+		require.True(t, ok, "store %s has an Upgrade(2) script but the suite has no version 2 table for it: add it to schema-v2/%s.sql", e.s.Name(), e.s.Name())
+		for _, st := range statements(store.Rename(v2, e.table)) {
+			e.raw(st)
+		}
+		v, err := e.s.Version(e.ctx, e.db)
+		require.NoError(t, err)
+		require.Equal(t, 2, v, "Version of a version 2 table")
+		// Version 2's ordering index, as relays with OrderByAggregate built
+		// it (the same DDL as now).
+		e.ensureOrdering()
+
+		// Rows as version 2 wrote them, their IDs sorting against the
+		// order they were written in: named IDs, and a UUID as version 2
+		// wrote the generated ones; keys of their own and keys that are
+		// the ID.
+		const uid = "0190f0c4-8a6e-7b3c-9d2e-5f1a2b3c4d5e"
+		base := now.Add(-time.Hour)
+		old := []store.Event{
+			ev("sent-1"), ev("failed-1"), agg(uid, "acct", "A"),
+			agg("b-3", "acct", "B"), agg("b-2", "acct", "B"), agg("a-2", "acct", "A"), agg("a-1", "acct", "A"),
+		}
+		old[1].Key = "key-failed-1"
+		old[5].Key = "key-a-2"
+		old[6].Headers = []byte(`{"trace":"t-1"}`)
+		for i, e2 := range old {
+			e.oldInsert(base.Add(time.Duration(i)*time.Second), e2)
+		}
+		e.raw("UPDATE " + e.qt + " SET status = 'sent', attempts = 1, sent_at = created_at WHERE id = 'sent-1'")
+		e.raw("UPDATE " + e.qt + " SET status = 'failed', attempts = 10, last_error = 'boom' WHERE id = 'failed-1'")
+		e.raw("UPDATE " + e.qt + " SET attempts = 2 WHERE id = 'a-2'")
+
+		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s, 2))
+		assert.True(t, e.upgradeLockFree(), "the upgrade's named lock is released")
+		v, err = e.s.Version(e.ctx, e.db)
+		require.NoError(t, err)
+		assert.Equal(t, store.SchemaVersion, v, "Version after Upgrade")
+		require.NoError(t, store.Create(e.ctx, e.db, e.s))
+		for _, d := range store.SplitDDL(e.s.Schema()) {
+			ok, err := e.s.Exists(e.ctx, e.db, d.Name)
+			require.NoError(t, err)
+			assert.True(t, ok, "Exists(%q) after Upgrade", d.Name)
+		}
+		// Another instance finds the work done.
+		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s, 2), "Upgrade of an upgraded table")
+		assert.True(t, e.upgradeLockFree(), "the upgrade's named lock is released when another instance did the work")
+		assert.EqualValues(t, 7, e.rows())
+
+		// seq is kept; every row reads back as version 2 wrote it.
+		ids := make([]string, len(old))
+		for i := range old {
+			ids[i] = old[i].ID
+		}
+		assert.Equal(t, ids, e.list(store.Page{Limit: 100}), "seq kept")
+		for i, o := range old {
+			r := e.get(o.ID)
+			assert.Equal(t, o.ID, r.ID)
+			assert.Equal(t, o.Key, r.Key, "key of %s", o.ID)
+			assert.Equal(t, o.Type, r.EventType, o.ID)
+			assert.Equal(t, o.AggregateID, r.AggregateID, o.ID)
+			assert.JSONEq(t, string(o.Payload), r.Payload, o.ID)
+			sameTime(t, base.Add(time.Duration(i)*time.Second), r.CreatedAt, "created_at of %s", o.ID)
+			sameTime(t, base.Add(time.Duration(i)*time.Second), r.UpdatedAt, "updated_at of %s", o.ID)
+			sameTime(t, o.OccurredAt, r.OccurredAt, "occurred_at of %s", o.ID)
+			named, ok := e.namedID(r.Seq)
+			assert.True(t, ok && named == o.ID, "version 2's ID %s is in named_id (%q)", o.ID, named)
+			assert.Equal(t, o.Key == o.ID, e.nulls(r.Seq)["idempotency_key"], "the key of %s is NULL exactly when it is the ID", o.ID)
+			if e.s.Name() != "sqlite" {
+				// SQLite has no MD5: its script keeps the old ID in id.
+				assert.Equal(t, hexOf(store.RowID(o.ID)), e.idColumn(r.Seq), "the id column of %s is store.RowID of the ID", o.ID)
+			}
+		}
+		if h := e.get("a-1").Headers; assert.NotNil(t, h) {
+			assert.JSONEq(t, `{"trace":"t-1"}`, *h)
+		}
+		s := e.get("sent-1")
+		assert.Equal(t, "sent", s.Status)
+		sameTimePtr(t, base, s.SentAt, "sent_at of sent-1")
+		f := e.get("failed-1")
+		assert.Equal(t, "failed", f.Status)
+		assert.Equal(t, 10, f.Attempts)
+		if assert.NotNil(t, f.LastError) {
+			assert.Equal(t, "boom", *f.LastError)
+		}
+		assert.Equal(t, 2, e.get("a-2").Attempts)
+		assert.EqualValues(t, 1, e.count(e.s.Count(store.Filter{Statuses: []string{"failed"}})), "the status reads as before")
+		st := e.stats()
+		assert.EqualValues(t, 5, st["pending"].N)
+		assert.EqualValues(t, 1, st["sent"].N)
+		assert.Equal(t, map[string]key{"sent-1": {"sent-1", base}, "failed-1": {"key-failed-1", base.Add(time.Second)}}, e.keysOf("sent-1", "failed-1"))
+
+		// The old IDs and keys still hold; new rows are numbered after the old.
+		dup := ev("dup")
+		dup.Key = "key-failed-1"
+		assert.EqualValues(t, 0, e.insert(now, dup), "a new event with an old row's key")
+		assert.EqualValues(t, 0, e.insert(now, ev("a-1")), "a new event with an old row's ID")
+		assert.EqualValues(t, 0, e.insert(now, ev(uid)), "a new event with an old row's UUID")
+		g := generated()
+		require.EqualValues(t, 1, e.insert(now, g))
+		assert.Greater(t, e.get(g.ID).Seq, e.get("a-1").Seq, "seq continues after the old rows")
+
+		if w := e.walker(); w != nil {
+			// The old pending rows have their due time: they wait in the
+			// retry index, where the watermark does not hide them.
+			low, high := e.lowOpen()
+			assert.Equal(t, some(e.get(g.ID).Seq), low, "the old rows are not new rows")
+			assert.Equal(t, []string{uid, "b-3", "b-2", "a-2", "a-1"},
+				e.claimIDs(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10, From: high.Int64 + 1}), "the old pending rows, whatever From")
+			for _, r := range e.walk(w.Look(e.seqs(uid, "b-3", "a-1"), now)) {
+				assert.False(t, r.Open, "an old pending row is not open: seq %d", r.Seq)
+			}
+			require.EqualValues(t, 5, e.exec(e.s.Release(e.seqs(uid, "b-3", "b-2", "a-2", "a-1"), now, now.Add(time.Minute))))
+		}
+
+		// Per-aggregate order follows the old rows' order.
+		e.ensureOrdering()
+		assert.Equal(t, []string{uid, "b-3", g.ID},
+			e.claimIDs(store.ClaimSpec{Now: now, Lease: now.Add(time.Hour), Limit: 10, Ordered: true}))
+	})
+
+	// Several instances starting at once: one upgrades, the others find
+	// the work done.
+	t.Run("UpgradeConcurrently", func(t *testing.T) {
+		t.Parallel()
+		e := fresh(t, open)
+		v2, ok := versionTwo(e.s.Name())
+		if !ok || e.s.Upgrade(2) == "" {
+			t.Skipf("%s has no version 2", e.s.Name())
+		}
+		for _, st := range statements(store.Rename(v2, e.table)) {
+			e.raw(st)
+		}
+		for i := range 20 {
+			e.oldInsert(now, ev(fmt.Sprintf("r-%02d", i)))
+		}
+		const instances = 3
+		errs := make([]error, instances)
+		var wg sync.WaitGroup
+		for i := range instances {
+			wg.Go(func() { errs[i] = store.Upgrade(e.ctx, e.db, e.s, 2) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			assert.NoError(t, err, "instance %d", i)
+		}
+		assert.True(t, e.upgradeLockFree(), "the upgrade's named lock is released")
+		v, err := e.s.Version(e.ctx, e.db)
+		require.NoError(t, err)
+		assert.Equal(t, store.SchemaVersion, v)
+		require.NoError(t, store.Create(e.ctx, e.db, e.s))
+		assert.EqualValues(t, 20, e.rows())
+		assert.Equal(t, "r-07", e.get("r-07").ID)
 	})
 
 	t.Run("OrderingIndex", func(t *testing.T) {

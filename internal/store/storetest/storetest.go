@@ -17,6 +17,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"regexp"
 	"slices"
@@ -116,11 +117,62 @@ func (e *env) raw(sql string) int64 {
 	return e.exec(store.Query{SQL: sql})
 }
 
-// insert writes events through Insert at the time at and returns the rows
-// it inserted.
+// insert writes events through Insert at the time at and returns how many
+// rows it inserted.
 func (e *env) insert(at time.Time, evs ...store.Event) int64 {
 	e.t.Helper()
-	return e.exec(e.s.Insert(evs, at))
+	n, err := e.tryInsert(at, evs...)
+	require.NoError(e.t, err, "Insert")
+	return n
+}
+
+// tryInsert runs Insert as Publish does (runInsert), each seq it returns
+// checked to hold one of evs' IDs.
+func (e *env) tryInsert(at time.Time, evs ...store.Event) (int64, error) {
+	e.t.Helper()
+	n, seqs, err := runInsert(e.ctx, e.db, e.s, e.s.Insert(evs, at))
+	if err != nil || seqs == nil {
+		return n, err
+	}
+	want := map[string]bool{}
+	for i := range evs {
+		want[evs[i].ID] = true
+	}
+	for i, id := range e.idsAt(seqs) {
+		assert.True(e.t, want[id], "Insert returned seq %d, which holds %s, not one of the events written", seqs[i], id)
+	}
+	return n, nil
+}
+
+// runInsert runs an Insert statement as Publish does: with Returning, a
+// query whose rows are the seqs it inserted; without, a statement whose row
+// count it is (seqs nil).
+func runInsert(ctx context.Context, db *sql.DB, s store.Store, q store.Query) (n int64, seqs []int64, err error) {
+	if !s.Returning() {
+		res, err := db.ExecContext(ctx, q.SQL, q.Args...)
+		if err != nil {
+			return 0, nil, err
+		}
+		n, err := res.RowsAffected()
+		return n, nil, err
+	}
+	rs, err := db.QueryContext(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return 0, nil, err
+	}
+	seqs = []int64{}
+	for rs.Next() {
+		var seq int64
+		if err := rs.Scan(&seq); err != nil {
+			_ = rs.Close()
+			return 0, nil, err
+		}
+		seqs = append(seqs, seq)
+	}
+	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
+		return 0, nil, err
+	}
+	return int64(len(seqs)), seqs, nil
 }
 
 // find reads a row through Get.
