@@ -92,9 +92,10 @@ func (e *env) servers() []server {
 	return s
 }
 
-// writeDatabases are the databases of the write scenario: the servers and
-// a new SQLite file, in the order PostgreSQL, SQLite, MySQL/MariaDB.
-func (e *env) writeDatabases() []database {
+// databases are the databases of the write and claim scenarios: the
+// servers and a new SQLite file, in the order PostgreSQL, SQLite,
+// MySQL/MariaDB.
+func (e *env) databases() []database {
 	var d []database
 	if e.pg != nil {
 		d = append(d, e.pg)

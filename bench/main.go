@@ -42,6 +42,8 @@ type options struct {
 	rate         int
 	scaleSent    int
 	scaleBacklog int
+	claimSent    int
+	claimCycles  int
 	memBig       int
 	memSmall     int
 	memTimeout   time.Duration
@@ -64,8 +66,8 @@ func parseFlags(args []string) (options, error) {
 	)
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every A/B comparison; medians and min–max are over rounds")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: small backlogs, short durations, 1 round (unless -rounds is given)")
-	fs.StringVar(&only, "only", "write,relay,latency,scale", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named")
-	fs.StringVar(&dbs, "db", "postgres,sqlite,mysql", "databases to run them on, comma separated (mysql: MySQL or MariaDB, from "+mysqlDSNEnv+"; SQLite has only the write scenario, latency is PostgreSQL's alone)")
+	fs.StringVar(&only, "only", "write,relay,latency,scale,claim", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named")
+	fs.StringVar(&dbs, "db", "postgres,sqlite,mysql", "databases to run them on, comma separated (mysql: MySQL or MariaDB, from "+mysqlDSNEnv+"; SQLite has only the write and claim scenarios, latency is PostgreSQL's alone)")
 	fs.DurationVar(&o.writeDur, "write-dur", 3*time.Second, "how long each write-overhead measurement runs")
 	fs.StringVar(&writers, "writers", "1,8", "concurrent writers for the write-overhead scenario")
 	fs.IntVar(&o.backlog, "backlog", 200000, "events in the relay-throughput backlog")
@@ -76,6 +78,8 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.rate, "rate", 500, "events per second in the latency scenario")
 	fs.IntVar(&o.scaleSent, "scale-sent", 1000000, "sent rows in the table for the scale scenario")
 	fs.IntVar(&o.scaleBacklog, "scale-backlog", 100000, "pending events drained in the scale scenario's throughput test")
+	fs.IntVar(&o.claimSent, "claim-sent", 1000000, "sent rows beside the claim scenario's second and third table states")
+	fs.IntVar(&o.claimCycles, "claim-cycles", 200, "measured relay cycles per table state and round in the claim scenario")
 	fs.IntVar(&o.memBig, "mem-big", 1000000, "large backlog for the relay memory test")
 	fs.IntVar(&o.memSmall, "mem-small", 100000, "small backlog for the relay memory test")
 	fs.DurationVar(&o.memTimeout, "mem-timeout", 90*time.Second, "longest the memory test samples one drain; a longer drain is sampled over its start (a relay that loaded its backlog would peak there)")
@@ -100,6 +104,8 @@ func parseFlags(args []string) (options, error) {
 		set("latency-dur", func() { o.latencyDur = 2 * time.Second })
 		set("scale-sent", func() { o.scaleSent = 100000 })
 		set("scale-backlog", func() { o.scaleBacklog = 20000 })
+		set("claim-sent", func() { o.claimSent = 20000 })
+		set("claim-cycles", func() { o.claimCycles = 20 })
 		set("mem-big", func() { o.memBig = 100000 })
 		set("mem-small", func() { o.memSmall = 10000 })
 		set("drain-timeout", func() { o.drainTimeout = time.Minute })
@@ -111,11 +117,11 @@ func parseFlags(args []string) (options, error) {
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "write", "relay", "latency", "scale", "logical":
+		case "write", "relay", "latency", "scale", "claim", "logical":
 			o.only[s] = true
 		case "":
 		default:
-			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, logical)", s)
+			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, claim, logical)", s)
 		}
 	}
 	o.dbs = map[string]bool{}
@@ -151,13 +157,16 @@ func parseFlags(args []string) (options, error) {
 	for _, v := range []struct {
 		name string
 		n    int
-	}{{"backlog", o.backlog}, {"rate", o.rate}, {"scale-backlog", o.scaleBacklog}, {"mem-big", o.memBig}, {"mem-small", o.memSmall}} {
+	}{{"backlog", o.backlog}, {"rate", o.rate}, {"scale-backlog", o.scaleBacklog}, {"mem-big", o.memBig}, {"mem-small", o.memSmall}, {"claim-cycles", o.claimCycles}} {
 		if v.n < 1 {
 			return o, fmt.Errorf("-%s must be positive", v.name)
 		}
 	}
 	if o.scaleSent < 0 {
 		return o, errors.New("-scale-sent must not be negative")
+	}
+	if o.claimSent < 0 {
+		return o, errors.New("-claim-sent must not be negative")
 	}
 	return o, nil
 }
@@ -228,6 +237,7 @@ func run(ctx context.Context, opts options) (err error) {
 		{"relay", runRelay},
 		{"latency", runLatency},
 		{"scale", runScale},
+		{"claim", runClaim},
 		{"logical", runLogical},
 	}
 	for _, s := range steps {

@@ -48,7 +48,7 @@ const (
 )
 
 func runWrite(ctx context.Context, e *env, opts options, t *table) error {
-	for _, d := range e.writeDatabases() {
+	for _, d := range e.databases() {
 		if err := writeOn(ctx, d, opts, t); err != nil {
 			return fmt.Errorf("%s: %w", d.name(), err)
 		}

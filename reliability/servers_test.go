@@ -1,6 +1,7 @@
 package reliability
 
 import (
+	"sync/atomic"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -120,8 +121,16 @@ func postgresServer() server {
 		},
 		// pgx runs every statement with arguments as Bind, Execute, Sync
 		// (after a Parse the first time): a claim or a mark is one Bind.
-		// Its liveness ping is a simple Query, which passes.
-		starts: func(wireStep) func([]byte) bool { return pgMessage('B') },
+		// Its liveness ping is a simple Query, which passes. A claim is the
+		// second statement of its cycle: the first reads the table from
+		// the relay's watermark (a relay's first cycle also sweeps, which
+		// warmUp has done).
+		starts: func(step wireStep) func([]byte) bool {
+			if step == claimCommit {
+				return nthMatch(2, pgMessage('B'))
+			}
+			return pgMessage('B')
+		},
 	}
 }
 
@@ -137,6 +146,14 @@ func parseURLDSN(t testing.TB, dsn string) *url.URL {
 // one of type typ. Every message after the startup is a type byte and a
 // 4-byte length that counts itself; a chunk that does not begin on a
 // message boundary is not recognised.
+// nthMatch matches the n-th chunk match matches.
+func nthMatch(n int, match func([]byte) bool) func([]byte) bool {
+	var seen atomic.Int64
+	return func(chunk []byte) bool {
+		return match(chunk) && seen.Add(1) == int64(n)
+	}
+}
+
 func pgMessage(typ byte) func([]byte) bool {
 	return func(chunk []byte) bool {
 		for len(chunk) >= 5 {

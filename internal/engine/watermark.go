@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"maps"
@@ -102,29 +103,25 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 		}
 	}
 	var deferred []int64
-	if len(w.gaps) > 0 {
-		rows, err := readWalk(ctx, db, s.Look(w.gapList(), now))
-		if err != nil {
-			return err
-		}
-		for _, r := range rows {
-			switch {
-			case !r.open:
-				delete(w.gaps, r.seq)
-			case !r.leased:
-				// Appeared, new: the claim takes it through Gaps.
-			}
-		}
-		for seq, seen := range w.gaps {
-			if time.Since(seen) >= SweepEvery {
-				delete(w.gaps, seq)
-			}
+	for seq, seen := range w.gaps {
+		if time.Since(seen) >= SweepEvery {
+			delete(w.gaps, seq)
 		}
 	}
-	rows, err := readWalk(ctx, db, s.Walk(w.from, WalkRows, now))
+	rows, err := readWalk(ctx, db, s.Walk(w.from, WalkRows, w.gapList(), now))
 	if err != nil {
 		return err
 	}
+	// The gaps that filled: a row no longer new leaves the list; a new
+	// one, unleased, the claim takes through Gaps; a leased one stays
+	// until it is done.
+	rows = slices.DeleteFunc(rows, func(r walkRow) bool {
+		if r.seq < w.from && !r.open {
+			delete(w.gaps, r.seq)
+		}
+		return r.seq < w.from
+	})
+	slices.SortFunc(rows, func(a, b walkRow) int { return cmp.Compare(a.seq, b.seq) })
 	next := w.from
 walk:
 	for _, r := range rows {

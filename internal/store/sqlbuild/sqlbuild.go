@@ -295,19 +295,16 @@ type Walking struct{ S *Syntax }
 
 // Walk reads, from seq from on, up to limit rows' seq, whether each is
 // open (new and pending) and whether it is leased at now: the relay's
-// watermark advances over the rest.
-func (w Walking) Walk(from int64, limit int, now time.Time) store.Query {
+// watermark advances over the rest. The rows at the seqs gaps (below from)
+// come first, as the same columns, in the same statement.
+func (w Walking) Walk(from int64, limit int, gaps []int64, now time.Time) store.Query {
 	s := w.S
 	b := s.Build()
-	return b.W("SELECT ", s.walkColumns(b, now), " FROM ", s.Table,
-		" WHERE seq >= ", b.Arg(from), " ORDER BY seq LIMIT ", b.Arg(limit)).Query()
-}
-
-// Look reads the rows at seqs as Walk does.
-func (w Walking) Look(seqs []int64, now time.Time) store.Query {
-	s := w.S
-	b := s.Build()
-	return b.W("SELECT ", s.walkColumns(b, now), " FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs)).Query()
+	if len(gaps) > 0 {
+		b.W("SELECT ", s.walkColumns(b, now), " FROM ", s.Table, " WHERE ", b.Seqs("seq", gaps), " UNION ALL ")
+	}
+	return b.W("SELECT * FROM (SELECT ", s.walkColumns(b, now), " FROM ", s.Table,
+		" WHERE seq >= ", b.Arg(from), " ORDER BY seq LIMIT ", b.Arg(limit), ") w").Query()
 }
 
 func (s *Syntax) walkColumns(b *Builder, now time.Time) string {
