@@ -113,7 +113,7 @@ func TestReplaySeveralIDs(t *testing.T) {
 		assert.Equal(t, want, f.statuses(t))
 
 		// Every ID known and failed: 0, as before.
-		require.NoError(t, f.db.Table(f.table).Where("id IN ?", []string{"bad-1", "bad-2"}).Update("status", "failed").Error)
+		require.NoError(t, f.db.Table(f.table).Where("named_id IN ?", []string{"bad-1", "bad-2"}).Update("status", "failed").Error)
 		code, out, errOut = f.run(t, "", "replay", "bad-1", "bad-2", "bad-1", "--yes")
 		assert.Equal(t, exitOK, code, errOut)
 		assert.Empty(t, errOut)

@@ -213,7 +213,7 @@ func TestStats(t *testing.T) {
 		// Nothing failed, nothing pending: every check passes.
 		_, err := f.ob.Purge(f.db.WithContext(t.Context()), outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}})
 		require.NoError(t, err)
-		require.NoError(t, f.db.Table(f.table).Where("id = ?", "wait-1").Delete(nil).Error)
+		require.NoError(t, f.db.Table(f.table).Where("named_id = ?", "wait-1").Delete(nil).Error)
 		code, out, errOut = f.run(t, "", "stats", "--max-failed", "0", "--max-pending-age", "1ns", "--max-failed-last-hour", "0")
 		assert.Equal(t, exitOK, code, errOut)
 		assert.Contains(t, out, "oldest pending    -\n")
@@ -412,7 +412,7 @@ func storedTime(name string, t time.Time) any {
 func TestPurge(t *testing.T) {
 	forEach(t, func(t *testing.T, f *fixture) {
 		// ok-1 was created 40 days ago.
-		require.NoError(t, f.db.Table(f.table).Where("id = ?", "ok-1").
+		require.NoError(t, f.db.Table(f.table).Where("named_id = ?", "ok-1").
 			Update("created_at", storedTime(f.name, time.Now().Add(-40*24*time.Hour))).Error)
 
 		code, out, errOut := f.run(t, "", "purge", "--older-than", "30d", "--dry-run")
