@@ -1,13 +1,13 @@
 package reliability
 
 import (
-	"sync/atomic"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"net/url"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
