@@ -28,9 +28,10 @@ type database interface {
 	// fill inserts n rows of kind k into an outbox-format table with one
 	// INSERT ... SELECT, numbered from 1 (the number is the aggregate ID,
 	// which the handlers use to check that every event arrives once), 1 µs
-	// apart in occurred_at, oldest first, like a real backlog, each the row
-	// the library leaves (see fillKind); then it refreshes the planner's
-	// statistics.
+	// apart in occurred_at (SQLite's strftime keeps milliseconds), oldest
+	// first, like a real backlog, each the row the library leaves (see
+	// fillKind), with a UUIDv7 of its time as ID; then it refreshes the
+	// planner's statistics.
 	fill(ctx context.Context, db *sql.DB, table string, n int, k fillKind) error
 	// floorInsert is the write floor's INSERT of one generated event into
 	// table: the lean row the library writes for it (schema version 3),

@@ -295,7 +295,8 @@ func floorInsertInto(table string, d database) func(tx *gorm.DB, aggID string, o
 		if err != nil {
 			return fmt.Errorf("encode payload: %w", err)
 		}
-		now := d.timeArg(time.Now().UTC())
+		// The library's clock: UTC, to the microsecond.
+		now := d.timeArg(time.Now().UTC().Truncate(time.Microsecond))
 		args := []any{d.idArg(id), "order.created", "order", aggID, string(payload)}
 		for range times {
 			args = append(args, now)

@@ -281,12 +281,16 @@ func (d *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Que
 	return b.Query()
 }
 
-// DeleteSent orders and limits the DELETE itself: MySQL refuses LIMIT in an
-// IN subquery.
+// DeleteSent orders and limits the DELETE itself (MySQL refuses LIMIT in
+// an IN subquery) and reads the sent rows through the pending index, the
+// one the table has: a row was due before it was sent (available_at <=
+// sent_at), so the range (sent, available_at < before) holds every row to
+// delete and few others, and is empty, not a scan of every sent row, when
+// none is old enough.
 func (d *Store) DeleteSent(before time.Time, limit int) store.Query {
 	b := d.Build()
-	return b.W("DELETE FROM ", d.Table, " WHERE status = 'sent' AND sent_at < ", b.Time(before),
-		" ORDER BY seq LIMIT ", b.Arg(limit)).Query()
+	return b.W("DELETE FROM ", d.Table, " WHERE status = 'sent' AND available_at < ", b.Time(before),
+		" AND sent_at < ", b.Time(before), " ORDER BY available_at LIMIT ", b.Arg(limit)).Query()
 }
 
 // orderingIndex: no partial index, so status is in it and the probe reads
