@@ -2,10 +2,11 @@
 -- MariaDB; db.Use runs it when it finds a version 2 table (unless
 -- Config.DisableAutoMigrate is set). For another table name, replace every
 -- outbox_events (outbox.UpgradeSQL does this for you). MySQL commits each
--- ALTER TABLE by itself: the lock below keeps two instances from upgrading
--- at once, and the one ALTER changes every column, so that the table is
--- either version 2 or version 3.
-SELECT GET_LOCK('outbox_events.upgrade', 60);
+-- ALTER TABLE by itself: the lock below (one per database and table, held
+-- by the session; db.Use refuses to go on without it and always releases
+-- it) keeps two instances from upgrading at once, and the one ALTER changes
+-- every column, so that the table is either version 2 or version 3.
+SELECT GET_LOCK(CONCAT(DATABASE(), '.outbox_events.upgrade'), 60);
 -- Version 2 did not record which IDs a publisher chose: every existing ID
 -- counts as chosen (named_id), so each stays unique.
 ALTER TABLE `outbox_events`
@@ -24,4 +25,4 @@ UPDATE `outbox_events` SET id = CASE
         ELSE UNHEX(MD5(CONCAT('outbox:', named_id))) END,
     idempotency_key = NULLIF(idempotency_key, named_id);
 ALTER TABLE `outbox_events` ALTER COLUMN id DROP DEFAULT;
-SELECT RELEASE_LOCK('outbox_events.upgrade');
+SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.outbox_events.upgrade'));

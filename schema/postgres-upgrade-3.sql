@@ -23,12 +23,12 @@ ALTER TABLE "outbox_events" ADD PRIMARY KEY (seq);
 ALTER TABLE "outbox_events" RENAME COLUMN id TO named_id;
 ALTER TABLE "outbox_events" ALTER COLUMN named_id DROP NOT NULL;
 ALTER TABLE "outbox_events" ADD COLUMN id uuid;
+ALTER TABLE "outbox_events" ALTER COLUMN idempotency_key DROP NOT NULL;
 UPDATE "outbox_events" SET id = CASE
         WHEN named_id ~ '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$' THEN named_id::uuid
         ELSE md5('outbox:' || named_id)::uuid END,
     idempotency_key = NULLIF(idempotency_key, named_id);
 ALTER TABLE "outbox_events" ALTER COLUMN id SET NOT NULL;
-ALTER TABLE "outbox_events" ALTER COLUMN idempotency_key DROP NOT NULL;
 ALTER TABLE "outbox_events" ALTER COLUMN available_at DROP NOT NULL;
 ALTER TABLE "outbox_events" ALTER COLUMN created_at DROP NOT NULL;
 ALTER TABLE "outbox_events" ALTER COLUMN updated_at DROP NOT NULL;

@@ -32,7 +32,7 @@ func TestTableSource(t *testing.T) {
 	now := func() time.Time { return clock }
 	var rows []store.Event
 	for _, id := range []string{"a1", "b1", "a2", "c1", "d1"} {
-		rows = append(rows, store.Event{ID: id, Type: "x", AggregateType: "a", AggregateID: id[:1], Key: id, Payload: []byte("{}"), OccurredAt: t0})
+		rows = append(rows, store.Event{ID: id, Type: "x", AggregateType: "a", AggregateID: id[:1], Key: id, NamedID: true, Payload: []byte("{}"), OccurredAt: t0})
 	}
 	q := s.Insert(rows, t0)
 	_, err = db.Exec(q.SQL, q.Args...)
@@ -61,7 +61,7 @@ func TestTableSource(t *testing.T) {
 	assert.Equal(t, 1, b.Sent())
 
 	status := func(id string) (st string, attempts int) {
-		require.NoError(t, db.QueryRow("SELECT status, attempts FROM outbox_events WHERE id = ?", id).Scan(&st, &attempts))
+		require.NoError(t, db.QueryRow("SELECT status, attempts FROM outbox_events WHERE named_id = ?", id).Scan(&st, &attempts))
 		return st, attempts
 	}
 	for id, want := range map[string][2]any{

@@ -91,13 +91,37 @@ func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
 		}
 		stmts = append(stmts, st)
 	}
-	tx, err := db.BeginTx(ctx, nil)
+	// One connection for the whole script: a lock taken by a session (MySQL's
+	// GET_LOCK) must be released on that session, whatever happens.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	first := strings.ToUpper(stmts[0])
+	if strings.HasPrefix(first, "SELECT GET_LOCK") {
+		// A named lock: the script's last statement releases it; it runs
+		// however the upgrade ends, and without the lock nothing runs.
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, stmts[0]).Scan(&got); err != nil {
+			return err
+		}
+		release := stmts[len(stmts)-1]
+		defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), release) }()
+		if got.Int64 != 1 {
+			return errors.New("another process holds the upgrade's lock (GET_LOCK timed out); try again")
+		}
+		stmts = stmts[:len(stmts)-1]
+	}
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	if _, err := tx.ExecContext(ctx, stmts[0]); err != nil {
-		return err
+	if !strings.HasPrefix(first, "SELECT GET_LOCK") {
+		if _, err := tx.ExecContext(ctx, stmts[0]); err != nil {
+			return err
+		}
 	}
 	if v, err := s.Version(ctx, tx); err != nil || v != from {
 		return err

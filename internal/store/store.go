@@ -27,8 +27,9 @@ import (
 
 // RowID is the id column's UUID of an event ID: the ID itself when it is the
 // canonical text of a UUID (every generated ID), else one derived from it,
-// the MD5 of "outbox:" and the ID, as the version 3 upgrade scripts compute
-// it. The ID a publisher chose is kept as it is in named_id.
+// the MD5 of "outbox:" and the ID, as the PostgreSQL and MySQL version 3
+// upgrade scripts compute it (SQLite's keeps the old text in id). The ID a
+// publisher chose is kept as it is in named_id, which is what reads it.
 func RowID(id string) uuid.UUID {
 	if u, err := uuid.Parse(id); err == nil && u.String() == id {
 		return u
@@ -171,13 +172,12 @@ type Schema interface {
 
 // Writer is what Publish runs on the caller's transaction.
 type Writer interface {
-	// Insert writes rows as pending events; a row whose ID or key is
-	// already in the table is skipped (the first write wins). One edge
-	// differs by database: on PostgreSQL and SQLite the key is unique
-	// among the rows whose key is not their own ID (the schema's partial
-	// index), so an event whose key equals an earlier default event's ID,
-	// or a default event whose ID equals an earlier event's own key, is
-	// written; MySQL, without partial indexes, skips both.
+	// Insert writes rows as pending events; a row whose chosen ID or
+	// chosen key is already in the table is skipped (the first write
+	// wins). IDs and keys are unique each among their own kind: an event
+	// whose key equals an earlier event's ID, or whose ID equals an earlier
+	// event's key, is written, on every database; so is a row whose ID was
+	// generated, which enters neither index.
 	// With Returning, the statement returns the seq of each row it
 	// inserted; without, a store assigns consecutive seqs to the rows of
 	// one INSERT of generated events (the driver's LastInsertId is the
@@ -196,7 +196,8 @@ type Writer interface {
 // touches only pending rows whose lease is still the given one: a relay
 // that lost its lease must not overwrite a row claimed since.
 type Claimer interface {
-	// Claim takes up to c.Limit due pending rows, oldest first, moves
+	// Claim takes up to c.Limit due pending rows (each source oldest
+	// first; the relay sorts a batch by seq), moves
 	// their lease to c.Lease, counts an attempt, and returns them.
 	// Concurrent claims never return the same row while its lease lives;
 	// with c.Ordered, never a row behind an unsent older row of its

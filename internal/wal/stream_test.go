@@ -306,7 +306,8 @@ func TestStreamedBatchRules(t *testing.T) {
 	assert.Equal(t, 1, res.sent)
 	assert.ElementsMatch(t, []string{"a1", "b1"}, got, "a2 and a3 are held behind a1")
 
-	rows, err := db.Query("SELECT id, status, attempts FROM outbox_events ORDER BY seq")
+	// A parked row's ID is in named_id, whoever chose it.
+	rows, err := db.Query("SELECT named_id, status, attempts FROM outbox_events ORDER BY seq")
 	require.NoError(t, err)
 	defer rows.Close()
 	var table []string

@@ -265,7 +265,9 @@ func (s *Syntax) ClaimUpdate(c store.ClaimSpec, lock string) store.Query {
 		srcs = append(srcs, name)
 	}
 	if len(c.Seqs) > 0 {
-		src("s", func() { b.W(b.Seqs("c.seq", c.Seqs)) })
+		src("s", func() {
+			b.W(b.Seqs("c.seq", c.Seqs), " AND (c.available_at IS NULL OR c.available_at <= ", b.Time(c.Now), ")")
+		})
 		b.W(lock, ")")
 	} else {
 		src("r", func() { b.W("c.available_at <= ", b.Time(c.Now)) })

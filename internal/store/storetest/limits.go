@@ -17,9 +17,13 @@ var maxParams = map[string]int{
 	"mysql":    65535,
 }
 
-// maxGaps is how many seqs a relay's watermark passes to Look and Claim at
-// most (engine.MaxGaps).
-const maxGaps = 10000
+// maxGaps is how many seqs a relay's watermark passes to Walk and Claim at
+// most (engine.MaxGaps), and walkRows how many rows one walk reads
+// (engine.WalkRows).
+const (
+	maxGaps  = 10000
+	walkRows = 1000
+)
 
 // Parameters per row: an INSERT row has 11, an outcome row 4.
 const (
@@ -105,15 +109,15 @@ func testLimits(t *testing.T, open Open) {
 	e.seqList(e.s.PurgeSelect(f, lim.AdminScan))
 	if w := e.walker(); w != nil {
 		// The watermark's statements, with as many seqs as a relay passes
-		// them (engine.MaxGaps), one new row among them.
+		// them, one new row among them.
 		require.EqualValues(t, 1, e.insert(at, ev("late")))
 		late := e.get("late").Seq
 		gaps := make([]int64, maxGaps)
 		for i := range gaps {
 			gaps[i] = late - int64(i) // every row's seq among them
 		}
-		assert.Len(t, e.walk(w.Walk(0, maxGaps, at)), n+1, "one Walk of every row")
-		assert.Len(t, e.walk(w.Look(gaps, at)), n+1, "one Look of %d seqs", maxGaps)
+		assert.Len(t, e.walk(w.Walk(0, maxGaps, nil, at)), n+1, "one Walk of every row")
+		assert.Len(t, e.walk(w.Walk(late+1, walkRows, gaps, at)), n+1, "one Walk with %d gaps", maxGaps)
 		claimed := e.claimIDs(store.ClaimSpec{Now: at, Lease: l3.Add(time.Second), Limit: m, From: late + 1, Gaps: gaps})
 		assert.Equal(t, []string{"late"}, claimed, "a claim with %d gaps", maxGaps)
 		assert.EqualValues(t, 0, e.exec(w.Defer(gaps, at)), "one Defer of %d seqs: the one open row is leased", maxGaps)

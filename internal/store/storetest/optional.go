@@ -156,7 +156,7 @@ func testLogical(t *testing.T, open Open) {
 			_, high := e.lowOpen()
 			got := e.claimIDs(store.ClaimSpec{Now: now.Add(2 * time.Hour), Lease: now.Add(3 * time.Hour), Limit: 10, From: high.Int64 + 1})
 			assert.ElementsMatch(t, []string{"p-2", "p-3", "p-4", g.ID}, got, "the parked pending rows, due, whatever From")
-			for _, r := range e.walk(w.Walk(0, 100, now)) {
+			for _, r := range e.walk(w.Walk(0, 100, nil, now)) {
 				assert.False(t, r.Open, "a parked row is not a new row: seq %d", r.Seq)
 			}
 		}

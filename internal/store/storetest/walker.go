@@ -10,13 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// walkRow is one row of Walk or Look.
+// walkRow is one row of Walk.
 type walkRow struct {
 	Seq          int64
 	Open, Leased bool
 }
 
-// walk runs a Walk or Look statement.
+// walk runs a Walk statement.
 func (e *env) walk(q store.Query) []walkRow {
 	e.t.Helper()
 	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
@@ -115,7 +115,7 @@ func testWalker(t *testing.T, open Open) {
 		t.Parallel()
 		e := setup(t, open)
 		w := e.walker()
-		assert.Empty(t, e.walk(w.Walk(0, 10, now)), "an empty table")
+		assert.Empty(t, e.walk(w.Walk(0, 10, nil, now)), "an empty table")
 		e.insert(now, ev("w1"), ev("w2"), ev("w3"), ev("w4"), ev("w5"), ev("w6"), ev("w7"), ev("w8"))
 		seq := e.seqOf("w1", "w2", "w3", "w4", "w5", "w6", "w7", "w8")
 		e.sent(now, "w1") // done
@@ -136,16 +136,26 @@ func testWalker(t *testing.T, open Open) {
 			{seq["w1"], false, false}, {seq["w2"], true, true}, {seq["w3"], true, false}, {seq["w4"], false, false},
 			{seq["w5"], false, false}, {seq["w7"], true, false}, {seq["w8"], false, true},
 		}
-		assert.Equal(t, all, e.walk(w.Walk(0, 100, now)), "every row in seq order: open is new and pending, leased is a lease running at now")
-		assert.Equal(t, all, e.walk(w.Walk(seq["w1"], 100, now)), "from is inclusive")
-		assert.Equal(t, all[2:4], e.walk(w.Walk(seq["w3"], 2, now)), "limit")
-		assert.Equal(t, all[5:], e.walk(w.Walk(seq["w6"], 10, now)), "from a seq that holds no row")
-		assert.Empty(t, e.walk(w.Walk(seq["w8"]+1, 10, now)), "past the last row")
-		assert.Equal(t, []walkRow{{seq["w2"], true, false}}, e.walk(w.Walk(seq["w2"], 1, now.Add(2000*time.Hour))), "a lease that has passed")
+		assert.Equal(t, all, e.walk(w.Walk(0, 100, nil, now)), "every row in seq order: open is new and pending, leased is a lease running at now")
+		assert.Equal(t, all, e.walk(w.Walk(seq["w1"], 100, nil, now)), "from is inclusive")
+		assert.Equal(t, all[2:4], e.walk(w.Walk(seq["w3"], 2, nil, now)), "limit")
+		assert.Equal(t, all[5:], e.walk(w.Walk(seq["w6"], 10, nil, now)), "from a seq that holds no row")
+		assert.Empty(t, e.walk(w.Walk(seq["w8"]+1, 10, nil, now)), "past the last row")
+		assert.Equal(t, []walkRow{{seq["w2"], true, false}}, e.walk(w.Walk(seq["w2"], 1, nil, now.Add(2000*time.Hour))), "a lease that has passed")
 
+		// The rows at the gaps (below from) first, read the same way.
+		beyond := seq["w8"] + 200
 		assert.ElementsMatch(t, []walkRow{all[1], all[2], all[6]},
-			e.walk(w.Look([]int64{seq["w8"], seq["w6"], seq["w2"], seq["w3"], seq["w8"] + 100}, now)), "Look: the rows at the seqs, as Walk reads them")
-		assert.Empty(t, e.walk(w.Look([]int64{seq["w6"]}, now)), "Look of a seq that holds no row")
+			e.walk(w.Walk(beyond, 10, []int64{seq["w8"], seq["w6"], seq["w2"], seq["w3"], seq["w8"] + 100}, now)),
+			"the rows at the gaps; a gap that holds no row is left out")
+		assert.Empty(t, e.walk(w.Walk(beyond, 10, []int64{seq["w6"]}, now)), "a gap that holds no row")
+		got := e.walk(w.Walk(seq["w5"], 10, []int64{seq["w3"], seq["w1"]}, now))
+		if assert.Len(t, got, 5) {
+			assert.ElementsMatch(t, []walkRow{all[0], all[2]}, got[:2], "the gaps' rows first")
+			assert.Equal(t, all[4:], got[2:], "then the walk from from, in seq order")
+		}
+		got = e.walk(w.Walk(seq["w5"], 1, []int64{seq["w3"], seq["w1"], seq["w2"]}, now))
+		assert.Len(t, got, 4, "limit bounds the walk, not the gaps: %v", got)
 	})
 
 	t.Run("Defer", func(t *testing.T) {
@@ -167,7 +177,7 @@ func testWalker(t *testing.T, open Open) {
 		assert.EqualValues(t, 2, e.exec(w.Defer(all, at)), "only the open rows not leased: d1 and d5")
 		assert.Equal(t, []walkRow{
 			{seq["d1"], false, false}, {seq["d2"], true, true}, {seq["d3"], false, false}, {seq["d4"], false, false}, {seq["d5"], false, false},
-		}, e.walk(w.Walk(0, 10, at)))
+		}, e.walk(w.Walk(0, 10, nil, at)))
 		for _, id := range []string{"d1", "d5"} {
 			r := e.get(id)
 			assert.Equal(t, "pending", r.Status, id)
