@@ -88,11 +88,12 @@ func readWalk(ctx context.Context, db *sql.DB, q store.Query) ([]walkRow, error)
 	return out, rs.Err()
 }
 
-// advance moves the watermark up to the first open row that is leased, or
-// that the last claim did not pass over; open rows it passed over, not
-// leased (behind their aggregate, or held by another claim at the time),
-// are deferred to the retry index, so that nothing holds the watermark
-// back but events in flight.
+// advance moves the watermark up to the first open row, not leased, that
+// the last claim did not reach; open rows the claim passed over, not leased
+// (behind their aggregate), are deferred to the retry index, so that
+// nothing holds the watermark back: not a backoff, not an aggregate, not
+// the batches other relays have in flight (several relays would otherwise
+// each scan every other's batches).
 func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now time.Time) error {
 	if w.gaps == nil {
 		w.gaps = map[int64]time.Time{}
@@ -112,11 +113,11 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 	if err != nil {
 		return err
 	}
-	// The gaps that filled: a row no longer new leaves the list; a new
-	// one, unleased, the claim takes through Gaps; a leased one stays
-	// until it is done.
+	// The gaps that filled: a row no longer new, or leased (its relay has
+	// it), leaves the list; a new one, unleased, the claim takes through
+	// Gaps.
 	rows = slices.DeleteFunc(rows, func(r walkRow) bool {
-		if r.seq < w.from && !r.open {
+		if r.seq < w.from && (!r.open || r.leased) {
 			delete(w.gaps, r.seq)
 		}
 		return r.seq < w.from
@@ -130,8 +131,9 @@ walk:
 		}
 		switch {
 		case r.open && r.leased:
-			next = r.seq
-			break walk
+			// In flight: its relay marks it, or hands it back to the retry
+			// index. Should that relay die, its lease passes and the next
+			// sweep (of any relay, or of its own restart) finds it open.
 		case r.open && r.seq >= w.frontier:
 			next = r.seq
 			break walk
@@ -150,10 +152,11 @@ walk:
 	return nil
 }
 
-// sweep lowers the watermark to the lowest open row (one scan of the
-// table), or, with none, to SweepLookback below the highest seq.
+// sweep lowers the watermark to the lowest open row not leased (one scan of
+// the table: a row a dead relay held, or one committed long after it took
+// its seq), or, with none, to SweepLookback below the highest seq.
 func (w *watermark) sweep(ctx context.Context, db *sql.DB, s store.Walker) error {
-	q := s.LowOpen()
+	q := s.LowOpen(time.Now())
 	var low, high sql.NullInt64
 	if err := db.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&low, &high); err != nil {
 		return err

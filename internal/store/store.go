@@ -250,9 +250,9 @@ type Walker interface {
 	// Defer makes the open, unleased rows with the seqs due now through
 	// the retry index.
 	Defer(seqs []int64, now time.Time) Query
-	// LowOpen reads the lowest seq of an open row and the highest seq,
-	// each NULL when there is none.
-	LowOpen() Query
+	// LowOpen reads the lowest seq of an open row not leased at now and
+	// the highest seq, each NULL when there is none.
+	LowOpen(now time.Time) Query
 }
 
 // Notifier is implemented by a store whose database can wake relays in

@@ -60,7 +60,7 @@ func New(table string) *Store {
 		StatusArg:   func(ph string) string { return ph + `::"` + table + `_status"` },
 		Fresh:       true,
 	}}
-	s.Walking = sqlbuild.Walking{S: &s.Syntax}
+	s.Walking = sqlbuild.Walking{S: &s.Syntax, Lock: sqlbuild.SkipLocked}
 	return s
 }
 

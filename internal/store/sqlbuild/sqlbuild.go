@@ -293,7 +293,10 @@ func (s *Syntax) ClaimUpdate(c store.ClaimSpec, lock string) store.Query {
 
 // Walking is the store.Walker of a store whose new rows are Fresh: only
 // such a store embeds it, so that the others are no Walker.
-type Walking struct{ S *Syntax }
+type Walking struct {
+	S    *Syntax
+	Lock string // how a subquery locks the rows it picks (SkipLocked), or ""
+}
 
 // Walk reads, from seq from on, up to limit rows' seq, whether each is
 // open (new and pending) and whether it is leased at now: the relay's
@@ -321,17 +324,22 @@ func (s *Syntax) walkColumns(b *Builder, now time.Time) string {
 func (w Walking) Defer(seqs []int64, now time.Time) store.Query {
 	s := w.S
 	b := s.Build()
-	return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), " WHERE ", b.Seqs("seq", seqs),
-		" AND status = 'pending' AND available_at IS NULL AND (locked_until IS NULL OR locked_until <= ", b.Time(now), ")").Query()
+	// Rows another claim holds right now are skipped, not waited for: it
+	// is leasing them.
+	return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), " WHERE seq IN (SELECT seq FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs),
+		" AND status = 'pending' AND available_at IS NULL AND (locked_until IS NULL OR locked_until <= ", b.Time(now), ")", w.Lock, ")").Query()
 }
 
-// LowOpen reads the lowest seq of an open row and the highest seq, each
+// LowOpen reads the lowest seq of an open row not leased at now and the
+// highest seq, each
 // NULL when there is none, in one scan of the table: where a watermark
 // starts, and the periodic sweep that lowers it to the rows of transactions
 // that committed long after they took their seq.
-func (w Walking) LowOpen() store.Query {
+func (w Walking) LowOpen(now time.Time) store.Query {
 	s := w.S
-	return store.Query{SQL: "SELECT MIN(CASE WHEN status = 'pending' AND available_at IS NULL THEN seq END), MAX(seq) FROM " + s.Table}
+	b := s.Build()
+	return b.W("SELECT MIN(CASE WHEN status = 'pending' AND available_at IS NULL AND (locked_until IS NULL OR locked_until <= ",
+		b.Time(now), ") THEN seq END), MAX(seq) FROM ", s.Table).Query()
 }
 
 // MarkSent implements store.Claimer.

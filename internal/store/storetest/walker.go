@@ -38,10 +38,11 @@ func (e *env) walk(q store.Query) []walkRow {
 	return out
 }
 
-// lowOpen runs LowOpen: the lowest seq of an open row and the highest seq.
+// lowOpen runs LowOpen at now: the lowest seq of an open row not leased and
+// the highest seq.
 func (e *env) lowOpen() (low, high sql.NullInt64) {
 	e.t.Helper()
-	q := e.walker().LowOpen()
+	q := e.walker().LowOpen(now)
 	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&low, &high), "%s", q.SQL)
 	return low, high
 }
@@ -212,7 +213,7 @@ func testWalker(t *testing.T, open Open) {
 		e.sent(now, "l1")
 		check(some(seq["l2"]), seq["l4"], "l1 sent")
 		l2 := e.settle("l2")
-		check(some(seq["l2"]), seq["l4"], "a leased new row is still open")
+		check(some(seq["l3"]), seq["l4"], "a leased new row is its relay's: not counted")
 		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("l2", "pending", "retry", now)}, now, l2)))
 		check(some(seq["l3"]), seq["l4"], "a retry is not open")
 		require.EqualValues(t, 1, e.exec(e.walker().Defer(e.seqs("l3"), now)))
