@@ -41,7 +41,7 @@ func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch
 	if walks && len(seqs) == 0 {
 		t.wm.mu.Lock()
 		defer t.wm.mu.Unlock()
-		if err := t.wm.advance(cctx, t.DB, walker, now); err != nil {
+		if err := t.wm.advance(cctx, t.DB, walker, now, limit); err != nil {
 			return nil, fmt.Errorf("outbox: claim events: read the table from the watermark: %w", err)
 		}
 		spec.From, spec.Gaps = t.wm.from, t.wm.gapList()

@@ -330,8 +330,9 @@ func TestWatermark(t *testing.T) {
 				require.Equal(t, []string{"old"}, ids, "the pending row %d seqs below the highest", 2*SweepLookback)
 				assert.Equal(t, old, b.Items()[0].Seq)
 				e.settle(b, 0)
-				// The walk reads WalkRows rows a claim, to the end.
-				for range len(many)/WalkRows + 1 {
+				// The walk reads WalkBatches claims' worth of rows a claim
+				// (of 100 here), to the end.
+				for range len(many)/(WalkBatches*100) + 1 {
 					b, ids = e.claim(tb)
 					require.Nil(t, b, "nothing left: %v", ids)
 				}

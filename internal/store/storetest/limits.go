@@ -19,7 +19,7 @@ var maxParams = map[string]int{
 
 // maxGaps is how many seqs a relay's watermark passes to Walk and Claim at
 // most (engine.MaxGaps), and walkRows how many rows one walk reads
-// (engine.WalkRows).
+// (engine.WalkBatches claims of up to InsertRows rows, at most 10000).
 const (
 	maxGaps  = 10000
 	walkRows = 1000
