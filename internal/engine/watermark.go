@@ -48,6 +48,7 @@ type watermark struct {
 	frontier int64               // the highest seq the last claim took
 	gaps     map[int64]time.Time // seq → when the walk passed it
 	swept    time.Time           // zero before the first sweep
+	unknown  bool                // the first sweep found no row: from is a guess
 }
 
 func (w *watermark) gapList() []int64 {
@@ -128,6 +129,12 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 	})
 	slices.SortFunc(rows, func(a, b walkRow) int { return cmp.Compare(a.seq, b.seq) })
 	next := w.from
+	if w.unknown && len(rows) > 0 {
+		// No row to go by yet (the first sweep found an empty table): the
+		// seqs below the first row are not gaps, whatever the sequence
+		// gave out before (a table emptied by retention or TRUNCATE).
+		next, w.unknown = rows[0].seq, false
+	}
 walk:
 	for _, r := range rows {
 		for g := next; g < r.seq && len(w.gaps) < MaxGaps; g++ {
@@ -170,6 +177,7 @@ func (w *watermark) sweep(ctx context.Context, db *sql.DB, s store.Walker) error
 	to := w.from
 	if first {
 		to = high.Int64 + 1
+		w.unknown = !high.Valid
 	}
 	if high.Valid {
 		to = min(to, max(high.Int64+1-SweepLookback, 0))

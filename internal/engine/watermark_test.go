@@ -310,6 +310,31 @@ func TestWatermark(t *testing.T) {
 				}
 			})
 
+			// A relay that starts on an empty table whose sequence has
+			// moved on (retention deleted every row, or a TRUNCATE) takes
+			// the seqs below the first new row for what they are: no gaps.
+			// With them as gaps every claim carried 10000 seqs to look at
+			// (the latency scenario's p50 went from 0.6 ms to 39 ms).
+			t.Run("EmptiedTableLeavesNoGaps", func(t *testing.T) {
+				t.Parallel()
+				e := setup(t)
+				many := make([]store.Event, 3000)
+				for i := range many {
+					many[i] = wmEvent(fmt.Sprintf("gone-%04d", i), "", "")
+				}
+				wmInsert(t, e.db, e.s, many...)
+				_, err := e.db.Exec("DELETE FROM " + store.DefaultTable)
+				require.NoError(t, err)
+				tb := e.table(false)
+				b, ids := e.claim(tb)
+				require.Nil(t, b, "an empty table: %v", ids)
+				wmInsert(t, e.db, e.s, wmEvent("first", "", ""))
+				b, ids = e.claim(tb)
+				require.Equal(t, []string{"first"}, ids)
+				e.settle(b, 0)
+				assert.Empty(t, tb.wm.gaps, "the seqs of the deleted rows are not gaps")
+			})
+
 			// After a restart (a new Table) the first sweep starts the
 			// watermark at the lowest open row, however far below the
 			// highest seq.
