@@ -182,6 +182,7 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 	r.table = &engine.Table{
 		Store: o.store, DB: sqlDB, Now: o.now, Lease: r.cfg.Lease,
 		StatementTimeout: r.cfg.StatementTimeout, Ordered: r.cfg.OrderByAggregate,
+		WalkEvery: engine.WalkEvery,
 	}
 	if o.wal != nil {
 		r.stream = &wal.Relay{

@@ -24,6 +24,9 @@ type Table struct {
 	Lease            time.Duration
 	StatementTimeout time.Duration
 	Ordered          bool
+	// WalkEvery spaces the watermark's walks while claims are not full
+	// (WalkEvery for a relay); zero walks before every claim.
+	WalkEvery time.Duration
 
 	wm watermark
 }
@@ -41,7 +44,7 @@ func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch
 	if walks && len(seqs) == 0 {
 		t.wm.mu.Lock()
 		defer t.wm.mu.Unlock()
-		if err := t.wm.advance(cctx, t.DB, walker, now, limit); err != nil {
+		if err := t.wm.advance(cctx, t.DB, walker, now, limit, t.WalkEvery); err != nil {
 			return nil, fmt.Errorf("outbox: claim events: read the table from the watermark: %w", err)
 		}
 		spec.From, spec.Gaps = t.wm.from, t.wm.gapList()
@@ -51,7 +54,7 @@ func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch
 		return nil, fmt.Errorf("outbox: claim events: %w", err)
 	}
 	if walks && len(seqs) == 0 {
-		t.wm.claimed(rows)
+		t.wm.claimed(rows, limit)
 	}
 	if len(rows) == 0 {
 		return nil, nil

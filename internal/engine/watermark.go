@@ -34,6 +34,10 @@ const (
 	// 42k events/s; 5000 let them reach 75k but cost 4 relays at batch 100
 	// a third of their 46k).
 	WalkBatches = 5
+	// WalkEvery is how often a relay's watermark walks while its claims
+	// are not full (Table.WalkEvery); a claim that took a full batch walks
+	// before the next one.
+	WalkEvery = 100 * time.Millisecond
 	// MaxGaps bounds the gaps looked at; past it the sweep finds the rows.
 	MaxGaps = 10000
 	// SweepLookback is how far below the highest seq a sweep that finds no
@@ -48,6 +52,8 @@ type watermark struct {
 	frontier int64               // the highest seq the last claim took
 	gaps     map[int64]time.Time // seq → when the walk passed it
 	swept    time.Time           // zero before the first sweep
+	walked   time.Time           // the last walk
+	full     bool                // the last claim took as many rows as it could
 	unknown  bool                // the first sweep found no row: from is a guess
 }
 
@@ -58,9 +64,10 @@ func (w *watermark) gapList() []int64 {
 	return slices.Sorted(maps.Keys(w.gaps))
 }
 
-// claimed notes what a claim took: the gaps it filled, and how far its
-// read of new rows from the watermark got.
-func (w *watermark) claimed(rows []store.Claimed) {
+// claimed notes what a claim of up to limit rows took: the gaps it filled,
+// and how far its read of new rows from the watermark got.
+func (w *watermark) claimed(rows []store.Claimed, limit int) {
+	w.full = len(rows) >= limit
 	for i := range rows {
 		delete(w.gaps, rows[i].Seq)
 		if rows[i].Fresh && rows[i].Seq >= w.from {
@@ -99,7 +106,7 @@ func readWalk(ctx context.Context, db *sql.DB, q store.Query) ([]walkRow, error)
 // nothing holds the watermark back: not a backoff, not an aggregate, not
 // the batches other relays have in flight (several relays would otherwise
 // each scan every other's batches).
-func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now time.Time, limit int) error {
+func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now time.Time, limit int, every time.Duration) error {
 	if w.gaps == nil {
 		w.gaps = map[int64]time.Time{}
 	}
@@ -108,6 +115,13 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 			return err
 		}
 	}
+	if !w.full && time.Since(w.walked) < every {
+		// Few events: the watermark may lag the few rows written since
+		// the last walk (the claim reads them on its way), and a cycle
+		// that delivers one event does not wait for a walk.
+		return nil
+	}
+	w.walked = time.Now()
 	var deferred []int64
 	for seq, seen := range w.gaps {
 		if time.Since(seen) >= SweepEvery {
