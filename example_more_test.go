@@ -282,7 +282,7 @@ func ExampleUpgradeSQL() {
 	// Output:
 	// postgres: BEGIN; ... COMMIT;
 	// sqlite: BEGIN IMMEDIATE; ... COMMIT;
-	// mysql: SELECT GET_LOCK('outbox_events.upgrade', 60); ... SELECT RELEASE_LOCK('outbox_events.upgrade');
+	// mysql: SELECT GET_LOCK(CONCAT(DATABASE(), '.outbox_events.upgrade'), 60); ... SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.outbox_events.upgrade'));
 }
 
 // SQLTx hands the transaction's *sql.Tx to code written for database/sql,

@@ -51,6 +51,7 @@ type watermark struct {
 	from     int64               // every row below is done, retried, or a gap
 	frontier int64               // the highest seq the last claim took
 	gaps     map[int64]time.Time // seq → when the walk passed it
+	held     map[int64]time.Time // seq → lease end of a row in flight the walk passed
 	swept    time.Time           // zero before the first sweep
 	walked   time.Time           // the last walk
 	full     bool                // the last claim took as many rows as it could
@@ -79,6 +80,7 @@ func (w *watermark) claimed(rows []store.Claimed, limit int) {
 type walkRow struct {
 	seq          int64
 	open, leased bool
+	leaseEnd     time.Time
 }
 
 func readWalk(ctx context.Context, db *sql.DB, q store.Query) ([]walkRow, error) {
@@ -91,10 +93,11 @@ func readWalk(ctx context.Context, db *sql.DB, q store.Query) ([]walkRow, error)
 	for rs.Next() {
 		var r walkRow
 		var open, leased int
-		if err := rs.Scan(&r.seq, &open, &leased); err != nil {
+		var end store.DBTime
+		if err := rs.Scan(&r.seq, &open, &leased, &end); err != nil {
 			return nil, err
 		}
-		r.open, r.leased = open == 1, leased == 1
+		r.open, r.leased, r.leaseEnd = open == 1, leased == 1, end.T
 		out = append(out, r)
 	}
 	return out, rs.Err()
@@ -108,24 +111,34 @@ func readWalk(ctx context.Context, db *sql.DB, q store.Query) ([]walkRow, error)
 // each scan every other's batches).
 func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now time.Time, limit int, every time.Duration) error {
 	if w.gaps == nil {
-		w.gaps = map[int64]time.Time{}
+		w.gaps, w.held = map[int64]time.Time{}, map[int64]time.Time{}
 	}
-	if w.swept.IsZero() || time.Since(w.swept) >= SweepEvery {
-		if err := w.sweep(ctx, db, s); err != nil {
+	if w.swept.IsZero() || now.Sub(w.swept) >= SweepEvery {
+		if err := w.sweep(ctx, db, s, now); err != nil {
 			return err
 		}
 	}
-	if !w.full && time.Since(w.walked) < every {
+	if !w.full && now.Sub(w.walked) < every {
 		// Few events: the watermark may lag the few rows written since
 		// the last walk (the claim reads them on its way), and a cycle
 		// that delivers one event does not wait for a walk.
 		return nil
 	}
-	w.walked = time.Now()
+	w.walked = now
 	var deferred []int64
 	for seq, seen := range w.gaps {
-		if time.Since(seen) >= SweepEvery {
+		if now.Sub(seen) >= SweepEvery {
 			delete(w.gaps, seq)
+		}
+	}
+	// A row in flight whose lease has passed is looked at as a gap is:
+	// its relay may have died; a claim takes it if it is still new.
+	for seq, end := range w.held {
+		if !end.After(now) {
+			delete(w.held, seq)
+			if len(w.gaps) < MaxGaps {
+				w.gaps[seq] = now
+			}
 		}
 	}
 	rows, err := readWalk(ctx, db, s.Walk(w.from, min(max(WalkBatches*limit, 100), 10000), w.gapList(), now))
@@ -138,6 +151,9 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 	rows = slices.DeleteFunc(rows, func(r walkRow) bool {
 		if r.seq < w.from && (!r.open || r.leased) {
 			delete(w.gaps, r.seq)
+			if r.open && len(w.held) < MaxGaps {
+				w.held[r.seq] = r.leaseEnd
+			}
 		}
 		return r.seq < w.from
 	})
@@ -152,13 +168,17 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 walk:
 	for _, r := range rows {
 		for g := next; g < r.seq && len(w.gaps) < MaxGaps; g++ {
-			w.gaps[g] = time.Now()
+			w.gaps[g] = now
 		}
 		switch {
 		case r.open && r.leased:
 			// In flight: its relay marks it, or hands it back to the retry
-			// index. Should that relay die, its lease passes and the next
-			// sweep (of any relay, or of its own restart) finds it open.
+			// index. Should that relay die, the row is looked at once its
+			// lease has passed (and, past MaxGaps such rows, the next sweep
+			// finds it).
+			if len(w.held) < MaxGaps {
+				w.held[r.seq] = r.leaseEnd
+			}
 		case r.open && r.seq >= w.frontier:
 			next = r.seq
 			break walk
@@ -180,14 +200,14 @@ walk:
 // sweep lowers the watermark to the lowest open row not leased (one scan of
 // the table: a row a dead relay held, or one committed long after it took
 // its seq), or, with none, to SweepLookback below the highest seq.
-func (w *watermark) sweep(ctx context.Context, db *sql.DB, s store.Walker) error {
-	q := s.LowOpen(time.Now())
+func (w *watermark) sweep(ctx context.Context, db *sql.DB, s store.Walker, now time.Time) error {
+	q := s.LowOpen(now)
 	var low, high sql.NullInt64
 	if err := db.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&low, &high); err != nil {
 		return err
 	}
 	first := w.swept.IsZero()
-	w.swept = time.Now()
+	w.swept = now
 	to := w.from
 	if first {
 		to = high.Int64 + 1

@@ -374,13 +374,13 @@ func TestWatermark(t *testing.T) {
 				require.Nil(t, b)
 				require.NotEmpty(t, tb.wm.gaps, "the late row's seq is a gap")
 				for seq := range tb.wm.gaps {
-					tb.wm.gaps[seq] = time.Now().Add(-SweepEvery) // as if SweepEvery had passed
+					tb.wm.gaps[seq] = e.clock.now().Add(-SweepEvery) // as if SweepEvery had passed
 				}
 				commit()
 				b, ids = e.claim(tb)
 				require.Nil(t, b, "the expired gap is no longer looked at: %v", ids)
 				assert.Empty(t, tb.wm.gaps)
-				tb.wm.swept = time.Now().Add(-SweepEvery) // the sweep is due
+				tb.wm.swept = e.clock.now().Add(-SweepEvery) // the sweep is due
 				b, ids = e.claim(tb)
 				require.Equal(t, []string{"very-late"}, ids, "the sweep lowered the watermark to it")
 				e.settle(b, 0)

@@ -244,8 +244,9 @@ type Store interface {
 // instead of through an index of pending rows every INSERT would enter.
 type Walker interface {
 	// Walk reads, from seq from on and in seq order, up to limit rows:
-	// seq, open (new and pending), leased (its lease runs at now); first,
-	// the same of the rows at the seqs gaps, all below from.
+	// seq, open (new and pending), leased (its lease runs at now),
+	// locked_until; first, the same of the rows at the seqs gaps, all below
+	// from.
 	Walk(from int64, limit int, gaps []int64, now time.Time) Query
 	// Defer makes the open, unleased rows with the seqs due now through
 	// the retry index.

@@ -314,7 +314,7 @@ func (w Walking) Walk(from int64, limit int, gaps []int64, now time.Time) store.
 
 func (s *Syntax) walkColumns(b *Builder, now time.Time) string {
 	return "seq, CASE WHEN status = 'pending' AND available_at IS NULL THEN 1 ELSE 0 END," +
-		" CASE WHEN locked_until > " + b.Time(now) + " THEN 1 ELSE 0 END"
+		" CASE WHEN locked_until > " + b.Time(now) + " THEN 1 ELSE 0 END, " + s.TimeCol("locked_until")
 }
 
 // Defer moves new rows the watermark is passing, not leased, to the rows

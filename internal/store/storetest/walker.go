@@ -27,10 +27,14 @@ func (e *env) walk(q store.Query) []walkRow {
 		var (
 			r            walkRow
 			open, leased int
+			until        store.DBTime
 		)
-		require.NoError(e.t, rs.Scan(&r.Seq, &open, &leased))
+		require.NoError(e.t, rs.Scan(&r.Seq, &open, &leased, &until))
 		require.Contains(e.t, []int{0, 1}, open, "open is 0 or 1")
 		require.Contains(e.t, []int{0, 1}, leased, "leased is 0 or 1")
+		if leased == 1 {
+			require.False(e.t, until.T.IsZero(), "a leased row's lease end is read")
+		}
 		r.Open, r.Leased = open == 1, leased == 1
 		out = append(out, r)
 	}
