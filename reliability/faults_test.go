@@ -92,15 +92,17 @@ func (e *faultEnv) holdAt(dir int, step wireStep) {
 	e.proxy.holdWhen(dir, e.srv.starts(step))
 }
 
-// warmUp delivers one event through the relay, so that its (single)
-// connection is open and, on PostgreSQL, the claim and the mark statements
-// are prepared on it.
-func (e *faultEnv) warmUp(t *testing.T, r *outbox.Relay) {
+// warmUp delivers one full batch (batch events) through the relay, so that
+// its (single) connection is open and, on PostgreSQL, the claim and the mark
+// statements are prepared on it; a full batch also makes the relay's next
+// cycle walk its watermark first, so that the claim is that cycle's second
+// statement (servers_test.go, claimCommit).
+func (e *faultEnv) warmUp(t *testing.T, r *outbox.Relay, batch int) {
 	t.Helper()
-	e.publish(t, "warmup", 1)
+	e.publish(t, "warmup", batch)
 	n, err := r.ProcessOnce(context.Background())
 	require.NoError(t, err)
-	require.Equal(t, 1, n)
+	require.Equal(t, batch, n)
 }
 
 // waitHeld waits until the proxy holds bytes it did not hold at before:
@@ -184,7 +186,7 @@ func TestFaultCutMidClaim(t *testing.T) {
 				e := newFaultEnv(t, s, 1)
 				e.ob.Handle("x", e.got.handle)
 				r := e.relay(t, outbox.RelayConfig{BatchSize: batch})
-				e.warmUp(t, r)
+				e.warmUp(t, r, batch)
 				ids := e.publish(t, "claim", 20)
 
 				heldBefore := e.proxy.held.Load()
@@ -302,7 +304,7 @@ func testFaultCutMidMark(t *testing.T, s server) {
 				return nil
 			})
 			r := e.relay(t, outbox.RelayConfig{BatchSize: batch, Workers: 1})
-			e.warmUp(t, r)
+			e.warmUp(t, r, batch)
 			ids := e.publish(t, "mark", 20)
 			heldBefore := e.proxy.held.Load()
 			arm.Store(true)
