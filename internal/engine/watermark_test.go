@@ -259,6 +259,7 @@ func TestWatermark(t *testing.T) {
 				e.settle(b, time.Minute, "a1") // a1 to retry in a minute, b1 sent
 				st, attempts, retry := e.row("a2")
 				require.Equal(t, "pending", st)
+				require.Equal(t, 0, attempts, "a2 was not claimed")
 				require.False(t, retry, "a2 is still a new row")
 
 				e.clock.add(time.Second)
