@@ -438,7 +438,7 @@ func TestEndToEnd(t *testing.T) {
 
 	rec := func(id string) outbox.Row {
 		var r outbox.Row
-		require.NoError(t, db.Table(outbox.DefaultTable).Where("id = ?", id).Take(&r).Error)
+		require.NoError(t, db.Table(outbox.DefaultTable).Where("named_id = ?", id).Take(&r).Error)
 		return r
 	}
 	assert.Equal(t, outbox.StatusSent, rec("ok").Status)
@@ -458,7 +458,7 @@ func TestEndToEnd(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.True(t, outbox.IsUnavailable(err), "%v", err)
 	var paused outbox.Row
-	require.NoError(t, db2.Table(outbox.DefaultTable).Where("id = ?", "paused").Take(&paused).Error)
+	require.NoError(t, db2.Table(outbox.DefaultTable).Where("named_id = ?", "paused").Take(&paused).Error)
 	assert.Equal(t, outbox.StatusPending, paused.Status)
 	assert.Equal(t, 0, paused.Attempts, "handed back, no attempt counted")
 }
