@@ -98,8 +98,8 @@ func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
 		return err
 	}
 	defer conn.Close()
-	first := strings.ToUpper(stmts[0])
-	if strings.HasPrefix(first, "SELECT GET_LOCK") {
+	namedLock := strings.HasPrefix(strings.ToUpper(stmts[0]), "SELECT GET_LOCK")
+	if namedLock {
 		// A named lock: the script's last statement releases it; it runs
 		// however the upgrade ends, and without the lock nothing runs.
 		var got sql.NullInt64
@@ -118,7 +118,7 @@ func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	if !strings.HasPrefix(first, "SELECT GET_LOCK") {
+	if !namedLock {
 		if _, err := tx.ExecContext(ctx, stmts[0]); err != nil {
 			return err
 		}

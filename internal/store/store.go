@@ -184,11 +184,8 @@ type Writer interface {
 	// first).
 	Insert(rows []Event, now time.Time) Query
 	Returning() bool
-	// KeysOf reads the keys and creation times of the rows whose publisher
-	// chose the IDs: id, key, created.
-	KeysOf(ids []string) Query
-	// Held is KeysOf of the rows whose publisher chose one of ids as ID or
-	// one of keys as key.
+	// Held reads the ID, key and creation time of the rows whose
+	// publisher chose one of ids as ID or one of keys as key.
 	Held(ids, keys []string) Query
 }
 

@@ -131,12 +131,8 @@ func (s *Store) Park(rows []store.ParkRow, now time.Time) store.Query {
 		if i > 0 {
 			b.W(", ")
 		}
-		var key any
-		if p.Event.Key != p.Event.ID {
-			key = p.Event.Key
-		}
-		b.W("(", b.Arg(s.IDArg(sqlbuild.RowID(p.Event.ID))), ", ", b.Arg(p.Event.ID), ", ", b.Arg(p.Event.Type), ", ", b.Arg(p.Event.AggregateType), ", ", b.Arg(p.Event.AggregateID),
-			", ", b.Arg(key), ", ", b.Arg(string(p.Event.Payload)), ", ", b.Arg(headers),
+		b.W("(", b.Arg(s.IDArg(store.RowID(p.Event.ID))), ", ", b.Arg(p.Event.ID), ", ", b.Arg(p.Event.Type), ", ", b.Arg(p.Event.AggregateType), ", ", b.Arg(p.Event.AggregateID),
+			", ", b.Arg(sqlbuild.KeyArg(&p.Event)), ", ", b.Arg(string(p.Event.Payload)), ", ", b.Arg(headers),
 			", ", s.StatusArg(b.Arg(p.Status)), ", ", b.Arg(p.Attempts), ", ", b.Arg(p.LastErr), ", ", b.Time(p.Due),
 			", ", b.Arg(p.Lease), "::timestamptz, ", b.Time(p.Event.OccurredAt), ", ", b.Time(p.Created), ", ", b.Time(now), ")")
 	}

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/store"
 )
 
@@ -47,26 +48,19 @@ func (s *Syntax) Where(b *Builder, f store.Filter, extra ...string) {
 // named_id (indexed); a generated one, a UUID, is the id column (not
 // indexed: an event looked up by a generated ID is found by a scan).
 func (s *Syntax) MatchIDs(b *Builder, ids []string) string {
-	var uuids []any
+	var uuids []uuid.UUID
 	for _, id := range ids {
-		if u := RowID(id); u.String() == id {
-			uuids = append(uuids, s.IDArg(u))
+		if u := store.RowID(id); u.String() == id {
+			uuids = append(uuids, u)
 		}
 	}
 	cond := b.IDs("named_id", ids)
 	if len(uuids) == 0 {
 		return cond
 	}
-	if s.Arrays {
-		strs := make([]string, len(uuids))
-		for i, u := range uuids {
-			strs[i] = u.(string)
-		}
-		return "(" + cond + " OR (named_id IS NULL AND id = ANY(" + b.Arg(strs) + "::uuid[])))"
-	}
 	ph := make([]string, len(uuids))
 	for i, u := range uuids {
-		ph[i] = b.Arg(u)
+		ph[i] = b.Arg(s.IDArg(u))
 	}
 	return "(" + cond + " OR (named_id IS NULL AND id IN (" + strings.Join(ph, ", ") + ")))"
 }

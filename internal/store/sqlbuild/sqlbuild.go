@@ -85,34 +85,24 @@ func (b *Builder) Arg(v any) string {
 func (b *Builder) Time(t time.Time) string { return b.Arg(b.s.TimeArg(t)) }
 
 // IDs returns a filter on col matching any of ids.
-func (b *Builder) IDs(col string, ids []string) string {
-	if b.s.Arrays {
-		return col + " = ANY(" + b.Arg(ids) + ")"
-	}
-	var s strings.Builder
-	s.WriteString(col + " IN (")
-	for i, id := range ids {
-		if i > 0 {
-			s.WriteString(", ")
-		}
-		s.WriteString(b.Arg(id))
-	}
-	s.WriteByte(')')
-	return s.String()
-}
+func (b *Builder) IDs(col string, ids []string) string { return anyOf(b, col, ids) }
 
 // Seqs returns a filter on col matching any of seqs.
-func (b *Builder) Seqs(col string, seqs []int64) string {
+func (b *Builder) Seqs(col string, seqs []int64) string { return anyOf(b, col, seqs) }
+
+// anyOf is col matching any of vals: one array argument (= ANY) where the
+// database has arrays, an IN list of one placeholder each otherwise.
+func anyOf[T any](b *Builder, col string, vals []T) string {
 	if b.s.Arrays {
-		return col + " = ANY(" + b.Arg(seqs) + ")"
+		return col + " = ANY(" + b.Arg(vals) + ")"
 	}
 	var s strings.Builder
 	s.WriteString(col + " IN (")
-	for i, n := range seqs {
+	for i, v := range vals {
 		if i > 0 {
 			s.WriteString(", ")
 		}
-		s.WriteString(b.Arg(n))
+		s.WriteString(b.Arg(v))
 	}
 	s.WriteByte(')')
 	return s.String()
@@ -124,9 +114,6 @@ func (b *Builder) Query() store.Query { return store.Query{SQL: b.b.String(), Ar
 // SkipLocked locks the rows a subquery picks, skipping those another
 // transaction holds.
 const SkipLocked = " FOR UPDATE SKIP LOCKED"
-
-// RowID is store.RowID.
-func RowID(id string) uuid.UUID { return store.RowID(id) }
 
 // KeyCol reads a row's idempotency key: NULL stands for the ID.
 func (s *Syntax) KeyCol() string { return "COALESCE(idempotency_key, " + s.IDCol + ")" }
@@ -144,9 +131,7 @@ func (s *Syntax) Lean(e *store.Event, now time.Time) (named, key, due, created a
 	if e.NamedID {
 		named = e.ID
 	}
-	if e.Key != e.ID {
-		key = e.Key
-	}
+	key = KeyArg(e)
 	if !s.Fresh {
 		due = s.TimeArg(now)
 	}
@@ -154,6 +139,15 @@ func (s *Syntax) Lean(e *store.Event, now time.Time) (named, key, due, created a
 		created = s.TimeArg(now)
 	}
 	return named, key, due, created
+}
+
+// KeyArg is the idempotency_key column's value: NULL when the key is the
+// event's ID.
+func KeyArg(e *store.Event) any {
+	if e.Key == e.ID {
+		return nil
+	}
+	return e.Key
 }
 
 // InsertRows builds a multi-row INSERT; conflict is the clause that makes a
@@ -180,7 +174,7 @@ func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict, returni
 			b.W(", ")
 		}
 		named, key, due, created := s.Lean(e, now)
-		b.W("(", b.Arg(s.IDArg(RowID(e.ID))), ", ", b.Arg(named), ", ", b.Arg(e.Type), ", ", b.Arg(e.AggregateType), ", ", b.Arg(e.AggregateID),
+		b.W("(", b.Arg(s.IDArg(store.RowID(e.ID))), ", ", b.Arg(named), ", ", b.Arg(e.Type), ", ", b.Arg(e.AggregateType), ", ", b.Arg(e.AggregateID),
 			", ", b.Arg(key), ", ", b.Arg(string(e.Payload)), ", ", b.Arg(headers),
 			", ", b.Arg(due), ", ", b.Time(e.OccurredAt), ", ", b.Arg(created), ")")
 	}
@@ -205,16 +199,8 @@ func (s *Syntax) ClaimColumns() string {
 		s.TimeCol("occurred_at") + ", " + s.TimeCol(s.CreatedCol()) + ", CASE WHEN available_at IS NULL THEN 1 ELSE 0 END"
 }
 
-// KeysOf reads the idempotency keys and creation times of the rows whose
-// publisher chose the given IDs: a generated ID is never held by another
-// row.
-func (s *Syntax) KeysOf(ids []string) store.Query {
-	b := s.Build()
-	return b.W("SELECT named_id, COALESCE(idempotency_key, named_id), ", s.TimeCol(s.CreatedCol()), " FROM ", s.Table,
-		" WHERE ", b.IDs("named_id", ids)).Query()
-}
-
-// Held implements store.Writer: both lookups are the unique indexes.
+// Held implements store.Writer: both lookups are the unique indexes. A
+// generated ID is held by no other row, so only chosen ones are looked up.
 func (s *Syntax) Held(ids, keys []string) store.Query {
 	b := s.Build()
 	b.W("SELECT ", s.IDCol, ", ", s.KeyCol(), ", ", s.TimeCol(s.CreatedCol()), " FROM ", s.Table, " WHERE ")
@@ -258,7 +244,11 @@ func (s *Syntax) ClaimUpdate(c store.ClaimSpec, lock string) store.Query {
 	b := s.Build()
 	var srcs []string
 	src := func(name string, where func()) {
-		b.W(map[bool]string{true: "WITH ", false: ", "}[len(srcs) == 0], name, " AS (SELECT c.seq FROM ", s.Table, " c WHERE ")
+		sep := ", "
+		if len(srcs) == 0 {
+			sep = "WITH "
+		}
+		b.W(sep, name, " AS (SELECT c.seq FROM ", s.Table, " c WHERE ")
 		where()
 		b.W(" AND ")
 		s.Due(b, c)
@@ -319,8 +309,7 @@ func (s *Syntax) walkColumns(b *Builder, now time.Time) string {
 
 // Defer moves new rows the watermark is passing, not leased, to the rows
 // waiting for a retry, due now: a claim passed them over (they wait behind
-// their aggregate, or another claim held them), and the retry index finds
-// them from now on.
+// their aggregate), and the retry index finds them from now on.
 func (w Walking) Defer(seqs []int64, now time.Time) store.Query {
 	s := w.S
 	b := s.Build()
@@ -331,10 +320,9 @@ func (w Walking) Defer(seqs []int64, now time.Time) store.Query {
 }
 
 // LowOpen reads the lowest seq of an open row not leased at now and the
-// highest seq, each
-// NULL when there is none, in one scan of the table: where a watermark
-// starts, and the periodic sweep that lowers it to the rows of transactions
-// that committed long after they took their seq.
+// highest seq, each NULL when there is none, in one scan of the table:
+// where a watermark starts, and the periodic sweep that lowers it to the
+// rows of transactions that committed long after they took their seq.
 func (w Walking) LowOpen(now time.Time) store.Query {
 	s := w.S
 	b := s.Build()

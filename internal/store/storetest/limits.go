@@ -61,7 +61,7 @@ func testLimits(t *testing.T, open Open) {
 		}
 	}
 	require.EqualValues(t, n, e.insert(now, rows...), "one INSERT of InsertRows rows")
-	assert.Len(t, e.keysOf(names...), n/2, "KeysOf of InsertRows IDs finds the named ones")
+	assert.Len(t, e.keysOf(names...), n/2, "Held of InsertRows IDs finds the named ones")
 
 	m := min(lim.OutcomeRows, n)
 	at := now.Add(time.Second)

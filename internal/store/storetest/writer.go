@@ -14,16 +14,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// key is what KeysOf reads of one row.
+// key is what Held reads of one row.
 type key struct {
 	Key     string
 	Created time.Time
 }
 
-// keysOf runs KeysOf.
+// keysOf runs Held of ids alone.
 func (e *env) keysOf(ids ...string) map[string]key {
 	e.t.Helper()
-	q := e.s.KeysOf(ids)
+	q := e.s.Held(ids, nil)
 	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
 	require.NoError(e.t, err, "%s", q.SQL)
 	defer rs.Close()
@@ -86,7 +86,7 @@ func testWriter(t *testing.T, open Open) {
 		assert.Empty(t, b.AggregateID)
 		assert.Greater(t, b.Seq, r.Seq, "the rows of one INSERT are numbered in their order")
 
-		// KeysOf: id, key and the created_at the INSERT wrote.
+		// Held: id, key and the created_at the INSERT wrote.
 		assert.Equal(t, map[string]key{"e-1": {f.Key, now}, "e-2": {"e-2", now}}, e.keysOf("e-1", "e-2", "missing"))
 	})
 
@@ -179,7 +179,7 @@ func testWriter(t *testing.T, open Open) {
 		}
 		assert.EqualValues(t, 1, e.count(e.s.Count(byID)), "Count by the generated ID")
 		assert.Equal(t, []int64{r.Seq}, e.seqList(e.s.PurgeSelect(byID, 10)), "PurgeSelect by the generated ID")
-		assert.Empty(t, e.keysOf(g.ID), "KeysOf finds only IDs the publisher chose: a generated one is held by no other row")
+		assert.Empty(t, e.keysOf(g.ID), "Held of IDs finds only IDs the publisher chose: a generated one is held by no other row")
 
 		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
 		require.Len(t, got, 1)
@@ -222,7 +222,7 @@ func testWriter(t *testing.T, open Open) {
 		other.Generated, other.Key = false, "k-1"
 		assert.EqualValues(t, 0, e.insert(now, other), "another event with the key is skipped")
 		assert.EqualValues(t, 1, e.rows())
-		assert.Empty(t, e.keysOf(k.ID), "KeysOf finds only IDs the publisher chose")
+		assert.Empty(t, e.keysOf(k.ID), "Held of IDs finds only IDs the publisher chose")
 		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
 		require.Len(t, got, 1)
 		assert.Equal(t, k.ID, got[0].ID)
