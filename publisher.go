@@ -283,7 +283,7 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool, now time.
 	}
 	switch {
 	case t != nil:
-		t.AddPublished((*txOwner)(o), seqs)
+		t.AddPublished((*txOwner)(o), seqs, len(enc))
 	case !inTx:
 		o.published(seqs)
 	}

@@ -15,9 +15,11 @@ type state struct {
 	// undone runs when the transaction rolls back (or its COMMIT fails).
 	undone []func()
 
-	// The IDs of the persistent events written in this transaction, and
-	// where in work the one hook that announces them sits (-1: none).
-	ids    []int64
+	// The seqs of the persistent events written in this transaction (of
+	// those the store could name), how many events it wrote, and where in
+	// work the one hook that announces them sits (-1: none).
+	seqs   []int64
+	events int
 	idHook int
 }
 
@@ -60,24 +62,26 @@ func (s *state) Has(key any) bool {
 	return false
 }
 
-// AddPublished records IDs written in the transaction and makes sure one
-// after-commit hook announces them all, to a.
-func (s *state) AddPublished(a Announcer, ids []int64) {
+// AddPublished records n events written in the transaction, seqs those of
+// them the store named, and makes sure one after-commit hook announces them
+// all, to a.
+func (s *state) AddPublished(a Announcer, seqs []int64, n int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.done {
 		return
 	}
-	s.ids = append(s.ids, ids...)
+	s.seqs = append(s.seqs, seqs...)
+	s.events += n
 	if s.idHook >= 0 {
 		return
 	}
 	s.idHook = len(s.work)
 	s.work = append(s.work, hook{fn: func() {
 		s.mu.Lock()
-		ids := s.ids
+		seqs := s.seqs
 		s.mu.Unlock()
-		a.Published(ids)
+		a.Published(seqs)
 	}})
 }
 
@@ -90,14 +94,14 @@ func (s *state) OnUndone(fn func()) {
 	}
 }
 
-// finish ends the transaction's state and returns its work, the IDs of
-// the persistent events it wrote, and what runs if it did not commit.
-func (s *state) finish() ([]hook, []int64, []func()) {
+// finish ends the transaction's state and returns its work, how many
+// persistent events it wrote, and what runs if it did not commit.
+func (s *state) finish() ([]hook, int, []func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, ids, u := s.work, s.ids, s.undone
+	w, n, u := s.work, s.events, s.undone
 	s.work, s.marks, s.undone, s.done = nil, nil, nil, true
-	return w, ids, u
+	return w, n, u
 }
 
 func (s *state) savepointSQL(query string) {
@@ -130,7 +134,7 @@ func (s *state) savepointSQL(query string) {
 			clear(s.work[s.marks[i].n:])
 			s.work = s.work[:s.marks[i].n]
 			if s.idHook >= s.marks[i].n {
-				s.idHook = -1 // IDs that stay are harmless hints
+				s.idHook = -1 // seqs that stay are harmless hints
 			}
 			s.marks = s.marks[:i+1] // the savepoint itself survives ROLLBACK TO
 		} else {

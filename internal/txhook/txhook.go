@@ -36,8 +36,8 @@ type Owner interface {
 	CommitFailed(err error, hooks, events int)
 }
 
-// Announcer is told, once, the IDs of the persistent events a transaction
-// wrote, after it commits.
+// Announcer is told, once, the seqs of the persistent events a transaction
+// wrote, after it commits (of those the store could name: possibly none).
 type Announcer interface {
 	Published(seqs []int64)
 }
@@ -173,13 +173,13 @@ func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 // committed whatever the hooks do.
 func (t *Tx) Commit() error {
 	err := t.Tx.Commit()
-	work, ids, undone := t.finish()
+	work, events, undone := t.finish()
 	if err != nil {
 		runAll(undone)
 		if len(work) > 0 && !errors.Is(err, sql.ErrTxDone) {
 			// A failed COMMIT may still have taken effect (the connection
 			// broke after the server committed): say what is dropped.
-			t.pool.owner.CommitFailed(err, len(work), len(ids))
+			t.pool.owner.CommitFailed(err, len(work), events)
 		}
 		return err
 	}
