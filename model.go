@@ -33,8 +33,8 @@ const (
 // another gives are NULL, and a Row read with GORM has them filled in
 // (AfterFind), so ID, IdempotencyKey, AvailableAt, CreatedAt and UpdatedAt
 // read as the outbox's functions show them. In SQL, the event's ID is
-// COALESCE(named_id, id) (id is a UUID column), its key
-// COALESCE(idempotency_key, <the ID>).
+// [Outbox.IDColumn] (COALESCE(named_id, id::text) on PostgreSQL: id is a
+// UUID column), its key COALESCE(idempotency_key, <the ID>).
 //
 // On MySQL the time columns hold UTC: read them with loc=UTC in the DSN,
 // or take a time.Time read with another loc as UTC wall-clock time.

@@ -41,7 +41,8 @@ func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch
 	defer cancel()
 	spec := store.ClaimSpec{Now: now, Lease: lease, Limit: limit, Seqs: seqs, Ordered: t.Ordered}
 	walker, walks := t.Store.(store.Walker)
-	if walks && len(seqs) == 0 {
+	walks = walks && len(seqs) == 0 // a claim by seq reads no new rows
+	if walks {
 		t.wm.mu.Lock()
 		defer t.wm.mu.Unlock()
 		if err := t.wm.advance(cctx, t.DB, walker, now, limit, t.WalkEvery); err != nil {
@@ -53,7 +54,7 @@ func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim events: %w", err)
 	}
-	if walks && len(seqs) == 0 {
+	if walks {
 		t.wm.claimed(rows, limit)
 	}
 	if len(rows) == 0 {

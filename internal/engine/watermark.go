@@ -15,15 +15,18 @@ import (
 // The watermark is how a relay finds new events without an index that every
 // INSERT would enter (store.Walker): new rows are due at once and read by
 // seq, the primary key, from a low watermark below which every row is done,
-// waits for a retry (the retry index finds it), or is a gap.
+// waits for a retry (the retry index finds it), is in flight with a relay,
+// or is a gap.
 //
 // Seqs are taken at INSERT and become visible at commit, so a row can
 // appear below rows already seen: the seqs the walk passes that hold no
-// row yet are gaps, looked at on every claim until their row appears or
-// they are older than SweepEvery (a rolled-back transaction's seq never
-// fills). A sweep every SweepEvery lowers the watermark to the lowest open
-// row, one scan of the table, which finds the rows of transactions that
-// took longer than that between their INSERT and their commit.
+// row yet are gaps, looked at by every walk until their row appears or they
+// are older than SweepEvery (a rolled-back transaction's seq never fills);
+// a row in flight the walk passed is looked at the same way once its lease
+// has passed (its relay may have died). A sweep every SweepEvery lowers the
+// watermark to the lowest new row no relay holds, one scan of the table,
+// which finds the rows of transactions that took longer than that between
+// their INSERT and their commit.
 const (
 	// SweepEvery is how often the watermark is checked against the whole
 	// table, and how long a gap is looked at.
@@ -38,8 +41,11 @@ const (
 	// are not full (Table.WalkEvery); a claim that took a full batch walks
 	// before the next one.
 	WalkEvery = 100 * time.Millisecond
-	// MaxGaps bounds the gaps looked at; past it the sweep finds the rows.
+	// MaxGaps bounds the gaps, and the rows in flight, looked at; past it
+	// the sweep finds the rows.
 	MaxGaps = 10000
+	// MaxWalkRows bounds one walk, whatever the batch size.
+	MaxWalkRows = 10000
 	// SweepLookback is how far below the highest seq a sweep that finds no
 	// open row puts the watermark, so that the walk registers the gaps of
 	// the transactions in flight.
@@ -48,8 +54,8 @@ const (
 
 type watermark struct {
 	mu       sync.Mutex
-	from     int64               // every row below is done, retried, or a gap
-	frontier int64               // the highest seq the last claim took
+	from     int64               // every row below is done, retried, in flight, or a gap
+	frontier int64               // the highest seq of a new row a claim took from the watermark
 	gaps     map[int64]time.Time // seq → when the walk passed it
 	held     map[int64]time.Time // seq → lease end of a row in flight the walk passed
 	swept    time.Time           // zero before the first sweep
@@ -141,7 +147,7 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 			}
 		}
 	}
-	rows, err := readWalk(ctx, db, s.Walk(w.from, min(max(WalkBatches*limit, 100), 10000), w.gapList(), now))
+	rows, err := readWalk(ctx, db, s.Walk(w.from, min(max(WalkBatches*limit, 100), MaxWalkRows), w.gapList(), now))
 	if err != nil {
 		return err
 	}
