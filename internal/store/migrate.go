@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"regexp"
@@ -107,7 +108,13 @@ func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
 			return err
 		}
 		release := stmts[len(stmts)-1]
-		defer func() { _, _ = conn.ExecContext(context.WithoutCancel(ctx), release) }()
+		defer func() {
+			if _, err := conn.ExecContext(context.WithoutCancel(ctx), release); err != nil {
+				// The session would keep the lock in the pool: close it,
+				// which releases the lock, instead.
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+		}()
 		if got.Int64 != 1 {
 			return errors.New("another process holds the upgrade's lock (GET_LOCK timed out); try again")
 		}
