@@ -201,7 +201,7 @@ func (d *Store) selectDue(c store.ClaimSpec, delay time.Duration) store.Query {
 	if delay > 0 {
 		b.W(" AND SLEEP(", strconv.FormatFloat(delay.Seconds(), 'f', 3, 64), ") = 0")
 	}
-	b.W(" ORDER BY c.available_at, c.seq LIMIT ", b.Arg(c.Limit), sqlbuild.SkipLocked)
+	b.W(" ORDER BY c.available_at, c.seq LIMIT ", b.Limit(c.Limit), sqlbuild.SkipLocked)
 	return b.Query()
 }
 
@@ -290,7 +290,7 @@ func (d *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Que
 func (d *Store) DeleteSent(before time.Time, limit int) store.Query {
 	b := d.Build()
 	return b.W("DELETE FROM ", d.Table, " WHERE status = 'sent' AND available_at < ", b.Time(before),
-		" AND sent_at < ", b.Time(before), " ORDER BY available_at LIMIT ", b.Arg(limit)).Query()
+		" AND sent_at < ", b.Time(before), " ORDER BY available_at LIMIT ", b.Limit(limit)).Query()
 }
 
 // orderingIndex: no partial index, so status is in it and the probe reads
