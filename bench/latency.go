@@ -82,7 +82,7 @@ func runLatency(ctx context.Context, e *env, opts options, t *table) error {
 		// borrows a connection from the writers' pool for every NOTIFY.
 		{"ours, push, pools at database/sql's default MaxIdleConns (2)", outbox.Config{}, outbox.RelayConfig{}, false, 0},
 	} {
-		c, err := oursLatency(pg, table, v.name, v.cfg, v.relay, v.shared, v.idle, truncate)
+		c, err := oursLatency(pg, table, v.name, v.cfg, v.relay, v.shared, v.idle, truncate, opts.latencyHist)
 		if err != nil {
 			return err
 		}
@@ -90,7 +90,7 @@ func runLatency(ctx context.Context, e *env, opts options, t *table) error {
 		cs = append(cs, c.latencyContender)
 	}
 	cs = append(cs, watermillLatency(pg, plain, truncate))
-	floor, err := floorLatency(ctx, pg, plain)
+	floor, err := floorLatency(ctx, pg, plain, opts.latencyHist)
 	if err != nil {
 		return err
 	}
@@ -250,7 +250,7 @@ type oursLatencyContender struct {
 	close func()
 }
 
-func oursLatency(pg *pgServer, table, name string, cfg outbox.Config, rcfg outbox.RelayConfig, shared bool, idle int, truncate func(context.Context) error) (oursLatencyContender, error) {
+func oursLatency(pg *pgServer, table, name string, cfg outbox.Config, rcfg outbox.RelayConfig, shared bool, idle int, truncate func(context.Context) error, hist int) (oursLatencyContender, error) {
 	writer, err := pg.openIdle(idle)
 	if err != nil {
 		return oursLatencyContender{}, err
@@ -263,7 +263,14 @@ func oursLatency(pg *pgServer, table, name string, cfg outbox.Config, rcfg outbo
 	}
 	c := oursLatencyContender{close: func() { closeDB(writer) }}
 	c.name = name
-	c.prepare = truncate
+	c.prepare = func(ctx context.Context) error {
+		if err := truncate(ctx); err != nil {
+			return err
+		}
+		return seedHistory(ctx, writer, table, hist, func(tx *gorm.DB, i int) error {
+			return outbox.Publish(tx, outbox.Event{Type: "order.created", AggregateType: "order", AggregateID: strconv.Itoa(i), Payload: orderCreated{Total: 42}})
+		})
+	}
 	c.publish = func(ctx context.Context, i int) error {
 		return writer.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 			o := BenchOrder{Customer: "customer-42", Total: 42}
@@ -385,7 +392,7 @@ func watermillLatency(pg *pgServer, plain *gorm.DB, truncate func(context.Contex
 // each commit (no debounce); a dedicated connection LISTENs and, on every
 // notification, runs the floor's claim-with-lease, deliver and mark until
 // nothing is due.
-func floorLatency(ctx context.Context, pg *pgServer, plain *gorm.DB) (latencyContender, error) {
+func floorLatency(ctx context.Context, pg *pgServer, plain *gorm.DB, hist int) (latencyContender, error) {
 	const table, channel = "latency_floor", "latency_floor_wakeup"
 	if err := createOutboxTable(ctx, plain, table); err != nil {
 		return latencyContender{}, err
@@ -396,7 +403,12 @@ func floorLatency(ctx context.Context, pg *pgServer, plain *gorm.DB) (latencyCon
 		prepare: func(ctx context.Context) error {
 			// RESTART IDENTITY: the floor's watermark starts at seq 1 on
 			// an empty table.
-			return exec(ctx, sqlDB(plain), `TRUNCATE bench_orders, "`+table+`" RESTART IDENTITY`)
+			if err := exec(ctx, sqlDB(plain), `TRUNCATE bench_orders, "`+table+`" RESTART IDENTITY`); err != nil {
+				return err
+			}
+			return seedHistory(ctx, plain, table, hist, func(tx *gorm.DB, i int) error {
+				return insert(tx, strconv.Itoa(i), &BenchOrder{Customer: "customer-42", Total: 42})
+			})
 		},
 		publish: func(ctx context.Context, i int) error {
 			err := plain.WithContext(ctx).Transaction(func(tx *gorm.DB) error {

@@ -245,7 +245,7 @@ func logicalLatency(ctx context.Context, pg *pgServer, opts options, t *table) e
 		var p50, p99 series
 		for round := range opts.rounds {
 			lc, err := oursLatency(pg, tableName, c.name, c.cfg, outbox.RelayConfig{}, false, pg.maxIdle,
-				func(ctx context.Context) error { return pg.clear(ctx, sql, tableName) })
+				func(ctx context.Context) error { return pg.clear(ctx, sql, tableName) }, 0)
 			if err != nil {
 				return err
 			}

@@ -39,6 +39,7 @@ type options struct {
 	tuned        []relayShape
 	drainTimeout time.Duration
 	latencyDur   time.Duration
+	latencyHist  int
 	rate         int
 	scaleSent    int
 	scaleBacklog int
@@ -76,6 +77,7 @@ func parseFlags(args []string) (options, error) {
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 3*time.Minute, "longest a single drain may run; a slower contender is reported as partial")
 	fs.DurationVar(&o.latencyDur, "latency-dur", 10*time.Second, "how long each latency measurement publishes")
 	fs.IntVar(&o.rate, "rate", 500, "events per second in the latency scenario")
+	fs.IntVar(&o.latencyHist, "latency-history", 20000, "sent events written into each push contender's table (and ANALYZEd) before each latency measurement; 0 measures a table just truncated, whose prepared statements PostgreSQL plans for an empty table")
 	fs.IntVar(&o.scaleSent, "scale-sent", 1000000, "sent rows in the table for the scale scenario")
 	fs.IntVar(&o.scaleBacklog, "scale-backlog", 100000, "pending events drained in the scale scenario's throughput test")
 	fs.IntVar(&o.claimSent, "claim-sent", 1000000, "sent rows beside the claim scenario's second and third table states")
