@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
@@ -57,6 +59,34 @@ func openBenchDB(tb testing.TB, name string) *gorm.DB {
 		}
 		// Registered after the schema's drop, so it runs first: the pool
 		// is closed before its schema goes.
+		tb.Cleanup(func() { closeGorm(db) })
+		return db
+	case "mysql":
+		dsn := os.Getenv(mysqlDSNEnv)
+		if dsn == "" {
+			tb.Skipf("%s is not set; set it to run the MySQL/MariaDB benchmarks", mysqlDSNEnv)
+		}
+		mcfg, err := mysqldriver.ParseDSN(dsn)
+		if err != nil {
+			tb.Fatalf("%s: %v", mysqlDSNEnv, err)
+		}
+		admin, err := gorm.Open(mysql.Open(dsn), &gorm.Config{Logger: logger.Discard})
+		if err != nil {
+			tb.Fatalf("%s is set but MySQL is unreachable: %v", mysqlDSNEnv, err)
+		}
+		tb.Cleanup(func() { closeGorm(admin) })
+		b := make([]byte, 6)
+		_, _ = rand.Read(b)
+		name := "b_" + hex.EncodeToString(b)
+		if err := admin.Exec("CREATE DATABASE " + name).Error; err != nil {
+			tb.Fatalf("create database: %v", err)
+		}
+		tb.Cleanup(func() { _ = admin.Exec("DROP DATABASE " + name).Error })
+		mcfg.DBName = name
+		db, err := gorm.Open(mysql.Open(mcfg.FormatDSN()), cfg)
+		if err != nil {
+			tb.Fatalf("open mysql: %v", err)
+		}
 		tb.Cleanup(func() { closeGorm(db) })
 		return db
 	}

@@ -255,12 +255,15 @@ func ExampleSchemaSQL() {
 	// CREATE UNIQUE INDEX IF NOT EXISTS "shop_outbox_idempotency_key_idx"
 	// CREATE INDEX IF NOT EXISTS "shop_outbox_retry_idx"
 	// CREATE INDEX IF NOT EXISTS "shop_outbox_sent_idx"
+	// CREATE TABLE IF NOT EXISTS "outbox_inbox" (
+	// CREATE INDEX IF NOT EXISTS "outbox_inbox_consumed_idx"
 	// oracle: true
 }
 
 // UpgradeSQL gives the statements that bring a table of an earlier schema
-// version up to date, each dialect's in one transaction, for a migration
-// file; it is empty where there is nothing to upgrade.
+// version up to date, each dialect's in one transaction, followed by the
+// inbox table version 3 brought, for a migration file; it is empty where
+// there is nothing to upgrade.
 func ExampleUpgradeSQL() {
 	for _, dialect := range []string{"postgres", "sqlite", "mysql"} {
 		sql, err := outbox.UpgradeSQL(dialect, outbox.DefaultTable)
@@ -280,9 +283,9 @@ func ExampleUpgradeSQL() {
 		fmt.Println(dialect+":", statements[0], "...", statements[len(statements)-1])
 	}
 	// Output:
-	// postgres: BEGIN; ... COMMIT;
-	// sqlite: BEGIN IMMEDIATE; ... COMMIT;
-	// mysql: SELECT GET_LOCK(CONCAT(DATABASE(), '.outbox_events.upgrade'), 60); ... SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.outbox_events.upgrade'));
+	// postgres: BEGIN; ... CREATE INDEX IF NOT EXISTS "outbox_inbox_consumed_idx"
+	// sqlite: BEGIN IMMEDIATE; ... CREATE INDEX IF NOT EXISTS "outbox_inbox_consumed_idx"
+	// mysql: SELECT GET_LOCK(CONCAT(DATABASE(), '.outbox_events.upgrade'), 60); ... ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 }
 
 // SQLTx hands the transaction's *sql.Tx to code written for database/sql,

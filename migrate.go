@@ -11,14 +11,27 @@ import (
 
 // SchemaSQL returns the DDL that creates the outbox table named table on the
 // given dialect ("postgres", "sqlite" or "mysql", as GORM's dialectors name
-// themselves), for teams that run their own migrations. It is the same SQL
-// db.Use runs.
+// themselves), and the inbox table [Consume] writes under its default name
+// (outbox_inbox), for teams that run their own migrations. It is the same
+// SQL db.Use runs. [InboxSchemaSQL] gives the inbox table under another
+// name.
 func SchemaSQL(dialect, table string) (string, error) {
 	s, err := storeByName(dialect, table)
 	if err != nil {
 		return "", err
 	}
-	return s.Schema(), nil
+	return s.Schema() + "\n" + s.InboxSchema(DefaultInboxTable), nil
+}
+
+// InboxSchemaSQL returns the DDL that creates the inbox table named table
+// ([Config.InboxTable]) on the given dialect, for teams that run their own
+// migrations.
+func InboxSchemaSQL(dialect, table string) (string, error) {
+	s, err := storeByName(dialect, table)
+	if err != nil {
+		return "", err
+	}
+	return s.InboxSchema(table), nil
 }
 
 // UpgradeSQL returns the statements that upgrade an outbox table of the
@@ -46,6 +59,11 @@ func UpgradeSQLFrom(dialect, table string, from int) (string, error) {
 			return "", nil
 		}
 		b.WriteString(script)
+	}
+	if from < 3 && b.Len() > 0 {
+		// Version 3 brought the inbox table; db.Use creates it beside
+		// any outbox table.
+		b.WriteString("\n" + s.InboxSchema(DefaultInboxTable))
 	}
 	return b.String(), nil
 }
@@ -97,6 +115,9 @@ func (o *Outbox) Migrate(db *gorm.DB) error {
 	}
 	if err := store.Create(ctx, sqlDB, s); err != nil {
 		return fmt.Errorf("outbox: create table %s: %w", o.table, err)
+	}
+	if err := store.CreateDDL(ctx, sqlDB, s, s.InboxSchema(o.inbox)); err != nil {
+		return fmt.Errorf("outbox: create the inbox table %s: %w", o.inbox, err)
 	}
 	return nil
 }

@@ -112,6 +112,18 @@ type Config struct {
 
 	// Logical holds the settings of [Logical] mode; ignored in other modes.
 	Logical LogicalConfig
+
+	// InboxTable is the name of the table [Consume] records consumed
+	// messages in, created by db.Use beside the outbox table (in
+	// Persistent and Logical modes). The rules of Table apply. Several
+	// outboxes on one database may share it: its key is the consumer and
+	// the message ID. Defaults to "outbox_inbox".
+	InboxTable string
+
+	// InboxRetention is how long [Consume] keeps a consumed message's
+	// record: a redelivery after that runs the consumer's function again.
+	// [RetainForever] keeps every record. Defaults to 7 days.
+	InboxRetention time.Duration
 }
 
 // LogicalConfig holds the settings of [Logical] mode. Its zero value is
@@ -162,8 +174,13 @@ type Outbox struct {
 	handlers atomic.Pointer[[]route] // copy-on-write, read without locks
 	hooks    atomic.Pointer[hookSet] // copy-on-write; nil until AddHooks
 	keys     recentKeys              // memory mode's idempotency keys
-	dropped  atomic.Int64            // Stats.Dropped
-	dropSeen recentKeys              // the drops counted, so that a batch handled again counts none twice
+	memInbox memInbox                // memory mode's inbox
+
+	inbox          string
+	inboxRetention time.Duration
+	inboxForgetAt  atomic.Int64 // UnixNano before which Consume deletes no expired pairs
+	dropped        atomic.Int64 // Stats.Dropped
+	dropSeen       recentKeys   // the drops counted, so that a batch handled again counts none twice
 
 	deliverAfterCommit bool
 	notify             bool
@@ -205,6 +222,9 @@ func Plugin(cfg Config) *Outbox {
 		maxPayload: cmp.Or(cfg.MaxPayloadBytes, encode.DefaultMaxPayload),
 		clock:      time.Now,
 
+		inbox:          cmp.Or(cfg.InboxTable, DefaultInboxTable),
+		inboxRetention: cmp.Or(cfg.InboxRetention, defaultInboxRetention),
+
 		deliverAfterCommit: cfg.DeliverAfterCommit,
 		notify:             !cfg.DisableNotify,
 		fresh:              make(chan []int64, 1024),
@@ -217,6 +237,12 @@ func Plugin(cfg Config) *Outbox {
 		o.cfgErr = fmt.Errorf("%w: unknown Mode %d", ErrInvalidConfig, int(cfg.Mode))
 	case !validTable(o.table):
 		o.cfgErr = fmt.Errorf("%w: Table %q %s", ErrInvalidConfig, o.table, tableRule(o.table))
+	case !validTable(o.inbox):
+		o.cfgErr = fmt.Errorf("%w: InboxTable %q %s", ErrInvalidConfig, o.inbox, tableRule(o.inbox))
+	case strings.EqualFold(o.inbox, o.table):
+		o.cfgErr = fmt.Errorf("%w: InboxTable and Table are both %q", ErrInvalidConfig, o.table)
+	case cfg.InboxRetention < 0 && cfg.InboxRetention != RetainForever:
+		o.cfgErr = fmt.Errorf("%w: InboxRetention %v is negative (RetainForever keeps every record)", ErrInvalidConfig, cfg.InboxRetention)
 	case cfg.MaxPayloadBytes < 0:
 		o.cfgErr = fmt.Errorf("%w: MaxPayloadBytes is negative (%d); use 0 for the 1 MiB default", ErrInvalidConfig, cfg.MaxPayloadBytes)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/encode"
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/sqlite"
@@ -69,6 +70,9 @@ func runSuite(t *testing.T, b backend) {
 		tests[name] = fn
 	}
 	for name, fn := range refusalTests {
+		tests[name] = fn
+	}
+	for name, fn := range inboxTests {
 		tests[name] = fn
 	}
 	for name, fn := range tests {
@@ -646,7 +650,11 @@ func testDisableAutoMigrate(t *testing.T, b backend) {
 	assert.False(t, db.Migrator().HasTable(DefaultTable))
 	ddl, err := SchemaSQL(b.name, DefaultTable)
 	require.NoError(t, err)
-	require.NoError(t, db.Exec(ddl).Error)
+	// One statement at a time: MySQL runs one per Exec.
+	for _, st := range store.SplitDDL(ddl) {
+		require.NoError(t, db.Exec(st.SQL).Error)
+	}
+	assert.True(t, db.Migrator().HasTable(DefaultInboxTable), "SchemaSQL creates the inbox too")
 	require.NoError(t, Publish(db, ev("x", 1)))
 	// Running the shipped DDL twice is harmless.
 	require.NoError(t, ob.Migrate(db.WithContext(t.Context())))

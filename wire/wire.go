@@ -19,9 +19,12 @@
 package wire
 
 import (
+	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gorm-outbox/outbox"
 )
@@ -95,4 +98,49 @@ func Headers(e outbox.Event, set func(name, value string)) {
 	if !e.OccurredAt.IsZero() {
 		set(OccurredAt, e.OccurredAt.UTC().Format(TimeFormat))
 	}
+}
+
+// Decode reads an event back from a message that [Headers] built: headers
+// are the message's headers (a broker's multi-valued header gives its first
+// value), body its payload, which becomes [outbox.Event.Payload] as a
+// json.RawMessage. Reserved names are matched ignoring case; every other
+// header goes to [outbox.Event.Headers]. A message of another producer
+// decodes too, with the fields it does not carry left empty: a consumer
+// that needs an ID then takes its own (the broker's message ID).
+//
+// The error, for an [OccurredAt] that does not parse, comes with the event
+// decoded from everything else.
+func Decode(headers map[string]string, body []byte) (outbox.Event, error) {
+	var e outbox.Event
+	var err error
+	for k, v := range headers {
+		switch {
+		case strings.EqualFold(k, EventID):
+			e.ID = v
+		case strings.EqualFold(k, EventType):
+			e.Type = v
+		case strings.EqualFold(k, AggregateType):
+			e.AggregateType = v
+		case strings.EqualFold(k, AggregateID):
+			e.AggregateID = v
+		case strings.EqualFold(k, IdempotencyKey):
+			e.IdempotencyKey = v
+		case strings.EqualFold(k, OccurredAt):
+			t, perr := time.Parse(time.RFC3339Nano, v)
+			if perr != nil {
+				err = fmt.Errorf("wire: header %s: %w", OccurredAt, perr)
+				continue
+			}
+			e.OccurredAt = t.UTC()
+		default:
+			if e.Headers == nil {
+				e.Headers = map[string]string{}
+			}
+			e.Headers[k] = v
+		}
+	}
+	if body != nil {
+		e.Payload = json.RawMessage(body)
+	}
+	return e, err
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/wire"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 type header struct{ name, value string }
@@ -112,4 +114,30 @@ func TestTimeFormatRoundTrips(t *testing.T) {
 			}
 		}
 	}
+}
+
+func TestDecodeIsHeadersReversed(t *testing.T) {
+	e := outbox.Event{ID: "evt-1", Type: "order.created", AggregateType: "order", AggregateID: "42",
+		IdempotencyKey: "order.created:42", OccurredAt: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC),
+		Headers: map[string]string{"traceparent": "00-abc-def-01", "Outbox-Event-Id": "forged"}}
+	hs := map[string]string{}
+	wire.Headers(e, func(k, v string) { hs[k] = v })
+	got, err := wire.Decode(hs, []byte(`{"total":42}`))
+	require.NoError(t, err)
+	assert.Equal(t, "evt-1", got.ID, "the reserved header, not the forged event header")
+	assert.Equal(t, "order.created", got.Type)
+	assert.Equal(t, "order", got.AggregateType)
+	assert.Equal(t, "42", got.AggregateID)
+	assert.Equal(t, "order.created:42", got.IdempotencyKey)
+	assert.True(t, e.OccurredAt.Equal(got.OccurredAt))
+	assert.Equal(t, map[string]string{"traceparent": "00-abc-def-01"}, got.Headers)
+	raw, err := got.PayloadJSON()
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"total":42}`, string(raw))
+
+	// Names folded by an HTTP hop are read all the same.
+	got, err = wire.Decode(map[string]string{"outbox-event-id": "evt-2", "OUTBOX-OCCURRED-AT": "not a time"}, nil)
+	assert.Error(t, err)
+	assert.Equal(t, "evt-2", got.ID)
+	assert.Nil(t, got.Payload)
 }

@@ -55,7 +55,12 @@ func Ensure(ctx context.Context, db *sql.DB, s Schema, name string, ddl ...strin
 // the catalog first: even CREATE ... IF NOT EXISTS takes a lock that would
 // queue behind open publishing transactions on PostgreSQL.
 func Create(ctx context.Context, db *sql.DB, s Schema) error {
-	for _, st := range SplitDDL(s.Schema()) {
+	return CreateDDL(ctx, db, s, s.Schema())
+}
+
+// CreateDDL is Create of another table's DDL in the same store (the inbox's).
+func CreateDDL(ctx context.Context, db *sql.DB, s Schema, ddl string) error {
+	for _, st := range SplitDDL(ddl) {
 		if err := Ensure(ctx, db, s, st.Name, st.SQL); err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -225,12 +226,35 @@ type Admin interface {
 	IDExpr() string
 }
 
+// Inbox is the consumer side's table: the (consumer, message ID) pairs
+// consumed, each recorded in the transaction of its effect. Its table is
+// named apart from the outbox table's, so every method takes it (unquoted).
+type Inbox interface {
+	// InboxSchema is the DDL that creates the inbox table named table.
+	InboxSchema(table string) string
+	// Consume records the pair unless it is already recorded: one row
+	// affected when it recorded it, none when the pair was there. A
+	// concurrent transaction that recorded the same pair and has not yet
+	// ended makes it wait for that transaction's outcome (the unique key's
+	// lock), so of two deliveries of one message only one goes on.
+	Consume(table, consumer, messageID string, now time.Time) Query
+	// ForgetConsumed deletes up to limit pairs consumed before before.
+	ForgetConsumed(table string, before time.Time, limit int) Query
+}
+
+// DefaultInbox is the inbox table name the shipped schema files use.
+const DefaultInbox = "outbox_inbox"
+
+// RenameInbox renames the shipped inbox schema's table and index.
+func RenameInbox(ddl, table string) string { return strings.ReplaceAll(ddl, DefaultInbox, table) }
+
 // Store is one database's statements.
 type Store interface {
 	Schema
 	Writer
 	Claimer
 	Admin
+	Inbox
 	// Name is the database's name as SchemaSQL takes it.
 	Name() string
 	Limits() Limits

@@ -14,6 +14,9 @@ type state struct {
 	done  bool
 	// undone runs when the transaction rolls back (or its COMMIT fails).
 	undone []func()
+	// finally runs once the transaction has ended, however, after the
+	// after-commit work.
+	finally []func()
 
 	// The seqs of the persistent events written in this transaction (of
 	// those the store could name), how many events it wrote, and where in
@@ -94,14 +97,30 @@ func (s *state) OnUndone(fn func()) {
 	}
 }
 
-// finish ends the transaction's state and returns its work, how many
-// persistent events it wrote, and what runs if it did not commit.
-func (s *state) finish() ([]hook, int, []func()) {
+// Finally adds fn to what runs once the transaction has ended, committed
+// or not, after the after-commit work: where work that waits on the
+// transaction's outcome is told, whether or not a savepoint dropped the
+// after-commit hook that would have told it. It reports false once the
+// transaction has finished.
+func (s *state) Finally(fn func()) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	w, n, u := s.work, s.events, s.undone
-	s.work, s.marks, s.undone, s.done = nil, nil, nil, true
-	return w, n, u
+	if s.done {
+		return false
+	}
+	s.finally = append(s.finally, fn)
+	return true
+}
+
+// finish ends the transaction's state and returns its work, how many
+// persistent events it wrote, what runs if it did not commit, and what
+// runs at the end either way.
+func (s *state) finish() ([]hook, int, []func(), []func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w, n, u, f := s.work, s.events, s.undone, s.finally
+	s.work, s.marks, s.undone, s.finally, s.done = nil, nil, nil, nil, true
+	return w, n, u, f
 }
 
 func (s *state) savepointSQL(query string) {

@@ -21,7 +21,7 @@ func TestSavepoints(t *testing.T) {
 	s.savepointSQL("RELEASE SAVEPOINT sp1")
 	s.savepointSQL("ROLLBACK TO SAVEPOINT sp2") // destroyed with sp1: no effect
 	s.savepointSQL("SELECT 1")
-	work, _, _ := s.finish()
+	work, _, _, _ := s.finish()
 	for _, h := range work {
 		h.fn()
 	}
@@ -48,7 +48,7 @@ func TestAddPublished(t *testing.T) {
 	s.savepointSQL("ROLLBACK TO SAVEPOINT sp")
 	s.AddPublished(a, []int64{2}, 1)
 	s.AddPublished(a, nil, 1) // a store that could not name it
-	work, events, _ := s.finish()
+	work, events, _, _ := s.finish()
 	for _, h := range work {
 		h.fn()
 	}

@@ -173,7 +173,8 @@ func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 // committed whatever the hooks do.
 func (t *Tx) Commit() error {
 	err := t.Tx.Commit()
-	work, events, undone := t.finish()
+	work, events, undone, finally := t.finish()
+	defer runAll(finally)
 	if err != nil {
 		runAll(undone)
 		if len(work) > 0 && !errors.Is(err, sql.ErrTxDone) {
@@ -192,9 +193,10 @@ func (t *Tx) Commit() error {
 // Rollback drops the after-commit work, rolls back, and tells the work
 // that asked to know.
 func (t *Tx) Rollback() error {
-	_, _, undone := t.finish()
+	_, _, undone, finally := t.finish()
 	err := t.Tx.Rollback()
 	runAll(undone)
+	runAll(finally)
 	return err
 }
 

@@ -28,6 +28,8 @@ var (
 	schema string
 	//go:embed mysql-upgrade-3.sql
 	upgrade3 string
+	//go:embed mysql-inbox.sql
+	inbox string
 )
 
 func init() {
@@ -90,6 +92,25 @@ func Time(t time.Time) any { return t.UTC().Format(timeFormat) }
 
 // Schema implements store.Schema.
 func (d *Store) Schema() string { return store.Rename(schema, d.name) }
+
+// InboxSchema implements store.Inbox.
+func (d *Store) InboxSchema(table string) string { return store.RenameInbox(inbox, table) }
+
+// Consume implements store.Inbox with INSERT IGNORE, whose affected-rows
+// count is 0 for a duplicate whatever the connection's clientFoundRows (ON
+// DUPLICATE KEY UPDATE would count a duplicate as found). What else IGNORE
+// would turn into a warning, a too-long value, Consume refuses before. The
+// duplicate-key check waits for a concurrent insert of the pair to end.
+func (d *Store) Consume(table, consumer, messageID string, now time.Time) store.Query {
+	return d.InboxConsume("INSERT IGNORE INTO", "`"+table+"`", "", consumer, messageID, now)
+}
+
+// ForgetConsumed implements store.Inbox: MySQL's DELETE takes ORDER BY and
+// LIMIT (and refuses a subquery on the table it deletes from).
+func (d *Store) ForgetConsumed(table string, before time.Time, limit int) store.Query {
+	b := d.Build()
+	return b.W("DELETE FROM `", table, "` WHERE consumed_at < ", b.Time(before), " ORDER BY consumed_at LIMIT ", b.Limit(limit)).Query()
+}
 
 // Exists implements store.Schema.
 func (d *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, error) {

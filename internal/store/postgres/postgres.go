@@ -26,6 +26,8 @@ var (
 	upgrade2 string
 	//go:embed postgres-upgrade-3.sql
 	upgrade3 string
+	//go:embed postgres-inbox.sql
+	inbox string
 )
 
 func init() {
@@ -85,6 +87,20 @@ func (s *Store) Check(context.Context, *gorm.DB, *slog.Logger) error { return ni
 
 // Schema implements store.Schema.
 func (s *Store) Schema() string { return store.Rename(schema, s.name) }
+
+// InboxSchema implements store.Inbox.
+func (s *Store) InboxSchema(table string) string { return store.RenameInbox(inbox, table) }
+
+// Consume implements store.Inbox: ON CONFLICT DO NOTHING waits for a
+// concurrent insert of the same pair to commit or roll back.
+func (s *Store) Consume(table, consumer, messageID string, now time.Time) store.Query {
+	return s.InboxConsume("INSERT INTO", `"`+table+`"`, " ON CONFLICT DO NOTHING", consumer, messageID, now)
+}
+
+// ForgetConsumed implements store.Inbox.
+func (s *Store) ForgetConsumed(table string, before time.Time, limit int) store.Query {
+	return s.ForgetConsumedByKey(`"`+table+`"`, before, limit)
+}
 
 // Upgrade implements store.Schema.
 func (s *Store) Upgrade(from int) string {

@@ -29,6 +29,8 @@ var (
 	upgrade2 string
 	//go:embed sqlite-upgrade-3.sql
 	upgrade3 string
+	//go:embed sqlite-inbox.sql
+	inbox string
 )
 
 func init() {
@@ -98,6 +100,21 @@ func (s *Store) Upgrade(from int) string {
 		return store.Rename(upgrade3, s.name)
 	}
 	return ""
+}
+
+// InboxSchema implements store.Inbox.
+func (s *Store) InboxSchema(table string) string { return store.RenameInbox(inbox, table) }
+
+// Consume implements store.Inbox. SQLite has one writer at a time: a second
+// transaction recording the same pair waits (busy_timeout) for the first to
+// end, then finds it or not.
+func (s *Store) Consume(table, consumer, messageID string, now time.Time) store.Query {
+	return s.InboxConsume("INSERT INTO", `"`+table+`"`, " ON CONFLICT DO NOTHING", consumer, messageID, now)
+}
+
+// ForgetConsumed implements store.Inbox.
+func (s *Store) ForgetConsumed(table string, before time.Time, limit int) store.Query {
+	return s.ForgetConsumedByKey(`"`+table+`"`, before, limit)
 }
 
 // Exists implements store.Schema.

@@ -1,0 +1,280 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gorm-outbox/outbox/internal/txhook"
+	"gorm.io/gorm"
+)
+
+// DefaultInboxTable is the inbox table's name when [Config.InboxTable] is
+// empty.
+const DefaultInboxTable = "outbox_inbox"
+
+// MaxInboxIDLen is the longest consumer name or message ID [Consume]
+// takes, in characters: the inbox columns' width.
+const MaxInboxIDLen = 255
+
+const (
+	defaultInboxRetention = 7 * 24 * time.Hour
+	// inboxForgetEvery is how often, at most, a process's Consume calls
+	// delete one batch of expired pairs.
+	inboxForgetEvery = time.Minute
+)
+
+// errConsumed ends the transaction of a message already consumed; Consume
+// turns it into nil.
+var errConsumed = errors.New("outbox: message already consumed")
+
+// Consume runs fn at most once per (consumer, messageID): the consumer side
+// of at-least-once delivery, where every message may arrive more than once
+// (a relay killed before it marked the event sent, a broker's redelivery, a
+// webhook retried after a lost response).
+//
+// It records the pair in the inbox table and runs fn in the same
+// transaction on db, or, when db already is a transaction, in a savepoint of
+// it (committed with it). So the pair commits together with fn's effect, or
+// neither does:
+//
+//   - a pair already recorded by a committed transaction: fn is not called
+//     and Consume returns nil, so the caller acknowledges the duplicate;
+//   - a second delivery while the first is still running waits for the
+//     first's outcome (the inbox key's lock), then returns nil if it
+//     committed, or runs fn if it rolled back;
+//   - fn returns an error or panics: nothing is recorded, the transaction
+//     rolls back, and the error (or the panic) reaches the caller, which
+//     should not acknowledge the message, so that it is delivered again.
+//
+// Acknowledge the message to the broker only after Consume returned nil:
+// the commit is then done. [Publish], [AfterCommit] and recorded model
+// events work inside fn as in any transaction, so what fn publishes onward
+// commits with the effect and never without it.
+//
+// An empty consumer or message ID, one longer than [MaxInboxIDLen]
+// characters, or one that is not valid UTF-8 or holds a NUL byte is an error
+// wrapping [ErrInvalidEvent], and fn is not called; a db without the plugin
+// is [ErrNotInstalled].
+//
+// Pairs are kept for [Config.InboxRetention] (7 days by default): a
+// redelivery later than that runs fn again, so the window must exceed the
+// longest a broker may redeliver. Consume itself deletes expired pairs,
+// one batch at most once a minute per process, after its transaction has
+// committed, whether or not the process runs a relay. In [Memory] mode the
+// pairs are kept in memory (the last 10,000 per Outbox), and lost with the
+// process.
+func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error) error {
+	if db == nil {
+		return ErrNotInstalled
+	}
+	o := fromDB(db)
+	if o == nil {
+		return ErrNotInstalled
+	}
+	if db.Error != nil {
+		return fmt.Errorf("outbox: consume on a failed statement: %w", db.Error)
+	}
+	if err := validInboxID("consumer", consumer); err != nil {
+		return err
+	}
+	if err := validInboxID("message ID", messageID); err != nil {
+		return err
+	}
+	if fn == nil {
+		return fmt.Errorf("%w: Consume needs a function to run", ErrInvalidEvent)
+	}
+	if o.noTable != nil {
+		return o.memInbox.consume(db, inboxKey{consumer, messageID}, o.inboxRetention, o.clock, fn)
+	}
+	err := db.Transaction(func(tx *gorm.DB) error {
+		q := o.store.Consume(o.inbox, consumer, messageID, o.now())
+		res, err := tx.Statement.ConnPool.ExecContext(dbContext(tx), q.SQL, q.Args...)
+		if err != nil {
+			return fmt.Errorf("outbox: record message %q of consumer %q in the inbox %s: %w", messageID, consumer, o.inbox, err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("outbox: record message %q of consumer %q in the inbox %s: %w", messageID, consumer, o.inbox, err)
+		} else if n == 0 {
+			return errConsumed
+		}
+		return fn(tx)
+	})
+	switch {
+	case errors.Is(err, errConsumed):
+		return nil
+	case err != nil:
+		return err
+	}
+	if _, inTx := txhook.Tracked(db.Statement.ConnPool); !inTx {
+		o.forgetConsumedSometimes(dbContext(db), db)
+	}
+	return nil
+}
+
+func validInboxID(what, s string) error {
+	switch {
+	case s == "":
+		return fmt.Errorf("%w: empty %s", ErrInvalidEvent, what)
+	case !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0:
+		return fmt.Errorf("%w: %s is not valid UTF-8 text without NUL bytes", ErrInvalidEvent, what)
+	case utf8.RuneCountInString(s) > MaxInboxIDLen:
+		return fmt.Errorf("%w: %s is %d characters long, longer than the inbox's %d", ErrInvalidEvent, what, utf8.RuneCountInString(s), MaxInboxIDLen)
+	}
+	return nil
+}
+
+// forgetConsumedSometimes deletes one batch of pairs older than the
+// retention window, at most once per inboxForgetEvery, and again on the
+// next call while batches come back full. A failure is logged, not
+// returned: the Consume that triggered it has committed.
+func (o *Outbox) forgetConsumedSometimes(ctx context.Context, db *gorm.DB) {
+	if o.inboxRetention == RetainForever {
+		return
+	}
+	now := o.now()
+	next := o.inboxForgetAt.Load()
+	if now.UnixNano() < next || !o.inboxForgetAt.CompareAndSwap(next, now.Add(inboxForgetEvery).UnixNano()) {
+		return
+	}
+	n, err := o.forgetConsumed(ctx, db)
+	switch {
+	case err != nil:
+		o.logger.WarnContext(ctx, "outbox: deleting expired inbox entries failed; will retry", slog.String("table", o.inbox), slog.Any("error", err))
+	case n >= o.limits.RetentionBatch:
+		o.inboxForgetAt.Store(0)
+	}
+}
+
+// forgetConsumed deletes one batch of pairs consumed before the retention
+// window and returns how many it deleted.
+func (o *Outbox) forgetConsumed(ctx context.Context, db *gorm.DB) (int, error) {
+	sqlDB, err := rawDB(db)
+	if err != nil {
+		return 0, err
+	}
+	q := o.store.ForgetConsumed(o.inbox, o.now().Add(-o.inboxRetention), o.limits.RetentionBatch)
+	res, err := sqlDB.ExecContext(context.WithoutCancel(ctx), q.SQL, q.Args...)
+	if err != nil {
+		return 0, fmt.Errorf("outbox: delete expired inbox entries: %w", err)
+	}
+	n, err := res.RowsAffected()
+	return int(n), err
+}
+
+type inboxKey struct{ consumer, message string }
+
+// memInbox is Memory mode's inbox: the pairs consumed, the last memoryKeys
+// of them, and the ones whose transaction is still running, which a second
+// delivery waits for.
+type memInbox struct {
+	mu   sync.Mutex
+	ents map[inboxKey]*inboxEntry
+	ring []inboxKey // consumed pairs, oldest evicted first
+	next int
+}
+
+type inboxEntry struct {
+	owner    *txhook.Tx    // the transaction consuming it; nil until it began
+	ended    chan struct{} // closed when that transaction has ended
+	once     sync.Once     // end runs once
+	consumed bool
+	at       time.Time
+}
+
+func (m *memInbox) consume(db *gorm.DB, key inboxKey, retention time.Duration, clock func() time.Time, fn func(tx *gorm.DB) error) error {
+	ctx := dbContext(db)
+	outer, _ := txhook.Tracked(db.Statement.ConnPool)
+	for {
+		m.mu.Lock()
+		if m.ents == nil {
+			m.ents = map[inboxKey]*inboxEntry{}
+			m.ring = make([]inboxKey, memoryKeys)
+		}
+		e := m.ents[key]
+		switch {
+		case e == nil, e.consumed && retention != RetainForever && clock().Sub(e.at) > retention:
+			e = &inboxEntry{ended: make(chan struct{})}
+			m.ents[key] = e
+			m.mu.Unlock()
+			return m.run(db, key, e, clock, fn)
+		case e.consumed, outer != nil && e.owner == outer:
+			// Consumed, or being consumed by this very transaction, as a
+			// second INSERT of the pair in one transaction finds it.
+			m.mu.Unlock()
+			return nil
+		}
+		ended := e.ended
+		m.mu.Unlock()
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (m *memInbox) run(db *gorm.DB, key inboxKey, e *inboxEntry, clock func() time.Time, fn func(tx *gorm.DB) error) (err error) {
+	tracked := false
+	defer func() {
+		// Not tracked: the transaction never began, nothing else ends the
+		// entry. Failed (or panicking) in a savepoint of the caller's
+		// transaction: the pair is not consumed, whatever the caller's
+		// transaction does next, as the rolled-back INSERT of the table
+		// modes is gone.
+		if !tracked || err != nil {
+			m.end(key, e)
+		}
+	}()
+	return db.Transaction(func(tx *gorm.DB) error {
+		t, _ := txhook.Tracked(tx.Statement.ConnPool)
+		if t == nil {
+			return ErrUntrackedTransaction
+		}
+		if !t.Finally(func() { m.end(key, e) }) {
+			return txhook.ErrFinished
+		}
+		tracked = true
+		m.mu.Lock()
+		e.owner = t
+		m.mu.Unlock()
+		// Dropped with the savepoint if fn's work is rolled back to it.
+		t.Add(nil, func() {
+			m.mu.Lock()
+			e.consumed, e.at = true, clock()
+			m.mu.Unlock()
+		})
+		return fn(tx)
+	})
+}
+
+// end runs once e's transaction has ended: a pair it did not consume is
+// forgotten, one it did is kept among the last memoryKeys, and whoever
+// waits on it looks again.
+func (m *memInbox) end(key inboxKey, e *inboxEntry) { e.once.Do(func() { m.ended(key, e) }) }
+
+func (m *memInbox) ended(key inboxKey, e *inboxEntry) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	defer close(e.ended)
+	if m.ents[key] != e {
+		return
+	}
+	if !e.consumed {
+		delete(m.ents, key)
+		return
+	}
+	if old := m.ring[m.next]; old != (inboxKey{}) {
+		if oe := m.ents[old]; oe != nil && oe.consumed {
+			delete(m.ents, old)
+		}
+	}
+	m.ring[m.next] = key
+	m.next = (m.next + 1) % len(m.ring)
+	e.owner = nil
+}

@@ -1,0 +1,360 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+)
+
+// inboxTests run on every backend, in the backend's table mode and in
+// Memory mode.
+var inboxTests = map[string]func(*testing.T, backend){
+	"ConsumeRunsOnce":                 forInboxModes(testConsumeOnce),
+	"ConsumeConcurrentDuplicates":     forInboxModes(testConsumeConcurrent),
+	"ConsumeWaitsForRolledBackFirst":  forInboxModes(testConsumeWaitsForFirst),
+	"ConsumeErrorAndPanicRecordNone":  forInboxModes(testConsumeErrorAndPanic),
+	"ConsumeTwoConsumersBothRun":      forInboxModes(testConsumeTwoConsumers),
+	"ConsumePublishCommitsWithEffect": forInboxModes(testConsumePublish),
+	"ConsumeInCallersTransaction":     forInboxModes(testConsumeInTransaction),
+	"ConsumeBadInput":                 forInboxModes(testConsumeBadInput),
+	"ConsumeRetention":                testConsumeRetention,
+	"ConsumeWithoutPlugin":            testConsumeWithoutPlugin,
+}
+
+// forInboxModes runs test on the backend's table mode and on Memory mode.
+func forInboxModes(test func(*testing.T, *testEnv)) func(*testing.T, backend) {
+	return func(t *testing.T, b backend) {
+		for _, mode := range []Mode{Persistent, Memory} {
+			t.Run(mode.String(), func(t *testing.T) {
+				test(t, b.setup(t, withConfig(Config{Mode: mode})))
+			})
+		}
+	}
+}
+
+// effects counts the business rows fn wrote for message id (Order.Total).
+func (e *testEnv) effects(total int) int64 {
+	e.t.Helper()
+	var n int64
+	require.NoError(e.t, e.db.Model(&Order{}).Where("total = ?", total).Count(&n).Error)
+	return n
+}
+
+// inboxRows counts the inbox's records of consumer, or all with "".
+func (e *testEnv) inboxRows(consumer string) int64 {
+	e.t.Helper()
+	if e.ob.Mode() == Memory {
+		e.ob.memInbox.mu.Lock()
+		defer e.ob.memInbox.mu.Unlock()
+		var n int64
+		for k, v := range e.ob.memInbox.ents {
+			if v.consumed && (consumer == "" || k.consumer == consumer) {
+				n++
+			}
+		}
+		return n
+	}
+	q := e.db.Table(e.ob.inbox)
+	if consumer != "" {
+		q = q.Where("consumer = ?", consumer)
+	}
+	var n int64
+	require.NoError(e.t, q.Count(&n).Error)
+	return n
+}
+
+// effect is a consumer's function: one business row of total.
+func effect(total int, calls *atomic.Int64) func(tx *gorm.DB) error {
+	return func(tx *gorm.DB) error {
+		calls.Add(1)
+		return tx.Create(&Order{Total: total}).Error
+	}
+}
+
+func testConsumeOnce(t *testing.T, e *testEnv) {
+	var calls atomic.Int64
+	for range 3 {
+		require.NoError(t, Consume(e.db, "billing", "msg-1", effect(101, &calls)))
+	}
+	assert.EqualValues(t, 1, calls.Load(), "fn runs once")
+	assert.EqualValues(t, 1, e.effects(101))
+	assert.EqualValues(t, 1, e.inboxRows("billing"))
+	// IDs are compared exactly: another case is another message.
+	require.NoError(t, Consume(e.db, "billing", "MSG-1", effect(101, &calls)))
+	assert.EqualValues(t, 2, calls.Load())
+}
+
+func testConsumeConcurrent(t *testing.T, e *testEnv) {
+	const n = 8
+	var (
+		calls atomic.Int64
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		errs  = make([]error, n)
+	)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			errs[i] = Consume(e.db, "billing", "msg-concurrent", func(tx *gorm.DB) error {
+				calls.Add(1)
+				if err := tx.Create(&Order{Total: 202}).Error; err != nil {
+					return err
+				}
+				// Hold the transaction open so that the others arrive
+				// while it runs.
+				time.Sleep(20 * time.Millisecond)
+				return nil
+			})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	for i, err := range errs {
+		assert.NoError(t, err, "delivery %d", i)
+	}
+	assert.EqualValues(t, 1, e.effects(202), "the effect is committed once")
+	assert.EqualValues(t, 1, calls.Load(), "fn runs once")
+	assert.EqualValues(t, 1, e.inboxRows("billing"))
+}
+
+// testConsumeWaitsForFirst: a second delivery arriving while the first
+// runs waits for it; the first rolls back, so the second runs fn, after the
+// first has ended.
+func testConsumeWaitsForFirst(t *testing.T, e *testEnv) {
+	started, release := make(chan struct{}), make(chan struct{})
+	firstEnded := make(chan struct{})
+	errFirst := errors.New("first delivery fails")
+	firstErr := make(chan error, 1)
+	go func() {
+		defer close(firstEnded)
+		firstErr <- Consume(e.db, "billing", "msg-wait", func(tx *gorm.DB) error {
+			if err := tx.Create(&Order{Total: 303}).Error; err != nil {
+				return err
+			}
+			close(started)
+			<-release
+			return errFirst
+		})
+	}()
+	select {
+	case <-started:
+	case err := <-firstErr:
+		t.Fatalf("first delivery ended before running fn: %v", err)
+	}
+	secondErr := make(chan error, 1)
+	var secondRanAfterFirst atomic.Bool
+	var secondCalls atomic.Int64
+	go func() {
+		secondErr <- Consume(e.db, "billing", "msg-wait", func(tx *gorm.DB) error {
+			secondCalls.Add(1)
+			select {
+			case <-firstEnded:
+				secondRanAfterFirst.Store(true)
+			default:
+			}
+			return tx.Create(&Order{Total: 303}).Error
+		})
+	}()
+	// The second is blocked behind the first: it must not finish first.
+	select {
+	case err := <-secondErr:
+		t.Fatalf("second delivery finished while the first still ran: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	require.ErrorIs(t, <-firstErr, errFirst)
+	require.NoError(t, <-secondErr)
+	assert.EqualValues(t, 1, secondCalls.Load())
+	assert.True(t, secondRanAfterFirst.Load(), "the second ran fn only after the first ended")
+	assert.EqualValues(t, 1, e.effects(303))
+	assert.EqualValues(t, 1, e.inboxRows("billing"))
+}
+
+func testConsumeErrorAndPanic(t *testing.T, e *testEnv) {
+	boom := errors.New("handler failed")
+	err := Consume(e.db, "billing", "msg-err", func(tx *gorm.DB) error {
+		if err := tx.Create(&Order{Total: 404}).Error; err != nil {
+			return err
+		}
+		return boom
+	})
+	require.ErrorIs(t, err, boom)
+	assert.EqualValues(t, 0, e.inboxRows(""), "nothing recorded after an error")
+	assert.EqualValues(t, 0, e.effects(404))
+
+	func() {
+		defer func() { assert.Equal(t, "handler panicked", recover()) }()
+		_ = Consume(e.db, "billing", "msg-err", func(tx *gorm.DB) error {
+			if err := tx.Create(&Order{Total: 404}).Error; err != nil {
+				return err
+			}
+			panic("handler panicked")
+		})
+		t.Error("Consume returned from a panicking fn")
+	}()
+	assert.EqualValues(t, 0, e.inboxRows(""), "nothing recorded after a panic")
+	assert.EqualValues(t, 0, e.effects(404))
+
+	// The redelivery runs fn.
+	var calls atomic.Int64
+	require.NoError(t, Consume(e.db, "billing", "msg-err", effect(404, &calls)))
+	assert.EqualValues(t, 1, calls.Load())
+	assert.EqualValues(t, 1, e.effects(404))
+}
+
+func testConsumeTwoConsumers(t *testing.T, e *testEnv) {
+	var a, b atomic.Int64
+	require.NoError(t, Consume(e.db, "billing", "msg-shared", effect(505, &a)))
+	require.NoError(t, Consume(e.db, "shipping", "msg-shared", effect(505, &b)))
+	require.NoError(t, Consume(e.db, "shipping", "msg-shared", effect(505, &b)))
+	assert.EqualValues(t, 1, a.Load())
+	assert.EqualValues(t, 1, b.Load())
+	assert.EqualValues(t, 2, e.effects(505))
+}
+
+// testConsumePublish: what fn publishes onward commits with the effect and
+// the record, never without them, and a duplicate publishes nothing.
+func testConsumePublish(t *testing.T, e *testEnv) {
+	var delivered atomic.Int64
+	e.ob.Handle("order.shipped", func(context.Context, Event) error { delivered.Add(1); return nil })
+	onward := func(fail bool) func(tx *gorm.DB) error {
+		return func(tx *gorm.DB) error {
+			if err := tx.Create(&Order{Total: 606}).Error; err != nil {
+				return err
+			}
+			if err := Publish(tx, Event{Type: "order.shipped", Payload: map[string]int{"total": 606}}); err != nil {
+				return err
+			}
+			if fail {
+				return errors.New("fails after publishing")
+			}
+			return nil
+		}
+	}
+	require.Error(t, Consume(e.db, "shipping", "msg-onward", onward(true)))
+	assert.EqualValues(t, 0, e.onward(), "no onward event without the effect")
+	require.NoError(t, Consume(e.db, "shipping", "msg-onward", onward(false)))
+	require.NoError(t, Consume(e.db, "shipping", "msg-onward", onward(false)))
+	assert.EqualValues(t, 1, e.effects(606))
+	if e.ob.Mode() == Memory {
+		assert.EqualValues(t, 1, delivered.Load(), "the onward event is dispatched once, after the commit")
+		return
+	}
+	assert.EqualValues(t, 1, e.onward(), "one onward event")
+}
+
+// onward counts the order.shipped events in the table (Persistent mode).
+func (e *testEnv) onward() int64 {
+	if e.ob.Mode() == Memory {
+		return 0
+	}
+	return e.count("event_type = ?", "order.shipped")
+}
+
+// testConsumeInTransaction: in the caller's transaction the record commits
+// and rolls back with it; a second Consume of the pair in the same
+// transaction skips fn.
+func testConsumeInTransaction(t *testing.T, e *testEnv) {
+	var calls atomic.Int64
+	outerFails := errors.New("outer transaction fails")
+	err := e.db.Transaction(func(tx *gorm.DB) error {
+		require.NoError(t, Consume(tx, "billing", "msg-tx", effect(707, &calls)))
+		return outerFails
+	})
+	require.ErrorIs(t, err, outerFails)
+	assert.EqualValues(t, 0, e.inboxRows(""), "rolled back with the caller's transaction")
+	assert.EqualValues(t, 0, e.effects(707))
+
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+		if err := Consume(tx, "billing", "msg-tx", effect(707, &calls)); err != nil {
+			return err
+		}
+		return Consume(tx, "billing", "msg-tx", effect(707, &calls))
+	}))
+	assert.EqualValues(t, 2, calls.Load(), "once per transaction that committed or not, never twice in one")
+	assert.EqualValues(t, 1, e.effects(707))
+	assert.EqualValues(t, 1, e.inboxRows("billing"))
+
+	// fn failing inside the caller's transaction rolls back to the
+	// savepoint: the caller's own work survives, the pair is not recorded.
+	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Create(&Order{Total: 708}).Error; err != nil {
+			return err
+		}
+		err := Consume(tx, "billing", "msg-tx-2", func(tx *gorm.DB) error {
+			if err := tx.Create(&Order{Total: 709}).Error; err != nil {
+				return err
+			}
+			return errors.New("fn fails")
+		})
+		require.Error(t, err)
+		return nil
+	}))
+	assert.EqualValues(t, 1, e.effects(708))
+	assert.EqualValues(t, 0, e.effects(709))
+	require.NoError(t, Consume(e.db, "billing", "msg-tx-2", effect(709, &calls)))
+	assert.EqualValues(t, 1, e.effects(709), "the pair was not recorded: the redelivery runs")
+}
+
+func testConsumeBadInput(t *testing.T, e *testEnv) {
+	var calls atomic.Int64
+	fn := effect(808, &calls)
+	long := strings.Repeat("é", MaxInboxIDLen+1)
+	for _, c := range []struct{ consumer, message string }{
+		{"", "m"}, {"c", ""}, {long, "m"}, {"c", long}, {"c", "bad\xff"}, {"c", "nul\x00"},
+	} {
+		err := Consume(e.db, c.consumer, c.message, fn)
+		assert.ErrorIs(t, err, ErrInvalidEvent, "consumer %q message %q", c.consumer, c.message)
+	}
+	assert.ErrorIs(t, Consume(e.db, "c", "m", nil), ErrInvalidEvent)
+	assert.EqualValues(t, 0, calls.Load())
+	// The longest accepted fits the column on every database.
+	require.NoError(t, Consume(e.db, strings.Repeat("é", MaxInboxIDLen), strings.Repeat("ü", MaxInboxIDLen), fn))
+	assert.EqualValues(t, 1, calls.Load())
+}
+
+func testConsumeWithoutPlugin(t *testing.T, b backend) {
+	db := b.open(t, &gorm.Config{})
+	fn := func(*gorm.DB) error { t.Error("fn ran without the plugin"); return nil }
+	assert.ErrorIs(t, Consume(db, "c", "m", fn), ErrNotInstalled)
+	assert.ErrorIs(t, db.Transaction(func(tx *gorm.DB) error { return Consume(tx, "c", "m", fn) }), ErrNotInstalled)
+	assert.ErrorIs(t, Consume(nil, "c", "m", fn), ErrNotInstalled)
+}
+
+// testConsumeRetention: pairs older than InboxRetention are deleted by a
+// later Consume, and a redelivery after the window runs fn again;
+// RetainForever deletes none.
+func testConsumeRetention(t *testing.T, b backend) {
+	for _, keep := range []time.Duration{time.Hour, RetainForever} {
+		t.Run(fmt.Sprint(keep), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{InboxRetention: keep}))
+			var calls atomic.Int64
+			require.NoError(t, Consume(e.db, "billing", "old", effect(909, &calls)))
+			e.clock.Advance(2 * time.Hour)
+			e.ob.inboxForgetAt.Store(0) // the first Consume set the once-a-minute gate
+			require.NoError(t, Consume(e.db, "billing", "new", effect(910, &calls)))
+			var left []string
+			require.NoError(t, e.db.Table(e.ob.inbox).Order("message_id").Pluck("message_id", &left).Error)
+			if keep == RetainForever {
+				assert.Equal(t, []string{"new", "old"}, left)
+				require.NoError(t, Consume(e.db, "billing", "old", effect(909, &calls)))
+				assert.EqualValues(t, 2, calls.Load(), "kept: the redelivery is a duplicate")
+				return
+			}
+			assert.Equal(t, []string{"new"}, left, "the expired pair is deleted")
+			require.NoError(t, Consume(e.db, "billing", "old", effect(909, &calls)))
+			assert.EqualValues(t, 3, calls.Load(), "a redelivery after the window runs fn again")
+		})
+	}
+}

@@ -1,0 +1,16 @@
+-- The inbox table for SQLite, as db.Use creates it unless
+-- Config.DisableAutoMigrate is set: the messages each consumer has consumed
+-- (outbox.Consume records the pair in the transaction of its effect). For
+-- another name, replace every outbox_inbox (outbox.InboxSchemaSQL does this
+-- for you).
+CREATE TABLE IF NOT EXISTS "outbox_inbox" (
+    consumer    TEXT     NOT NULL,
+    message_id  TEXT     NOT NULL,
+    consumed_at DATETIME NOT NULL,
+    PRIMARY KEY (consumer, message_id)
+) WITHOUT ROWID;
+
+-- Retention deletes the pairs consumed before its window, oldest first, in
+-- small batches.
+CREATE INDEX IF NOT EXISTS "outbox_inbox_consumed_idx"
+    ON "outbox_inbox" (consumed_at);
