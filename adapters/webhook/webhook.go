@@ -35,6 +35,9 @@
 // Every attempt is signed afresh, so a retry is never stale; receivers check
 // the signature and the timestamp's age with [Verify], which defeats
 // replays older than its max age, and deduplicate by event ID within it.
+// A Go receiver with the outbox plugin on its database can mount a
+// [Consumer] ([NewConsumer]) instead: it verifies, applies each event once
+// through the inbox and answers with the status codes the Sender expects.
 //
 // # Outcome
 //
