@@ -154,23 +154,36 @@ func New(cfg Config) (*Publisher, error) {
 	if p.routingKey == nil {
 		p.routingKey = func(e outbox.Event) string { return e.Type }
 	}
-	if _, err := amqp.ParseURI(p.url); err != nil {
+	var err error
+	if p.amqpCfg, err = dialConfig(cfg, p.url, DefaultConnectionName); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// dialConfig checks cfg's connection settings (url is its URL with the
+// default applied) and returns the amqp.Config to dial with: cfg.AMQP with
+// a copy of its properties that names the connection (cfg.ConnectionName,
+// else defaultName). [New] and [NewConsumer] share it.
+func dialConfig(cfg Config, url, defaultName string) (amqp.Config, error) {
+	if _, err := amqp.ParseURI(url); err != nil {
 		// The URI may hold a password; ParseURI's error does not echo it.
-		return nil, fmt.Errorf("outbox/rabbitmq: invalid URL: %w", err)
+		return amqp.Config{}, fmt.Errorf("outbox/rabbitmq: invalid URL: %w", err)
 	}
 	if cfg.AMQP.Recovery != nil {
-		return nil, errors.New("outbox/rabbitmq: AMQP.Recovery must be nil (the Publisher reconnects on its own; the library's recovery would race with it)")
+		return amqp.Config{}, errors.New("outbox/rabbitmq: AMQP.Recovery must be nil (the Publisher and the Consumer reconnect on their own; the library's recovery would race with them)")
 	}
+	ac := cfg.AMQP
 	// Copy the properties so that the caller's map is never written to.
 	props := amqp.Table{}
 	for k, v := range cfg.AMQP.Properties {
 		props[k] = v
 	}
 	if _, ok := props["connection_name"]; !ok {
-		props["connection_name"] = cmp.Or(cfg.ConnectionName, DefaultConnectionName)
+		props["connection_name"] = cmp.Or(cfg.ConnectionName, defaultName)
 	}
-	p.amqpCfg.Properties = props
-	return p, nil
+	ac.Properties = props
+	return ac, nil
 }
 
 // Handler returns the outbox handler that publishes each event it receives;
