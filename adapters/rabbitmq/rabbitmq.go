@@ -1,4 +1,5 @@
-// Package rabbitmq publishes outbox events to RabbitMQ.
+// Package rabbitmq publishes outbox events to RabbitMQ, and consumes them
+// through the inbox ([Consumer]).
 //
 // Delivery is at least once: an event counts as delivered only after the
 // broker has confirmed it (publisher confirms), and the relay publishes it
@@ -29,6 +30,11 @@
 // [outbox.Unavailable]: the relay hands the event back without counting an
 // attempt and pauses delivery until the broker takes messages again. A nack
 // or a return is about the message and is retried with backoff.
+//
+// On the consuming side a [Consumer] reads a queue and runs each message's
+// effect through [outbox.Consume], so that it commits once per consumer
+// and message ID, and acknowledges the message only after the commit: see
+// [NewConsumer] and [Consumer.Run].
 package rabbitmq
 
 import (
