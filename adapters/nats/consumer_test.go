@@ -516,3 +516,49 @@ func TestNewConsumerInvalidConfig(t *testing.T) {
 	require.Error(t, err)
 	assert.ErrorIs(t, err, jetstream.ErrStreamNotFound)
 }
+
+// TestConsumerRecreatesDeletedDurable deletes the durable under a running
+// consumer: Run creates it again, and the new durable, which starts from
+// the stream's first message again, finds the consumed one in the inbox.
+func TestConsumerRecreatesDeletedDurable(t *testing.T) {
+	t.Parallel()
+	env := newConsumerEnv(t)
+	var calls atomic.Int32
+	cfg := env.config(func(ctx context.Context, tx *gorm.DB, m outboxnats.Message) error {
+		calls.Add(1)
+		return effect(tx, m, "")
+	})
+	env.run(env.newConsumer(cfg))
+	env.publish(event("evt-before"))
+	env.waitSettled(cfg.Consumer, 1)
+	require.NoError(t, env.js.DeleteConsumer(t.Context(), env.name, cfg.Consumer))
+	env.publish(event("evt-after"))
+	info := env.waitSettled(cfg.Consumer, 2)
+	assert.EqualValues(t, 2, info.Delivered.Consumer, "the new durable delivered both messages")
+	assert.EqualValues(t, 2, calls.Load(), "the first one is skipped as consumed")
+	assert.EqualValues(t, 2, env.effects())
+}
+
+// TestConsumerBrokerOutage restarts a test-owned server under a running
+// consumer: Run rides the outage out and consumes what is published after.
+func TestConsumerBrokerOutage(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	nc, js := connectWith(t, srv.url(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
+	createStream(t, js, "CONSUMER_OUTAGE", "consumer_outage.>")
+	db, _ := openDB(t)
+	require.NoError(t, db.Exec("CREATE TABLE effects (message_id TEXT NOT NULL, note TEXT)").Error)
+	env := &consumerEnv{t: t, nc: nc, js: js, name: "CONSUMER_OUTAGE", prefix: "consumer_outage", db: db, log: &syncBuffer{}}
+	cfg := env.config(func(ctx context.Context, tx *gorm.DB, m outboxnats.Message) error { return effect(tx, m, "") })
+	cfg.FetchMaxWait = 500 * time.Millisecond
+	env.run(env.newConsumer(cfg))
+	env.publish(event("evt-1"))
+	env.waitSettled(cfg.Consumer, 1)
+
+	srv.stop()
+	srv.start()
+	h := newPublisher(t, js, outboxnats.Config{SubjectPrefix: "consumer_outage.", Timeout: time.Second}).Handler()
+	require.Eventually(t, func() bool { return h(t.Context(), event("evt-2")) == nil }, 30*time.Second, 50*time.Millisecond, "publish after the restart")
+	require.Eventually(t, func() bool { return env.effects() == 2 }, 30*time.Second, 20*time.Millisecond, "consumed after the restart")
+	env.waitSettled(cfg.Consumer, 2)
+}

@@ -1,4 +1,6 @@
-// Package nats publishes outbox events to NATS JetStream.
+// Package nats publishes outbox events to NATS JetStream, and, with a
+// [Consumer], applies the messages of a durable pull consumer to a database
+// once each through the outbox inbox ([outbox.Consume]).
 //
 // Delivery guarantee: effectively once within the stream's duplicate window
 // (each message carries Nats-Msg-Id = event ID, so JetStream drops re-sends),
