@@ -1,4 +1,6 @@
-// Package redis appends outbox events to Redis streams with XADD.
+// Package redis appends outbox events to Redis streams with XADD, and reads
+// them back through a consumer group with [Consumer], which applies each
+// entry once with [outbox.Consume] and acknowledges it after the commit.
 //
 // Delivery guarantee: at least once; a retried XADD (after a lost reply, a
 // relay crash before "mark sent", or the client's own retry) appends a second
