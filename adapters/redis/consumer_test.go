@@ -489,6 +489,7 @@ func TestNewConsumerInvalidConfig(t *testing.T) {
 	}{
 		"no plugin":       {db: bare},
 		"no consumer":     {cfg: func(c *outboxredis.ConsumerConfig) { c.Consumer = "" }},
+		"long consumer":   {cfg: func(c *outboxredis.ConsumerConfig) { c.Consumer = strings.Repeat("x", outbox.MaxInboxIDLen+1) }},
 		"no handle":       {cfg: func(c *outboxredis.ConsumerConfig) { c.Handle = nil }},
 		"no stream":       {cfg: func(c *outboxredis.ConsumerConfig) { c.Stream = "" }},
 		"no group":        {cfg: func(c *outboxredis.ConsumerConfig) { c.Group = "" }},
