@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,11 +16,13 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/gorm-outbox/outbox/wire"
 )
 
@@ -104,10 +107,17 @@ type consumerRig struct {
 	name  string // the inbox's consumer name, shared by the rig's consumers
 }
 
-func newConsumerRig(t *testing.T, queueArgs amqp.Table) *consumerRig {
+func newConsumerRig(t *testing.T) *consumerRig {
+	t.Helper()
+	return newConsumerRigOn(t, consumerDB(t))
+}
+
+// newConsumerRigOn is a rig whose consumers record in db (which has the
+// plugin and the effects table).
+func newConsumerRigOn(t *testing.T, db *gorm.DB) *consumerRig {
 	t.Helper()
 	f := newFixture(t)
-	return &consumerRig{fixture: f, queue: f.queue("#", queueArgs), db: consumerDB(t), logs: &logRecorder{}, name: randomName("consumer-")}
+	return &consumerRig{fixture: f, queue: f.queue("#", nil), db: db, logs: &logRecorder{}, name: randomName("consumer-")}
 }
 
 // consumer returns a Consumer of the rig's queue; cfg's zero fields get the
@@ -294,7 +304,7 @@ func TestNewConsumerChecksConfig(t *testing.T) {
 // acknowledged (none is left on the queue once the consumer stopped).
 func TestConsumerCommitsThenAcks(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	p := r.publisher(Config{})
 	var (
 		mu   sync.Mutex
@@ -344,7 +354,10 @@ func TestConsumerCommitsThenAcks(t *testing.T) {
 // acknowledged.
 func TestConsumerDuplicateDelivery(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	duplicateDelivery(t, newConsumerRig(t))
+}
+
+func duplicateDelivery(t *testing.T, r *consumerRig) {
 	p := r.publisher(Config{})
 	var calls atomic.Int32
 	c := r.consumer(Config{}, ConsumerConfig{Handle: func(_ context.Context, tx *gorm.DB, m Message) error {
@@ -370,7 +383,7 @@ func TestConsumerDuplicateDelivery(t *testing.T) {
 // succeeds then.
 func TestConsumerRequeuesAfterDelay(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	p := r.publisher(Config{})
 	const delay = 200 * time.Millisecond
 	var (
@@ -418,7 +431,7 @@ func TestConsumerRequeuesAfterDelay(t *testing.T) {
 // delay, and the waiting message goes back to the queue.
 func TestConsumerRequeueDelayHoldsOneSlot(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	p := r.publisher(Config{})
 	c := r.consumer(Config{}, ConsumerConfig{Prefetch: 2, RequeueDelay: time.Hour, Handle: func(_ context.Context, tx *gorm.DB, m Message) error {
 		if m.Event.ID == "evt-stuck" {
@@ -449,7 +462,7 @@ func TestConsumerRequeueDelayHoldsOneSlot(t *testing.T) {
 // identifiers only.
 func TestConsumerPermanentDeadLetters(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	args, dead := r.deadLettered()
 	q := r.fixture.queue("#", args)
 	p := r.publisher(Config{})
@@ -486,7 +499,7 @@ func TestConsumerPermanentDeadLetters(t *testing.T) {
 // not decode never reach Handle and are dead-lettered.
 func TestConsumerRejectsUnusableMessages(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	args, dead := r.deadLettered()
 	q := r.fixture.queue("#", args)
 	var calls atomic.Int32
@@ -515,7 +528,7 @@ func TestConsumerRejectsUnusableMessages(t *testing.T) {
 // by their AMQP message-id property.
 func TestConsumerForeignMessageID(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	var (
 		calls atomic.Int32
 		a     acks
@@ -552,7 +565,10 @@ func (c *Consumer) currentConn() *amqp.Connection {
 // inbox skips Handle and which acknowledges it.
 func TestConsumerCrashBetweenCommitAndAck(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	crashBetweenCommitAndAck(t, newConsumerRig(t))
+}
+
+func crashBetweenCommitAndAck(t *testing.T, r *consumerRig) {
 	p := r.publisher(Config{})
 	var calls atomic.Int32
 	handle := func(_ context.Context, tx *gorm.DB, m Message) error {
@@ -600,7 +616,7 @@ func TestConsumerCrashBetweenCommitAndAck(t *testing.T) {
 // published afterwards is consumed on the new connection.
 func TestConsumerReconnects(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	p := r.publisher(Config{})
 	var calls atomic.Int32
 	c := r.consumer(Config{}, ConsumerConfig{Handle: func(_ context.Context, tx *gorm.DB, m Message) error {
@@ -641,7 +657,7 @@ func TestConsumerReconnects(t *testing.T) {
 // broker is back.
 func TestConsumerWaitsForBroker(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	p := r.publisher(Config{})
 	var o outage
 	o.down.Store(true)
@@ -666,9 +682,78 @@ func TestConsumerWaitsForBroker(t *testing.T) {
 // TestConsumerRunTwice: one Consumer runs once at a time.
 func TestConsumerRunTwice(t *testing.T) {
 	t.Parallel()
-	r := newConsumerRig(t, nil)
+	r := newConsumerRig(t)
 	c := r.consumer(Config{}, ConsumerConfig{Handle: func(context.Context, *gorm.DB, Message) error { return nil }})
 	run(t, c)
 	require.Eventually(t, func() bool { return c.currentConn() != nil }, 10*time.Second, 5*time.Millisecond)
 	require.ErrorContains(t, c.Run(t.Context()), "already running")
+}
+
+// TestConsumerPostgres runs the duplicate and the crash between commit and
+// ack with the inbox on PostgreSQL, in a schema of its own, when
+// OUTBOX_TEST_POSTGRES_DSN is set.
+func TestConsumerPostgres(t *testing.T) {
+	t.Parallel()
+	dsn := os.Getenv("OUTBOX_TEST_POSTGRES_DSN")
+	if dsn == "" {
+		t.Skip("OUTBOX_TEST_POSTGRES_DSN is not set")
+	}
+	open := func(t *testing.T) *gorm.DB {
+		admin, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			if s, err := admin.DB(); err == nil {
+				_ = s.Close()
+			}
+		})
+		schema := randomName("t_consumer_")
+		require.NoError(t, admin.Exec("CREATE SCHEMA "+schema).Error)
+		t.Cleanup(func() { _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE").Error })
+		sep := "?"
+		if strings.Contains(dsn, "?") {
+			sep = "&"
+		}
+		db, _ := outboxtest.Open(t, postgres.Open(dsn+sep+"search_path="+schema), outbox.Config{})
+		require.NoError(t, db.Exec("CREATE TABLE effects (message_id TEXT PRIMARY KEY)").Error)
+		return db
+	}
+	t.Run("duplicate", func(t *testing.T) {
+		t.Parallel()
+		duplicateDelivery(t, newConsumerRigOn(t, open(t)))
+	})
+	t.Run("crash between commit and ack", func(t *testing.T) {
+		t.Parallel()
+		crashBetweenCommitAndAck(t, newConsumerRigOn(t, open(t)))
+	})
+}
+
+// TestConsumerHandlerPanic: a panicking Handle rolls its transaction back
+// and the message is requeued like after an error, without bringing the
+// consumer down.
+func TestConsumerHandlerPanic(t *testing.T) {
+	t.Parallel()
+	r := newConsumerRig(t)
+	p := r.publisher(Config{})
+	var calls atomic.Int32
+	c := r.consumer(Config{}, ConsumerConfig{Handle: func(_ context.Context, tx *gorm.DB, m Message) error {
+		if err := applyEffect(tx, m); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			panic("simulated bug")
+		}
+		return nil
+	}})
+	var a acks
+	c.beforeAck = a.hook
+	rn := run(t, c)
+	require.NoError(t, p.Publish(t.Context(), testEvent("evt-panic")))
+	a.waitFor(t, 1)
+	rn.stop(t)
+	assert.Equal(t, int32(2), calls.Load())
+	assert.Equal(t, []string{"evt-panic"}, effects(t, r.db), "the panicking attempt's effect rolled back")
+	errs := r.logs.find(slog.LevelError, "handler panicked")
+	require.Len(t, errs, 1)
+	assert.Contains(t, errs[0], "simulated bug")
+	assert.Zero(t, r.settled(r.queue))
 }
