@@ -552,7 +552,8 @@ func TestConsumerForeignMessageID(t *testing.T) {
 	assert.Zero(t, r.settled(r.queue))
 }
 
-// conn returns the consumer's current connection, nil between sessions.
+// currentConn returns the consumer's current connection, nil between
+// sessions: the hook through which tests cut it.
 func (c *Consumer) currentConn() *amqp.Connection {
 	c.mu.Lock()
 	defer c.mu.Unlock()
