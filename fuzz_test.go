@@ -727,7 +727,8 @@ func canonNumber(s string) string {
 var tableNameRule = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,39}$`)
 
 func validTableName(s string) bool {
-	return tableNameRule.MatchString(s) && !strings.HasPrefix(strings.ToLower(s)+"_", "sqlite_")
+	return tableNameRule.MatchString(s) && !strings.HasPrefix(strings.ToLower(s)+"_", "sqlite_") &&
+		!strings.EqualFold(s, outbox.DefaultInboxTable) // the inbox's, with InboxTable left at its default
 }
 
 // FuzzTableName installs the plugin with a fuzzed Config.Table. A name the
@@ -740,7 +741,7 @@ func FuzzTableName(f *testing.F) {
 		"outbox_events", "custom_outbox", "_", "a", "A1_b2", "events_2026",
 		"", `x"; DROP TABLE fuzz_sentinel; --`, "1abc", "a b", "a.b", "a-b", "é", "x\x00", "x;", "x'", "`x`", "[x]",
 		strings.Repeat("a", 40), strings.Repeat("a", 41), strings.Repeat("a", 64),
-		"order", "user", "select", "MyTable", "sqlite_x", "SQLITE_x",
+		"order", "user", "select", "MyTable", "sqlite_x", "SQLITE_x", "outbox_inbox", "OUTBOX_INBOX",
 	} {
 		f.Add(s)
 	}
@@ -769,6 +770,7 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 	err := db.Use(outbox.Plugin(outbox.Config{Table: name, Logger: slog.New(slog.DiscardHandler)}))
 	if valid {
 		defer dropTable(t, fdb, want)
+		defer dropTable(t, fdb, outbox.DefaultInboxTable)
 	}
 	switch {
 	case !valid:
@@ -786,7 +788,8 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 	}
 	tables := listTables(t, fdb)
 	// sqlite_sequence: SQLite's own, for the AUTOINCREMENT seq.
-	extra := slicesWithout(tables, "fuzz_sentinel", "sqlite_sequence", want, strings.ToLower(want))
+	// The inbox table: db.Use creates it beside the outbox table.
+	extra := slicesWithout(tables, "fuzz_sentinel", "sqlite_sequence", want, strings.ToLower(want), outbox.DefaultInboxTable)
 	require.Empty(t, extra, "%s: unexpected tables after %q", fdb.name, name)
 	var n int64
 	require.NoError(t, fdb.sqlDB.Raw("SELECT count(*) FROM fuzz_sentinel").Scan(&n).Error, "%s: the sentinel table is gone after %q", fdb.name, name)

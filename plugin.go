@@ -71,7 +71,8 @@ type Config struct {
 	// ASCII letters, digits and underscores, not starting with a digit, at
 	// most 40 bytes (so that the index, constraint and NOTIFY channel names
 	// derived from it stay within PostgreSQL's 63), and neither "sqlite"
-	// nor starting with "sqlite_" (reserved by SQLite). It is quoted in
+	// nor starting with "sqlite_" (reserved by SQLite), nor the inbox's
+	// name (InboxTable, in any case). It is quoted in
 	// every statement, so capitals and SQL keywords are kept as they are.
 	// Anything else is an error from db.Use. Defaults to "outbox_events".
 	Table string
