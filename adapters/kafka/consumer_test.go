@@ -121,38 +121,58 @@ func start(t *testing.T, cons *kafka.Consumer) *running {
 }
 
 // committed returns the group's committed offset of each partition of
-// topic (-1: none).
+// topic (-1 or absent: none).
 func committed(t *testing.T, c *kfake.Cluster, group, topic string) map[int32]int64 {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
-	require.NoError(t, err)
-	defer cl.Close()
-	req := kmsg.NewPtrOffsetFetchRequest()
-	req.Group = group
-	rt := kmsg.NewOffsetFetchRequestTopic()
-	rt.Topic = topic
-	for _, p := range c.PartitionInfos(topic) {
-		rt.Partitions = append(rt.Partitions, p.Partition)
-	}
-	req.Topics = append(req.Topics, rt)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	resp, err := req.RequestWith(ctx, cl)
+	off, err := groupOffsets(ctx, c.ListenAddrs(), group, topic)
 	require.NoError(t, err)
+	return off
+}
+
+// groupOffsets asks the brokers for group's committed offsets on topic's
+// partitions (-1 or absent: none).
+func groupOffsets(ctx context.Context, seeds []string, group, topic string) (map[int32]int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(seeds...))
+	if err != nil {
+		return nil, err
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = group // Topics nil: every topic the group committed to
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
 	out := map[int32]int64{}
 	for _, g := range resp.Groups {
 		for _, rt := range g.Topics {
 			for _, p := range rt.Partitions {
-				out[p.Partition] = p.Offset
+				if rt.Topic == topic {
+					out[p.Partition] = p.Offset
+				}
 			}
 		}
 	}
 	for _, rt := range resp.Topics {
 		for _, p := range rt.Partitions {
+			if rt.Topic != topic {
+				continue
+			}
 			out[p.Partition] = p.Offset
 		}
 	}
-	return out
+	return out, nil
+}
+
+// sum adds the committed offsets (none counts as 0).
+func sum(off map[int32]int64) int64 {
+	var n int64
+	for _, o := range off {
+		n += max(o, 0)
+	}
+	return n
 }
 
 // allCommitted reports whether the group committed every partition of
@@ -427,7 +447,8 @@ func TestConsumerCrashBeforeAck(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int{"crash-1": 1}, effects(t, db), "the transaction committed")
 	assert.EqualValues(t, 1, calls.Load())
-	assert.Equal(t, int64(-1), committed(t, c, "g", "crash")[0], "the offset was not")
+	off, ok := committed(t, c, "g", "crash")[0]
+	assert.True(t, !ok || off == -1, "the offset was not committed: %d", off)
 
 	var redelivered atomic.Int32
 	second := newConsumer(t, db, c, kafka.ConsumerConfig{Topics: []string{"crash"}, Handle: handle})
@@ -445,9 +466,11 @@ func TestConsumerCrashBeforeAck(t *testing.T) {
 }
 
 // TestConsumerRebalance: a second member joins while the first is
-// consuming, and the first leaves later: every event's effect is committed
-// exactly once, every offset ends committed, and each aggregate's first
-// handlings are in order.
+// consuming, and the first leaves later (its partitions move, with what it
+// finished committed on the way): every event's effect is committed
+// exactly once, every offset ends committed, each aggregate's first
+// handlings are in order, and the second member handled the events
+// produced after the first left.
 func TestConsumerRebalance(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
@@ -457,7 +480,17 @@ func TestConsumerRebalance(t *testing.T) {
 	seen := map[string]bool{}
 	last := map[string]int{}
 	var outOfOrder []string
-	handle := func(_ context.Context, tx *gorm.DB, m kafka.Message) error {
+	var handleOnce func(context.Context, *gorm.DB, kafka.Message) error
+	by := map[string]int{}
+	handle := func(member string) func(context.Context, *gorm.DB, kafka.Message) error {
+		return func(ctx context.Context, tx *gorm.DB, m kafka.Message) error {
+			mu.Lock()
+			by[member]++
+			mu.Unlock()
+			return handleOnce(ctx, tx, m)
+		}
+	}
+	handleOnce = func(_ context.Context, tx *gorm.DB, m kafka.Message) error {
 		mu.Lock()
 		var seq struct{ Seq int }
 		_ = m.Event.DecodePayload(&seq)
@@ -476,13 +509,15 @@ func TestConsumerRebalance(t *testing.T) {
 	for i := range n {
 		events = append(events, testEvent(fmt.Sprintf("reb-%02d", i), fmt.Sprint(i%6), i))
 	}
-	publish(t, p, events[:n/2]...)
-	a := start(t, newConsumer(t, db, c, kafka.ConsumerConfig{Handle: handle}))
+	publish(t, p, events[:n/3]...)
+	a := start(t, newConsumer(t, db, c, kafka.ConsumerConfig{Handle: handle("a")}))
 	waitFor(t, 20*time.Second, "the first member consuming", func() bool { return len(effects(t, db)) > 0 })
-	start(t, newConsumer(t, db, c, kafka.ConsumerConfig{Handle: handle}))
-	publish(t, p, events[n/2:]...)
-	waitFor(t, 20*time.Second, "more effects", func() bool { return len(effects(t, db)) >= n*3/4 })
+	start(t, newConsumer(t, db, c, kafka.ConsumerConfig{Handle: handle("b")}))
+	publish(t, p, events[n/3:2*n/3]...)
+	waitFor(t, 20*time.Second, "more effects", func() bool { return len(effects(t, db)) >= n/2 })
 	require.NoError(t, a.stop(t))
+	// Only the second member is left for these.
+	publish(t, p, events[2*n/3:]...)
 
 	waitFor(t, 30*time.Second, "every offset committed", func() bool { return allCommitted(t, c, "g", kafka.DefaultTopic) })
 	want := map[string]int{}
@@ -493,6 +528,8 @@ func TestConsumerRebalance(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	assert.Empty(t, outOfOrder)
+	assert.Positive(t, by["a"])
+	assert.Positive(t, by["b"], "partitions moved to the second member")
 }
 
 // TestNewConsumerInvalid: configuration errors wrap ErrInvalidConfig.
@@ -523,4 +560,51 @@ func TestNewConsumerInvalid(t *testing.T) {
 	}
 	_, err = kafka.NewConsumer(db, []kgo.Opt{kgo.AutoCommitMarks()}, kafka.ConsumerConfig{Consumer: "c", Handle: handle})
 	assert.ErrorIs(t, err, outbox.ErrInvalidConfig, "a commit option the Consumer cannot have")
+}
+
+// TestConsumerRevokeWhileRetrying: a partition blocked on a failing record
+// has committed what came before it; when its member leaves, the retry
+// loop stops (Run returns), and the next member starts at the failing
+// record and finishes it.
+func TestConsumerRevokeWhileRetrying(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t, kfake.SeedTopics(1, "blocked"))
+	p := newProducer(t, c.ListenAddrs(), kafka.Config{Topic: "blocked"})
+	db := consumerDB(t)
+	var failures atomic.Int32
+	a := start(t, newConsumer(t, db, c, kafka.ConsumerConfig{
+		Topics:     []string{"blocked"},
+		RetryDelay: 20 * time.Millisecond,
+		Handle: func(_ context.Context, tx *gorm.DB, m kafka.Message) error {
+			if m.Event.ID == "blocked-2" {
+				failures.Add(1)
+				return errors.New("downstream unavailable")
+			}
+			return writeEffect(tx, m)
+		},
+	}))
+	publish(t, p, testEvent("blocked-1", "1", 1), testEvent("blocked-2", "1", 2))
+	waitFor(t, 20*time.Second, "the first record committed, the second failing", func() bool {
+		return failures.Load() >= 2 && committed(t, c, "g", "blocked")[0] == 1
+	})
+	require.NoError(t, a.stop(t))
+	after := failures.Load()
+
+	var second []string
+	var mu sync.Mutex
+	start(t, newConsumer(t, db, c, kafka.ConsumerConfig{
+		Topics: []string{"blocked"},
+		Handle: func(_ context.Context, tx *gorm.DB, m kafka.Message) error {
+			mu.Lock()
+			second = append(second, m.Event.ID)
+			mu.Unlock()
+			return writeEffect(tx, m)
+		},
+	}))
+	waitFor(t, 20*time.Second, "the failing record done by the next member", func() bool { return allCommitted(t, c, "g", "blocked") })
+	assert.Equal(t, after, failures.Load(), "the first member stopped retrying")
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"blocked-2"}, second, "the next member starts at the failing record")
+	assert.Equal(t, map[string]int{"blocked-1": 1, "blocked-2": 1}, effects(t, db))
 }
