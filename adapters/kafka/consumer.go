@@ -45,8 +45,8 @@ type ConsumerConfig struct {
 	// write through tx only. Its error decides the message's fate: nil
 	// commits the record's offset; an [outbox.Permanent] error logs the
 	// record and commits past it; any other error retries the record after
-	// RetryDelay, holding back the rest of its partition. ctx ends when
-	// Run's context does.
+	// RetryDelay, holding back the rest of its partition; a panic counts
+	// as such an error. ctx ends when Run's context does.
 	Handle func(ctx context.Context, tx *gorm.DB, m Message) error
 
 	// MessageID returns the ID the inbox records for m. Defaults to

@@ -1,4 +1,5 @@
-// Package kafka publishes outbox events to Apache Kafka with franz-go.
+// Package kafka publishes outbox events to Apache Kafka with franz-go, and
+// consumes them.
 //
 // Delivery is at least once: the idempotent producer (always on) makes the
 // client's own retries of a record land once within a producer session, but
@@ -30,6 +31,12 @@
 // through. franz-go retries unreachable brokers by itself until the
 // context ends, so the handler's deadline (RelayConfig.HandlerTimeout) is
 // how long one attempt waits before the relay pauses.
+//
+// Consuming: a [Consumer] ([NewConsumer]) is a consumer-group member that
+// applies each record through [outbox.Consume], at most once per message ID
+// (the Outbox-Event-Id header by default), and commits a partition's
+// offset only past records whose transaction committed or that failed
+// permanently.
 package kafka
 
 import (
