@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
@@ -136,6 +137,8 @@ type Consumer struct {
 	cfg ConsumerConfig
 	log *slog.Logger
 
+	running atomic.Bool
+
 	// beforeAck, when set (by tests), runs right before a committed
 	// message's ack.
 	beforeAck func(jetstream.Msg)
@@ -230,9 +233,14 @@ func checkName(s string) error {
 // error); any other error naks it with NakDelay. A message in hand when ctx
 // is done is nakked at once, for another process to take.
 //
-// Run may be called again after it returned; a Consumer runs one Run at a
-// time.
+// Run may be called again after it returned; a second Run while one runs
+// is an error (run more Consumers, or raise Concurrency, to consume in
+// parallel).
 func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("outbox/nats: consumer %s: Run is already running", c.cfg.Consumer)
+	}
+	defer c.running.Store(false)
 	cons, err := c.consumer(ctx)
 	if err != nil || cons == nil {
 		return err

@@ -381,7 +381,10 @@ func TestConsumerRedeliveryAfterCrashBetweenCommitAndAck(t *testing.T) {
 		close(reached)
 		<-release
 	})
-	stopFirst := env.run(first)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- first.Run(ctx) }()
 	env.publish(event("evt-crash"))
 	select {
 	case <-reached:
@@ -389,9 +392,16 @@ func TestConsumerRedeliveryAfterCrashBetweenCommitAndAck(t *testing.T) {
 		t.Fatal("the first consumer did not reach its ack")
 	}
 	assert.EqualValues(t, 1, env.effects(), "committed before the ack")
-	nc1.Close() // the process dies: its ack never reaches the server
+	// The process dies: it stops, and its ack never reaches the server.
+	cancel()
+	nc1.Close()
 	close(release)
-	stopFirst()
+	select {
+	case err := <-firstDone:
+		require.NoError(t, err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("the first consumer's Run did not return")
+	}
 
 	// The second consumer gets the redelivery.
 	redelivered := make(chan uint64, 1)
@@ -515,6 +525,29 @@ func TestNewConsumerInvalidConfig(t *testing.T) {
 	err = c.Run(t.Context())
 	require.Error(t, err)
 	assert.ErrorIs(t, err, jetstream.ErrStreamNotFound)
+}
+
+func TestConsumerHandlePanicRedelivers(t *testing.T) {
+	t.Parallel()
+	env := newConsumerEnv(t)
+	var calls atomic.Int32
+	cfg := env.config(func(ctx context.Context, tx *gorm.DB, m outboxnats.Message) error {
+		if err := effect(tx, m, ""); err != nil {
+			return err
+		}
+		if calls.Add(1) == 1 {
+			panic("handler bug")
+		}
+		return nil
+	})
+	c := env.newConsumer(cfg)
+	env.run(c)
+	env.publish(event("evt-panic"))
+	require.Eventually(t, func() bool { return calls.Load() == 2 }, 15*time.Second, 10*time.Millisecond, "redelivered after the panic")
+	env.waitSettled(cfg.Consumer, 1)
+	assert.EqualValues(t, 1, env.effects(), "the panicking attempt rolled back")
+	assert.Contains(t, env.log.String(), "Handle panicked: handler bug")
+	assert.Error(t, c.Run(t.Context()), "a second Run while the first runs (it handled the message)")
 }
 
 // TestConsumerRecreatesDeletedDurable deletes the durable under a running
