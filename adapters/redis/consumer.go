@@ -331,9 +331,7 @@ func (c *Consumer) process(ctx context.Context, msg goredis.XMessage) {
 		c.terminate(ctx, m, "", "no message ID", nil)
 		return
 	}
-	err = outbox.Consume(c.db.WithContext(ctx), c.cfg.Consumer, id, func(tx *gorm.DB) error {
-		return c.cfg.Handle(ctx, tx, m)
-	})
+	err = c.consume(ctx, id, m)
 	switch {
 	case err == nil:
 		if beforeAck != nil {
@@ -348,6 +346,21 @@ func (c *Consumer) process(ctx context.Context, msg goredis.XMessage) {
 		c.log.WarnContext(ctx, "outbox/redis: consuming a message failed; left pending, retried after ClaimIdle",
 			c.attrs(m, id, slog.Duration("claim_idle", c.cfg.ClaimIdle), slog.Any("error", err))...)
 	}
+}
+
+// consume runs Handle through outbox.Consume. A panic in Handle (its
+// transaction rolled back) is an error like any other: the entry stays
+// pending and is claimed again, as the other adapters' consumers retry it,
+// instead of taking the process down with it.
+func (c *Consumer) consume(ctx context.Context, id string, m Message) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("outbox/redis: Handle panicked: %v", r)
+		}
+	}()
+	return outbox.Consume(c.db.WithContext(ctx), c.cfg.Consumer, id, func(tx *gorm.DB) error {
+		return c.cfg.Handle(ctx, tx, m)
+	})
 }
 
 // ack acknowledges a committed entry. A failed XACK leaves it pending: it

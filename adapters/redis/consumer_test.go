@@ -513,3 +513,32 @@ func TestNewConsumerInvalidConfig(t *testing.T) {
 	_, err = outboxredis.NewConsumer(db, rdb, ok)
 	assert.NoError(t, err)
 }
+
+// TestConsumerHandlePanicLeftPending: a panic in Handle rolls its effect
+// back and leaves the entry pending, as an error does; Run keeps going,
+// and the claimed entry succeeds.
+func TestConsumerHandlePanicLeftPending(t *testing.T) {
+	t.Parallel()
+	rdb := connect(t)
+	stream := newKey(t, rdb)
+	db := consumerDB(t)
+	var logs logBuf
+	publish(t, rdb, stream, outbox.Event{ID: "evt-panic", Type: "order.created", IdempotencyKey: "evt-panic", Payload: json.RawMessage(`{}`)})
+	var c calls
+	runConsumer(t, db, rdb, outboxredis.ConsumerConfig{
+		Stream: stream, ClaimIdle: 200 * time.Millisecond, Logger: logs.logger(),
+		Handle: func(ctx context.Context, tx *gorm.DB, m outboxredis.Message) error {
+			if err := tx.Create(&effect{MessageID: m.Event.ID}).Error; err != nil {
+				return err
+			}
+			if c.add(m, m.Event.ID) == 1 {
+				panic("handler bug")
+			}
+			return nil
+		},
+	})
+	require.Eventually(t, func() bool { return c.get("evt-panic") == 2 && pending(t, rdb, stream, "billing") == 0 }, wait, tick,
+		"claimed again after the panic, then acked")
+	assert.EqualValues(t, 1, effects(t, db), "the panicking attempt's effect was rolled back")
+	assert.Contains(t, logs.String(), "Handle panicked: handler bug")
+}
