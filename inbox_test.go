@@ -133,17 +133,20 @@ func testConsumeConcurrent(t *testing.T, e *testEnv) {
 // first has ended.
 func testConsumeWaitsForFirst(t *testing.T, e *testEnv) {
 	started, release := make(chan struct{}), make(chan struct{})
-	firstEnded := make(chan struct{})
+	// Set when the first's fn returns: its transaction rolls back after
+	// that (and may release the second before the first's Consume call
+	// has returned).
+	var firstReturned atomic.Bool
 	errFirst := errors.New("first delivery fails")
 	firstErr := make(chan error, 1)
 	go func() {
-		defer close(firstEnded)
 		firstErr <- Consume(e.db, "billing", "msg-wait", func(tx *gorm.DB) error {
 			if err := tx.Create(&Order{Total: 303}).Error; err != nil {
 				return err
 			}
 			close(started)
 			<-release
+			firstReturned.Store(true)
 			return errFirst
 		})
 	}()
@@ -158,11 +161,7 @@ func testConsumeWaitsForFirst(t *testing.T, e *testEnv) {
 	go func() {
 		secondErr <- Consume(e.db, "billing", "msg-wait", func(tx *gorm.DB) error {
 			secondCalls.Add(1)
-			select {
-			case <-firstEnded:
-				secondRanAfterFirst.Store(true)
-			default:
-			}
+			secondRanAfterFirst.Store(firstReturned.Load())
 			return tx.Create(&Order{Total: 303}).Error
 		})
 	}()
@@ -176,7 +175,7 @@ func testConsumeWaitsForFirst(t *testing.T, e *testEnv) {
 	require.ErrorIs(t, <-firstErr, errFirst)
 	require.NoError(t, <-secondErr)
 	assert.EqualValues(t, 1, secondCalls.Load())
-	assert.True(t, secondRanAfterFirst.Load(), "the second ran fn only after the first ended")
+	assert.True(t, secondRanAfterFirst.Load(), "the second ran fn only after the first's had returned")
 	assert.EqualValues(t, 1, e.effects(303))
 	assert.EqualValues(t, 1, e.inboxRows("billing"))
 }
