@@ -61,6 +61,7 @@ func New(table string) *Store {
 		IDArg:       func(u uuid.UUID) any { return u.String() },
 		StatusArg:   func(ph string) string { return ph + `::"` + table + `_status"` },
 		Fresh:       true,
+		Opaque:      sqlbuild.OpaqueSubquery,
 	}}
 	s.Walking = sqlbuild.Walking{S: &s.Syntax, Lock: sqlbuild.SkipLocked}
 	return s
