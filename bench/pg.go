@@ -188,17 +188,23 @@ const pgIDCol = "COALESCE(named_id, id::text)"
 // most batch of both together. $1 lease end, $2 now, $3 batch size, $4
 // the watermark.
 const (
+	// The row count is a literal (%[3]d) and the watermark ($3) sits behind
+	// a scalar subquery, as the library writes them, so that PostgreSQL
+	// keeps one generic plan instead of planning every claim
+	// (BENCHMARKS.md, the lean row).
 	pgClaim = `WITH r AS (SELECT c.seq FROM "%[1]s" c WHERE c.available_at <= $2
 			AND c.status = 'pending' AND (c.locked_until IS NULL OR c.locked_until <= $2)
-			ORDER BY c.available_at LIMIT $3 FOR UPDATE SKIP LOCKED),
-		f AS (SELECT c.seq FROM "%[1]s" c WHERE c.seq >= $4 AND c.available_at IS NULL
+			ORDER BY c.available_at LIMIT %[3]d FOR UPDATE SKIP LOCKED),
+		f AS (SELECT c.seq FROM "%[1]s" c WHERE c.seq >= (SELECT $3::bigint) AND c.available_at IS NULL
 			AND c.status = 'pending' AND (c.locked_until IS NULL OR c.locked_until <= $2)
-			ORDER BY c.seq LIMIT $3 FOR UPDATE SKIP LOCKED)
+			ORDER BY c.seq LIMIT %[3]d FOR UPDATE SKIP LOCKED)
 		UPDATE "%[1]s" SET locked_until = $1, attempts = attempts + 1, updated_at = $2
-		WHERE seq IN (SELECT seq FROM (SELECT seq FROM r UNION ALL SELECT seq FROM f) u LIMIT $3)
+		WHERE seq IN (SELECT seq FROM (SELECT seq FROM r UNION ALL SELECT seq FROM f) u LIMIT %[3]d)
 		RETURNING ` + "%[2]s"
+	// %[2]s is "= ANY($3)", or "= $3" for one row (a generic plan of
+	// = ANY assumes ten elements, so one row's mark was planned per call).
 	pgMark = `UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, locked_until = NULL, last_error = NULL
-		WHERE seq = ANY($3) AND locked_until = $2 AND status = 'pending'`
+		WHERE seq %[2]s AND locked_until = $2 AND status = 'pending'`
 	// $1 now, $2 batch size, $3 the watermark.
 	pgOneStep = `WITH r AS (SELECT c.seq FROM "%[1]s" c WHERE c.available_at <= $1 AND c.status = 'pending'
 			ORDER BY c.available_at LIMIT $2 FOR UPDATE SKIP LOCKED),
@@ -222,7 +228,7 @@ func (p *pgServer) floorStart(ctx context.Context, db *sql.DB, table string) (*f
 }
 
 func (p *pgServer) floorClaim(ctx context.Context, db *sql.DB, table string, wm *floorWM, batch int, now, lease time.Time) ([]floorRow, error) {
-	rows, err := db.QueryContext(ctx, fmt.Sprintf(pgClaim, table, floorColumns(pgIDCol)), lease, now, batch, wm.low())
+	rows, err := db.QueryContext(ctx, fmt.Sprintf(pgClaim, table, floorColumns(pgIDCol), batch), lease, now, wm.low())
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +241,11 @@ func (p *pgServer) floorClaim(ctx context.Context, db *sql.DB, table string, wm 
 }
 
 func (p *pgServer) floorMark(ctx context.Context, db *sql.DB, table string, seqs []int64, lease time.Time) error {
-	_, err := db.ExecContext(ctx, fmt.Sprintf(pgMark, table), time.Now().UTC(), lease, seqs)
+	if len(seqs) == 1 {
+		_, err := db.ExecContext(ctx, fmt.Sprintf(pgMark, table, "= $3"), time.Now().UTC(), lease, seqs[0])
+		return err
+	}
+	_, err := db.ExecContext(ctx, fmt.Sprintf(pgMark, table, "= ANY($3)"), time.Now().UTC(), lease, seqs)
 	return err
 }
 
@@ -289,8 +299,8 @@ func (p *pgServer) probeClaim(ctx context.Context, db *sql.DB, table string, bat
 			defer func() { _ = tx.Rollback() }()
 			now := time.Now().UTC()
 			var raw []byte
-			err = tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+fmt.Sprintf(pgClaim, table, floorColumns(pgIDCol)),
-				now.Add(time.Minute), now, batch, wm.low()).Scan(&raw)
+			err = tx.QueryRowContext(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+fmt.Sprintf(pgClaim, table, floorColumns(pgIDCol), batch),
+				now.Add(time.Minute), now, wm.low()).Scan(&raw)
 			if err != nil {
 				return 0, "", fmt.Errorf("explain claim on %s: %w", table, err)
 			}
