@@ -117,6 +117,12 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 	return nil
 }
 
+// CheckInboxID reports whether [Consume] takes s as a consumer name or a
+// message ID: nil, or the error wrapping [ErrInvalidEvent] that Consume
+// would return. A broker consumer uses it to tell a message whose ID can
+// never be recorded (to terminate) from an error of its own handler.
+func CheckInboxID(s string) error { return validInboxID("ID", s) }
+
 func validInboxID(what, s string) error {
 	switch {
 	case s == "":

@@ -336,6 +336,15 @@ func testConsumeBadInput(t *testing.T, e *testEnv) {
 	assert.EqualValues(t, 1, calls.Load())
 }
 
+// TestCheckInboxID: the check the adapters use is Consume's own.
+func TestCheckInboxID(t *testing.T) {
+	for _, bad := range []string{"", strings.Repeat("é", MaxInboxIDLen+1), "bad\xff", "nul\x00"} {
+		assert.ErrorIs(t, CheckInboxID(bad), ErrInvalidEvent, "%q", bad)
+	}
+	assert.NoError(t, CheckInboxID(strings.Repeat("é", MaxInboxIDLen)))
+	assert.NoError(t, CheckInboxID("evt-0192"))
+}
+
 func testConsumeWithoutPlugin(t *testing.T, b backend) {
 	db := b.open(t, &gorm.Config{})
 	fn := func(*gorm.DB) error { t.Error("fn ran without the plugin"); return nil }

@@ -5,11 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"gorm.io/gorm"
@@ -508,17 +506,7 @@ func (c *Consumer) consume(ctx context.Context, id string, m Message) (err error
 
 // checkID applies the inbox's rules for consumer names and message IDs,
 // so that an ID it would refuse is permanent instead of retried forever.
-func checkID(s string) error {
-	switch {
-	case s == "":
-		return errors.New("empty")
-	case !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0:
-		return errors.New("not valid UTF-8 text without NUL bytes")
-	case utf8.RuneCountInString(s) > outbox.MaxInboxIDLen:
-		return fmt.Errorf("longer than %d characters", outbox.MaxInboxIDLen)
-	}
-	return nil
-}
+func checkID(s string) error { return outbox.CheckInboxID(s) }
 
 // recordAttrs identifies rec in a log line: never its value or headers.
 func recordAttrs(c *Consumer, rec *kgo.Record, id string) []any {

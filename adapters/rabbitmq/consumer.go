@@ -6,11 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"gorm.io/gorm"
@@ -178,17 +176,7 @@ func NewConsumer(db *gorm.DB, conn Config, cfg ConsumerConfig) (*Consumer, error
 
 // checkInboxID refuses what outbox.Consume would refuse as a consumer name
 // or message ID, so that an unusable ID is told apart from Handle's errors.
-func checkInboxID(s string) error {
-	switch {
-	case s == "":
-		return errors.New("empty")
-	case !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0:
-		return errors.New("not valid UTF-8 text without NUL bytes")
-	case utf8.RuneCountInString(s) > outbox.MaxInboxIDLen:
-		return fmt.Errorf("longer than %d characters", outbox.MaxInboxIDLen)
-	}
-	return nil
-}
+func checkInboxID(s string) error { return outbox.CheckInboxID(s) }
 
 // Run consumes the queue until ctx is done, then returns nil once the
 // Handle calls under way have returned (their ctx is ctx, so they are

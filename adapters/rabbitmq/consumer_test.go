@@ -274,8 +274,8 @@ func TestNewConsumerChecksConfig(t *testing.T) {
 	}{
 		{"nil db", nil, Config{}, ok, "no outbox plugin"},
 		{"db without the plugin", bare, Config{}, ok, "no outbox plugin"},
-		{"no Consumer", db, Config{}, with(func(c *ConsumerConfig) { c.Consumer = "" }), "Consumer: empty"},
-		{"Consumer too long", db, Config{}, with(func(c *ConsumerConfig) { c.Consumer = strings.Repeat("x", outbox.MaxInboxIDLen+1) }), "Consumer: longer"},
+		{"no Consumer", db, Config{}, with(func(c *ConsumerConfig) { c.Consumer = "" }), "Consumer: outbox: invalid event: empty ID"},
+		{"Consumer too long", db, Config{}, with(func(c *ConsumerConfig) { c.Consumer = strings.Repeat("x", outbox.MaxInboxIDLen+1) }), "longer than the inbox's 255"},
 		{"no Handle", db, Config{}, with(func(c *ConsumerConfig) { c.Handle = nil }), "Handle is required"},
 		{"no Queue", db, Config{}, with(func(c *ConsumerConfig) { c.Queue = "" }), "Queue is required"},
 		{"negative Prefetch", db, Config{}, with(func(c *ConsumerConfig) { c.Prefetch = -1 }), "Prefetch -1"},

@@ -11,7 +11,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/wire"
@@ -162,7 +161,7 @@ func NewConsumer(db *gorm.DB, rdb ConsumerClient, cfg ConsumerConfig) (*Consumer
 		return nil, invalid("NewConsumer needs a client (redis.NewClient(...))")
 	case cfg.Consumer == "":
 		return nil, invalid("ConsumerConfig.Consumer is empty")
-	case !utf8.ValidString(cfg.Consumer) || strings.IndexByte(cfg.Consumer, 0) >= 0 || utf8.RuneCountInString(cfg.Consumer) > outbox.MaxInboxIDLen:
+	case outbox.CheckInboxID(cfg.Consumer) != nil:
 		return nil, invalid("ConsumerConfig.Consumer must be UTF-8 without NUL bytes, at most %d characters", outbox.MaxInboxIDLen)
 	case cfg.Handle == nil:
 		return nil, invalid("ConsumerConfig.Handle is nil")
