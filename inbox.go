@@ -27,6 +27,8 @@ const (
 	// inboxForgetEvery is how often, at most, a process's Consume calls
 	// delete one batch of expired pairs.
 	inboxForgetEvery = time.Minute
+	// inboxForgetTimeout bounds one such batch.
+	inboxForgetTimeout = 10 * time.Second
 )
 
 // errConsumed ends the transaction of a message already consumed; Consume
@@ -165,7 +167,11 @@ func (o *Outbox) forgetConsumed(ctx context.Context, db *gorm.DB) (int, error) {
 		return 0, err
 	}
 	q := o.store.ForgetConsumed(o.inbox, o.now().Add(-o.inboxRetention), o.limits.RetentionBatch)
-	res, err := sqlDB.ExecContext(context.WithoutCancel(ctx), q.SQL, q.Args...)
+	// Past the caller's cancellation (its Consume has committed), but
+	// bounded: a DELETE stuck behind a lock must not hold Consume's return.
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), inboxForgetTimeout)
+	defer cancel()
+	res, err := sqlDB.ExecContext(dctx, q.SQL, q.Args...)
 	if err != nil {
 		return 0, fmt.Errorf("outbox: delete expired inbox entries: %w", err)
 	}
@@ -229,10 +235,11 @@ func (m *memInbox) run(db *gorm.DB, key inboxKey, e *inboxEntry, clock func() ti
 	tracked := false
 	defer func() {
 		// Not tracked: the transaction never began, nothing else ends the
-		// entry. Failed (or panicking) in a savepoint of the caller's
-		// transaction: the pair is not consumed, whatever the caller's
-		// transaction does next, as the rolled-back INSERT of the table
-		// modes is gone.
+		// entry. Failed in a savepoint of the caller's transaction: the
+		// pair is not consumed, whatever the caller's transaction does
+		// next, as the rolled-back INSERT of the table modes is gone. (A
+		// panic leaves the entry to the end of its transaction, which
+		// Finally reports.)
 		if !tracked || err != nil {
 			m.end(key, e)
 		}
