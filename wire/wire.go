@@ -1,21 +1,72 @@
-// Package wire says how an outbox event looks on a broker: the names of the
-// headers that carry its fields, the text format of its OccurredAt, and
-// [Headers], which every broker adapter of this repository uses to build a
-// message's headers. Consumers read the same names whatever the broker.
+// Package wire says how an outbox event looks on a broker, in each
+// [Format] the adapters offer: [Native] (the outbox's own Outbox-* headers,
+// the adapters' default) and CloudEvents 1.0 in binary ([CloudEvents]) or
+// structured ([CloudEventsJSON]) content mode. [Headers] and
+// [Binding.Encode] build messages; [Decode] reads any of them back, which
+// the adapters' consumers use. [Telemetry] is how adapters report their
+// sends and receives to a tracing system (package outboxotel).
 //
-// Application code needs this package only to read those headers, for
-// example msg.Header.Get(wire.EventID) to deduplicate. Adapters add their
-// own headers (a Content-Type, a broker's deduplication ID, a signature);
-// their packages document them.
+// Application code needs this package only to read messages, for example
+// msg.Header.Get(wire.EventID) to deduplicate in Native format, or
+// wire.Decode in any. Adapters add their own headers (a Content-Type, a
+// broker's deduplication ID, a signature); their packages document them.
+//
+// # Native and CloudEvents, field by field
+//
+// One row per event field: its Native header, its CloudEvents attribute
+// (binary mode: the binding's prefix + the name, such as ce-id on HTTP and
+// NATS, ce_id on Kafka, cloudEvents_id on RabbitMQ; structured mode: a
+// member of the JSON document).
+//
+//	event field                 Native header             CloudEvents attribute
+//	-----------                 -------------             ---------------------
+//	ID                          Outbox-Event-Id           id
+//	Type                        Outbox-Event-Type         type
+//	OccurredAt (UTC, µs)        Outbox-Occurred-At        time
+//	AggregateType/AggregateID   Outbox-Aggregate-Type,    subject ("{type}/{id}", or
+//	                            Outbox-Aggregate-Id       "{id}" without a type; see
+//	                                                      [Subject]), and the extensions
+//	                                                      aggregatetype, aggregateid
+//	IdempotencyKey              Outbox-Idempotency-Key    idempotencykey (extension;
+//	                                                      left out when it is the ID)
+//	Payload (JSON)              the body                  data: the body (binary), the
+//	                                                      "data" member (structured)
+//	-                           Content-Type:             datacontenttype
+//	                            application/json          (application/json)
+//	-                           -                         specversion ("1.0")
+//	-                           -                         source (the adapter's
+//	                                                      Config.Source, default
+//	                                                      [DefaultSource])
+//	Headers["traceparent"],     traceparent, tracestate   traceparent, tracestate
+//	Headers["tracestate"]       (as every event header)   (Distributed Tracing
+//	                                                      extension) and the protocol's
+//	                                                      own traceparent header
+//	Headers (others)            one header each           one protocol header each
+//	                                                      (not attributes)
+//	Kafka record key            -                         partitionkey (Partitioning
+//	                                                      extension, Kafka only)
+//
+// The adapters put the PRODUCER span of the send in the trace context (see
+// [Telemetry]): a message is one hop from the relay to the consumer, so the
+// Distributed Tracing extension and the protocol's header carry the same
+// value, as that extension asks.
+//
+// Which binding each adapter follows: HTTP (webhook, [HTTPBinding]), Kafka
+// ([KafkaBinding]), NATS ([NATSBinding]; binary mode needs NATS 2.2
+// headers), RabbitMQ (AMQP 0-9-1: the AMQP binding, written for AMQP 1.0,
+// applied to message headers, [AMQPBinding]); Redis Streams has none, and
+// both CloudEvents formats are structured mode there ([NoBinding]).
 //
 // # Reserved names
 //
-// The six names below are reserved: [Headers] drops an event header with one
-// of them, so that a consumer can trust an Outbox-* header to describe the
-// event, not whatever a publisher put in [outbox.Event.Headers]. The
-// comparison ignores case, because HTTP, and the bridges that carry broker
-// messages over it, fold header names: "outbox-event-id" would reach such a
-// consumer as Outbox-Event-Id.
+// The six Native names below are reserved: [Headers] drops an event header
+// with one of them, so that a consumer can trust an Outbox-* header to
+// describe the event, not whatever a publisher put in
+// [outbox.Event.Headers]. The comparison ignores case, because HTTP, and
+// the bridges that carry broker messages over it, fold header names:
+// "outbox-event-id" would reach such a consumer as Outbox-Event-Id. In the
+// CloudEvents formats an event header whose name starts with the binding's
+// prefix is dropped for the same reason.
 package wire
 
 import (
@@ -100,17 +151,49 @@ func Headers(e outbox.Event, set func(name, value string)) {
 	}
 }
 
-// Decode reads an event back from a message that [Headers] built: headers
-// are the message's headers (a broker's multi-valued header gives its first
-// value), body its payload, which becomes [outbox.Event.Payload] as a
-// json.RawMessage. Reserved names are matched ignoring case; every other
-// header goes to [outbox.Event.Headers]. A message of another producer
-// decodes too, with the fields it does not carry left empty: a consumer
-// that needs an ID then takes its own (the broker's message ID).
+// Decode reads an event back from a message an adapter built in any
+// [Format]: headers are the message's headers (a broker's multi-valued
+// header gives its first value; a protocol that carries the content type
+// elsewhere, as AMQP does, passes it as "Content-Type"), body its payload.
 //
-// The error, for an [OccurredAt] that does not parse, comes with the event
-// decoded from everything else.
+//   - A Content-Type of application/cloudevents+json: the body is decoded
+//     with [DecodeStructured]; headers other than Content-Type go to
+//     [outbox.Event.Headers].
+//   - A specversion header with one of the bindings' prefixes (ce-, ce_,
+//     cloudEvents_, cloudEvents:, in any case): CloudEvents binary mode.
+//     The prefixed headers are the attributes (percent-decoded for ce-),
+//     mapped as DecodeStructured maps them; the body is the payload.
+//   - Otherwise [Native]: the reserved names, matched ignoring case, are
+//     the event's fields.
+//
+// In every case the remaining headers but Content-Type go to
+// [outbox.Event.Headers] and the
+// body becomes [outbox.Event.Payload] as a json.RawMessage. A message of
+// another producer decodes too, with the fields it does not carry left
+// empty: a consumer that needs an ID then takes its own (the broker's
+// message ID).
+//
+// The error, for a time or [OccurredAt] that does not parse or a
+// structured document that is not valid, comes with the event decoded
+// from everything else.
 func Decode(headers map[string]string, body []byte) (outbox.Event, error) {
+	if isStructured(header(headers, "Content-Type")) {
+		e, err := DecodeStructured(body)
+		for k, v := range headers {
+			if !strings.EqualFold(k, "Content-Type") && header(e.Headers, k) == "" {
+				if e.Headers == nil {
+					e.Headers = map[string]string{}
+				}
+				e.Headers[k] = v
+			}
+		}
+		return e, err
+	}
+	for _, p := range binaryPrefixes {
+		if header(headers, p+"specversion") != "" {
+			return decodeBinary(headers, body, p)
+		}
+	}
 	var e outbox.Event
 	var err error
 	for k, v := range headers {
@@ -132,12 +215,54 @@ func Decode(headers map[string]string, body []byte) (outbox.Event, error) {
 				continue
 			}
 			e.OccurredAt = t.UTC()
+		case strings.EqualFold(k, "Content-Type"):
+			// The protocol's, not the event's: adapters never send an event
+			// header of that name.
 		default:
 			if e.Headers == nil {
 				e.Headers = map[string]string{}
 			}
 			e.Headers[k] = v
 		}
+	}
+	if body != nil {
+		e.Payload = json.RawMessage(body)
+	}
+	return e, err
+}
+
+// decodeBinary reads CloudEvents binary mode, whose attribute headers start
+// with prefix.
+func decodeBinary(headers map[string]string, body []byte, prefix string) (outbox.Event, error) {
+	var e outbox.Event
+	var err error
+	var plain []string
+	// Attributes first, so that a protocol traceparent header does not
+	// shadow the extension (they carry the same value when we sent them).
+	for _, k := range slices.Sorted(maps.Keys(headers)) {
+		v := headers[k]
+		if len(k) <= len(prefix) || !strings.EqualFold(k[:len(prefix)], prefix) {
+			plain = append(plain, k)
+			continue
+		}
+		if prefix == "ce-" {
+			v = percentDecode(v)
+		}
+		if aerr := fromAttribute(&e, strings.ToLower(k[len(prefix):]), v); aerr != nil && err == nil {
+			err = aerr
+		}
+	}
+	for _, k := range plain {
+		if strings.EqualFold(k, "Content-Type") || header(e.Headers, k) != "" {
+			continue
+		}
+		if e.Headers == nil {
+			e.Headers = map[string]string{}
+		}
+		e.Headers[k] = headers[k]
+	}
+	if e.IdempotencyKey == "" {
+		e.IdempotencyKey = e.ID
 	}
 	if body != nil {
 		e.Payload = json.RawMessage(body)
