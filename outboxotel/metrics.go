@@ -46,12 +46,16 @@ var waitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 type metrics struct {
 	deliveries metric.Int64Counter
+	publishedN metric.Int64Counter
 	duration   metric.Float64Histogram
 	wait       metric.Float64Histogram
 
 	// system is the attribute every measurement carries.
 	system attribute.KeyValue
 	sets   sync.Map // attrKey -> *attrSets
+	// publishedSets holds the published counter's attribute set per event
+	// type.
+	publishedSets sync.Map // string -> metric.MeasurementOption
 }
 
 func newMetrics(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Duration) (*metrics, error) {
@@ -63,6 +67,10 @@ func newMetrics(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Durat
 	ms.deliveries, err = m.Int64Counter("outbox.deliveries",
 		metric.WithDescription("Delivery attempts, by event type and outcome."),
 		metric.WithUnit("{delivery}"))
+	errs = append(errs, err)
+	ms.publishedN, err = m.Int64Counter("outbox.events.published",
+		metric.WithDescription("Events Publish wrote, by event type (rolled back ones included)."),
+		metric.WithUnit("{event}"))
 	errs = append(errs, err)
 	ms.duration, err = m.Float64Histogram(messagingconv.ProcessDuration{}.Name(),
 		metric.WithDescription("Duration of one delivery attempt's handlers."),
@@ -97,6 +105,16 @@ func (ms *metrics) delivered(d outbox.Delivery) {
 		// Only the attempt that ends an event's wait measures it.
 		ms.wait.Record(ctx, max(d.Latency-d.Duration, 0).Seconds(), a.wait)
 	}
+}
+
+// published counts one event Publish wrote.
+func (ms *metrics) published(eventType string) {
+	opt, ok := ms.publishedSets.Load(eventType)
+	if !ok {
+		opt, _ = ms.publishedSets.LoadOrStore(eventType, metric.WithAttributeSet(attribute.NewSet(
+			ms.system, semconv.MessagingDestinationName(eventType))))
+	}
+	ms.publishedN.Add(context.Background(), 1, opt.(metric.MeasurementOption))
 }
 
 // attrKey is one combination of attribute values; there are a few per

@@ -26,6 +26,11 @@
 // export; a span processor that tracks running spans (zpages) sees it
 // start.
 //
+// The broker adapters open a PRODUCER span "send {destination}" of their
+// own, a child of the process span below, and write its trace context into
+// the message they send (see [Messaging]); [Instrument] hands them the
+// instrumentation in the handlers' ctx ([wire.ContextWithTelemetry]).
+//
 // Every delivery attempt runs in a CONSUMER span "process {event type}", a
 // child of the stored context ([WithLinkOnly]: a new trace) and linked to
 // it either way, with the messaging attributes of the OpenTelemetry
@@ -53,6 +58,9 @@
 //     handler matches the event's type (a retry is scheduled), or
 //     unavailable (the destination was down: handed back, no attempt
 //     counted). The cause stays in the process span's error.type.
+//   - outbox.events.published ({event}): events Publish wrote, by
+//     messaging.destination.name (the event type), counted when written:
+//     an event whose transaction then rolls back counts too.
 //   - messaging.process.duration (s): how long the handlers of one
 //     attempt ran, by messaging.destination.name and error.type.
 //   - outbox.delivery.wait (s): from the event's INSERT to the start of
@@ -85,6 +93,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 // ScopeName is the instrumentation scope of the tracer and meter.
@@ -192,6 +201,9 @@ func instrument(ob *outbox.Outbox, opts ...Option) (*instrumentation, error) {
 		return nil, err
 	}
 	in.metrics = m
+	if in.messaging, err = newMessaging(c); err != nil {
+		return nil, err
+	}
 	ob.AddHooks(outbox.Hooks{Publish: in.publish, Stored: in.stored, Deliver: in.deliver, Delivered: m.delivered})
 	return in, nil
 }
@@ -201,6 +213,9 @@ type instrumentation struct {
 	tracer  trace.Tracer
 	fields  []string // the header names the propagator writes
 	metrics *metrics
+	// messaging is the wire.Telemetry the handlers' ctx carries, for the
+	// adapters' send spans.
+	messaging *messaging
 
 	// creating holds the recording create spans Publish started, by the
 	// event they were started for (the *outbox.Event the Publish and
@@ -243,6 +258,9 @@ func (in *instrumentation) publish(ctx context.Context, e *outbox.Event) {
 // span to the exporter in OnEnd (the batch and simple processors do
 // nothing in OnStart), and once dropped here it is garbage.
 func (in *instrumentation) stored(_ context.Context, e *outbox.Event, stored bool) {
+	if stored {
+		in.metrics.published(e.Type)
+	}
 	if span, ok := in.creating.LoadAndDelete(e); ok && stored {
 		span.(trace.Span).End()
 	}
@@ -297,7 +315,7 @@ func (in *instrumentation) deliver(next outbox.Handler) outbox.Handler {
 		in.cfg.prop.Inject(ctx, propagation.MapCarrier(h))
 		e.Headers = h
 
-		err := next(ctx, e)
+		err := next(wire.ContextWithTelemetry(ctx, in.messaging), e)
 		if err != nil {
 			span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
 			span.RecordError(err)
