@@ -4,8 +4,8 @@ package redis_test
 // dependencies in go.mod.
 import (
 	"github.com/cloudevents/sdk-go/v2/binding"
-	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/cloudevents/sdk-go/v2/binding/spec"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 var _ = []any{binding.ToEvent, jsonschema.NewCompiler, spec.WithPrefix}

@@ -4,8 +4,8 @@ package webhook_test
 // dependencies in go.mod.
 import (
 	"github.com/cloudevents/sdk-go/v2/binding"
-	"github.com/santhosh-tekuri/jsonschema/v6"
 	cehttp "github.com/cloudevents/sdk-go/v2/protocol/http"
+	"github.com/santhosh-tekuri/jsonschema/v6"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
 
