@@ -122,10 +122,19 @@ type ConsumerConfig struct {
 	// dead_letter_id and dead_letter_reason) before it is acknowledged.
 	// Defaults to "": a terminated entry is only acknowledged and logged.
 	DeadLetterStream string
+
+	// Telemetry reports the processing of each decoded entry as a CONSUMER
+	// span "process {stream}", a child of the trace context the entry
+	// carries (the publisher's send span), in whose context Handle runs.
+	// Defaults to nil: the Telemetry in Run's context, if any
+	// (wire.ContextWithTelemetry); with neither, no spans. Set it, for
+	// example to outboxotel.Messaging(), in a consumer process, which has
+	// no relay to put one in its context.
+	Telemetry wire.Telemetry
 }
 
 // Message is one stream entry received: the outbox event decoded from its
-// fields and the entry itself (Raw.ID is the entry ID Redis assigned, such
+// fields, in any [wire.Format] the publisher writes, and the entry itself (Raw.ID is the entry ID Redis assigned, such
 // as "1700000000000-0"; Raw.Values its fields).
 type Message struct {
 	Event outbox.Event
@@ -141,6 +150,8 @@ type Consumer struct {
 	cfg   ConsumerConfig
 	log   *slog.Logger
 	every time.Duration // between two claim passes
+	host  string        // the server's address and port for telemetry, when known
+	port  int
 }
 
 // NewConsumer returns a Consumer that reads cfg.Stream through rdb and
@@ -195,7 +206,8 @@ func NewConsumer(db *gorm.DB, rdb ConsumerClient, cfg ConsumerConfig) (*Consumer
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Consumer{db: db, rdb: rdb, cfg: cfg, log: log, every: max(cfg.ClaimIdle/2, time.Millisecond)}, nil
+	host, port := serverAddr(rdb)
+	return &Consumer{db: db, rdb: rdb, cfg: cfg, log: log, every: max(cfg.ClaimIdle/2, time.Millisecond), host: host, port: port}, nil
 }
 
 // Run creates the group if needed and consumes until ctx is done, then
@@ -317,7 +329,8 @@ func (c *Consumer) claim(ctx context.Context) error {
 }
 
 // process decodes one entry, consumes it, and acknowledges, terminates or
-// leaves it pending.
+// leaves it pending. A decoded entry is processed in the span of
+// StartReceive, which ends with Consume's outcome.
 func (c *Consumer) process(ctx context.Context, msg goredis.XMessage) {
 	ev, err := decodeEntry(msg.Values)
 	m := Message{Event: ev, Raw: msg}
@@ -325,12 +338,18 @@ func (c *Consumer) process(ctx context.Context, msg goredis.XMessage) {
 		c.terminate(ctx, m, "", "undecodable", err)
 		return
 	}
+	ctx, end := wire.StartReceive(ctx, c.cfg.Telemetry, wire.Operation{
+		System: "redis", Destination: c.cfg.Stream, ConsumerGroup: c.cfg.Group, MessageID: msg.ID,
+		ServerAddress: c.host, ServerPort: c.port,
+	}, ev)
 	id := c.cfg.MessageID(m)
 	if id == "" {
 		c.terminate(ctx, m, "", "no message ID", nil)
+		end(outbox.Permanent(errors.New("outbox/redis: no message ID")))
 		return
 	}
 	err = c.consume(ctx, id, m)
+	defer func() { end(err) }()
 	switch {
 	case err == nil:
 		if beforeAck != nil {
@@ -472,13 +491,14 @@ func isNoGroup(err error) bool {
 }
 
 // decodeEntry reads an event back from the fields [Publisher.Handler]
-// writes (the Field constants). It is the one place that knows that
-// layout. A missing field leaves its event field empty, so an entry of
-// another producer decodes too; a field present in the wrong format
-// (headers that are not a JSON object of strings, an occurred_at that is
-// not RFC 3339, a value that is not a string) is an error.
+// writes, in any format: an entry with a [FieldCloudEvent] field is
+// CloudEvents (see [decodeCloudEvent]), any other Native (the Field
+// constants). It and decodeCloudEvent are the one place that knows those
+// layouts. In Native, a missing field leaves its event field empty, so an
+// entry of another producer decodes too; a field present in the wrong
+// format (headers that are not a JSON object of strings, an occurred_at
+// that is not RFC 3339, a value that is not a string) is an error.
 func decodeEntry(values map[string]any) (outbox.Event, error) {
-	var e outbox.Event
 	str := func(name string) (string, error) {
 		v, ok := values[name]
 		if !ok || v == nil {
@@ -490,6 +510,10 @@ func decodeEntry(values map[string]any) (outbox.Event, error) {
 		}
 		return s, nil
 	}
+	if _, ok := values[FieldCloudEvent]; ok {
+		return decodeCloudEvent(str)
+	}
+	var e outbox.Event
 	var err error
 	for _, f := range []struct {
 		name string
@@ -513,18 +537,8 @@ func decodeEntry(values map[string]any) (outbox.Event, error) {
 		}
 		e.OccurredAt = t.UTC()
 	}
-	headers, err := str(FieldHeaders)
-	if err != nil {
+	if e.Headers, err = headersField(str); err != nil {
 		return e, err
-	}
-	if headers != "" {
-		var h map[string]string
-		if err := json.Unmarshal([]byte(headers), &h); err != nil {
-			return e, fmt.Errorf("outbox/redis: field %s is not a JSON object of strings", FieldHeaders)
-		}
-		if len(h) > 0 {
-			e.Headers = h
-		}
 	}
 	if v, ok := values[FieldPayload]; ok && v != nil {
 		payload, err := str(FieldPayload)
@@ -534,4 +548,50 @@ func decodeEntry(values map[string]any) (outbox.Event, error) {
 		e.Payload = json.RawMessage(payload)
 	}
 	return e, nil
+}
+
+// decodeCloudEvent reads an entry of the CloudEvents formats: the
+// structured document of [FieldCloudEvent] with [wire.DecodeStructured],
+// and the headers of [FieldHeaders], if any, added to those the document
+// gave (traceparent, tracestate); on a name both have, the document's
+// value is kept.
+func decodeCloudEvent(str func(string) (string, error)) (outbox.Event, error) {
+	doc, err := str(FieldCloudEvent)
+	if err != nil {
+		return outbox.Event{}, err
+	}
+	e, err := wire.DecodeStructured([]byte(doc))
+	if err != nil {
+		return e, fmt.Errorf("outbox/redis: field %s: %w", FieldCloudEvent, err)
+	}
+	h, err := headersField(str)
+	if err != nil {
+		return e, err
+	}
+	for k, v := range h {
+		if _, ok := e.Headers[k]; ok {
+			continue
+		}
+		if e.Headers == nil {
+			e.Headers = make(map[string]string, len(h))
+		}
+		e.Headers[k] = v
+	}
+	return e, nil
+}
+
+// headersField reads [FieldHeaders]: nil when missing or "{}".
+func headersField(str func(string) (string, error)) (map[string]string, error) {
+	headers, err := str(FieldHeaders)
+	if err != nil || headers == "" {
+		return nil, err
+	}
+	var h map[string]string
+	if err := json.Unmarshal([]byte(headers), &h); err != nil {
+		return nil, fmt.Errorf("outbox/redis: field %s is not a JSON object of strings", FieldHeaders)
+	}
+	if len(h) == 0 {
+		return nil, nil
+	}
+	return h, nil
 }

@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -46,7 +47,8 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 )
 
-// Field names of a stream entry. Every entry has all of them.
+// Field names of a stream entry in [wire.Native] format. Every such entry
+// has all of them.
 const (
 	// FieldID holds the event ID, the consumer's deduplication key.
 	FieldID = "id"
@@ -67,6 +69,16 @@ const (
 	// FieldPayload holds the event's JSON payload.
 	FieldPayload = "payload"
 )
+
+// FieldCloudEvent is the field of an entry in [wire.CloudEvents] or
+// [wire.CloudEventsJSON] format: the event as one CloudEvents JSON document
+// (structured content mode, application/cloudevents+json; see
+// [wire.StructuredJSON]). Redis Streams have no CloudEvents protocol
+// binding and no headers, so both formats are structured here. Such an
+// entry has one more field, [FieldHeaders], only when the event has
+// headers the document does not carry (all but the traceparent and
+// tracestate the document holds as extensions).
+const FieldCloudEvent = "cloudevent"
 
 // Defaults of [Config].
 const (
@@ -110,13 +122,37 @@ type Config struct {
 	// Options.ContextTimeoutEnabled; otherwise its own ReadTimeout and
 	// WriteTimeout bound the call. Defaults to 5 seconds.
 	Timeout time.Duration
+
+	// Format is how an event is laid out in its entry. [wire.Native] (the
+	// default) writes the Field constants' fields, as before formats
+	// existed. [wire.CloudEvents] and [wire.CloudEventsJSON] are the same
+	// here: Redis Streams have no CloudEvents binding, so both write one
+	// structured JSON document in [FieldCloudEvent] (plus [FieldHeaders]
+	// when needed), for consumers that read CloudEvents in any language.
+	// [New] refuses other values.
+	Format wire.Format
+
+	// Source is the CloudEvents source attribute in the CloudEvents
+	// formats: a URI-reference naming the producing service, such as
+	// "/orders". It must not change for an event's life, since consumers
+	// deduplicate by source and id. Defaults to [wire.DefaultSource].
+	// Native format ignores it.
+	Source string
+
+	// Telemetry reports each XADD as a PRODUCER span "send {stream}" and
+	// puts that span's trace context in the entry. Defaults to nil: the
+	// Telemetry in the handler's context, which outboxotel puts in every
+	// delivery's, so set it only to override that one.
+	Telemetry wire.Telemetry
 }
 
 // Publisher appends outbox events to Redis streams. Create it with [New]; it
 // is safe for concurrent use.
 type Publisher struct {
-	rdb Client
-	cfg Config
+	rdb  Client
+	cfg  Config
+	host string // the server's address and port for telemetry, when known
+	port int
 }
 
 // New returns a publisher that appends events through rdb.
@@ -130,17 +166,53 @@ func New(rdb Client, cfg Config) (*Publisher, error) {
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("outbox/redis: negative Timeout %v; use 0 for the default", cfg.Timeout)
 	}
+	if err := cfg.Format.Check(); err != nil {
+		return nil, fmt.Errorf("outbox/redis: Config.Format: %w", err)
+	}
 	cfg.Stream = cmp.Or(cfg.Stream, DefaultStream)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
-	return &Publisher{rdb: rdb, cfg: cfg}, nil
+	p := &Publisher{rdb: rdb, cfg: cfg}
+	p.host, p.port = serverAddr(rdb)
+	return p, nil
+}
+
+// serverAddr returns the address and port of the server a single-node
+// client (*redis.Client) talks to, for telemetry; "", 0 for other clients
+// (a cluster or ring has no one address).
+func serverAddr(rdb any) (string, int) {
+	c, ok := rdb.(interface{ Options() *goredis.Options })
+	if !ok {
+		return "", 0
+	}
+	o := c.Options()
+	if o == nil || o.Addr == "" {
+		return "", 0
+	}
+	if o.Network == "unix" {
+		return o.Addr, 0
+	}
+	host, port, err := net.SplitHostPort(o.Addr)
+	if err != nil {
+		return "", 0
+	}
+	n, _ := strconv.Atoi(port)
+	return host, n
 }
 
 // Handler returns the outbox handler that appends each event it is given:
 // register it with ob.Handle(eventType, p.Handler()).
 //
-// The entry's fields, always all present and in this order, are id, type,
-// aggregate_type, aggregate_id, idempotency_key, occurred_at, headers and
-// payload (see the Field constants). Its entry ID is assigned by Redis.
+// In [wire.Native] format the entry's fields, always all present and in
+// this order, are id, type, aggregate_type, aggregate_id, idempotency_key,
+// occurred_at, headers and payload (see the Field constants). In the
+// CloudEvents formats they are [FieldCloudEvent] and, when the event has
+// headers the document does not hold, [FieldHeaders]. Its entry ID is
+// assigned by Redis.
+//
+// Each XADD is reported to the Telemetry (Config's or the context's) as a
+// send to the stream, whose trace context the entry carries: in the
+// headers field (Native), in the document's traceparent and tracestate
+// extensions (CloudEvents).
 //
 // An event that cannot be encoded, or whose stream key is empty, fails
 // permanently ([outbox.Permanent]). Network errors and the Redis errors that
@@ -160,7 +232,17 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 	if stream == "" {
 		return outbox.Permanent(fmt.Errorf("outbox/redis: publish event %s: StreamFor returned an empty stream key", e.ID))
 	}
-	values, err := entry(e)
+	ctx, e, end := wire.StartSend(ctx, p.cfg.Telemetry, wire.Operation{
+		System: "redis", Destination: stream, ServerAddress: p.host, ServerPort: p.port,
+	}, e)
+	err := p.send(ctx, stream, e)
+	end(err)
+	return err
+}
+
+// send appends e, with its trace context as StartSend set it, to stream.
+func (p *Publisher) send(ctx context.Context, stream string, e outbox.Event) error {
+	values, err := p.entry(e)
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/redis: publish event %s: %w", e.ID, err))
 	}
@@ -202,7 +284,66 @@ func unavailable(err error) bool {
 		goredis.IsAuthError(err) || strings.HasPrefix(err.Error(), "BUSY ")
 }
 
-func entry(e outbox.Event) ([]any, error) {
+// entry returns the fields of e's entry in the configured format.
+func (p *Publisher) entry(e outbox.Event) ([]any, error) {
+	if p.cfg.Format == wire.Native {
+		return nativeEntry(e)
+	}
+	m, err := wire.NoBinding.Encode(p.cfg.Format, e, wire.CloudEventOptions{Source: p.cfg.Source})
+	if err != nil {
+		return nil, err
+	}
+	values := []any{FieldCloudEvent, string(m.Body)}
+	// m.Header holds the event's headers (reserved names dropped); the
+	// document carries traceparent and tracestate, so the headers field
+	// leaves out the one header each that the document took them from.
+	var extra map[string]string
+	for _, h := range m.Header {
+		if inDocument(e.Headers, h) {
+			continue
+		}
+		if extra == nil {
+			extra = map[string]string{}
+		}
+		extra[h.Name] = h.Value
+	}
+	if len(extra) > 0 {
+		headers, err := json.Marshal(extra)
+		if err != nil {
+			return nil, fmt.Errorf("encode headers: %w", err)
+		}
+		values = append(values, FieldHeaders, string(headers))
+	}
+	return values, nil
+}
+
+// inDocument reports whether header h of an event with headers hs is the
+// one [wire.Attributes] made its traceparent or tracestate extension of:
+// the header of that exact name, or else the only one of that name in
+// another case (the consumer gives it back under the lowercase name).
+// With several in other cases and none exact, which one Attributes took is
+// not fixed, so they all stay in the headers field.
+func inDocument(hs map[string]string, h wire.Attribute) bool {
+	for _, name := range [...]string{wire.ExtTraceParent, wire.ExtTraceState} {
+		if !strings.EqualFold(h.Name, name) {
+			continue
+		}
+		if _, ok := hs[name]; ok {
+			return h.Name == name
+		}
+		n := 0
+		for k := range hs {
+			if strings.EqualFold(k, name) {
+				n++
+			}
+		}
+		return n == 1
+	}
+	return false
+}
+
+// nativeEntry returns the fields of e's entry in [wire.Native] format.
+func nativeEntry(e outbox.Event) ([]any, error) {
 	payload, err := e.PayloadJSON()
 	if err != nil {
 		return nil, err
