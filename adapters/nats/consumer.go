@@ -49,8 +49,9 @@ type ConsumerConfig struct {
 	Handle func(ctx context.Context, tx *gorm.DB, m Message) error
 
 	// MessageID returns the ID the inbox records for m. Defaults to
-	// m.Event.ID (the Outbox-Event-Id header the outbox put on it); set it
-	// for messages of other producers, for example to
+	// m.Event.ID (the Outbox-Event-Id header, or the CloudEvents id, the
+	// outbox put on it); set it for messages of other producers without
+	// either, for example to
 	// m.Raw.Headers().Get(jetstream.MsgIDHeader) (Nats-Msg-Id, which this
 	// package's Publisher also sets to the event ID). An empty ID is
 	// refused as permanent: the message is terminated.
@@ -116,6 +117,14 @@ type ConsumerConfig struct {
 	// AckTimeout bounds the wait for the server's confirmation of an ack
 	// (DoubleAck). Defaults to 5 seconds.
 	AckTimeout time.Duration
+
+	// Telemetry reports each message decoded as a CONSUMER span "process
+	// {subject}", a child of the trace context the message carries (the
+	// producer's send span), ended with the outcome of outbox.Consume;
+	// Handle runs in that span's context. Nil uses the one in Run's
+	// context, if any: set it (to outboxotel.Messaging(), for example) in
+	// a consumer process, where no outbox delivery puts one there.
+	Telemetry wire.Telemetry
 }
 
 // Message is one message received: the outbox event decoded from its
@@ -137,6 +146,7 @@ type Consumer struct {
 	cfg ConsumerConfig
 	log *slog.Logger
 
+	group   string // the durable consumer's name, for telemetry
 	running atomic.Bool
 
 	// beforeAck, when set (by tests), runs right before a committed
@@ -167,6 +177,7 @@ func NewConsumer(db *gorm.DB, js jetstream.JetStream, cfg ConsumerConfig) (*Cons
 	case cfg.AckWait < 0, cfg.FetchBatch < 0, cfg.FetchMaxWait < 0, cfg.Concurrency < 0, cfg.NakDelay < 0, cfg.AckTimeout < 0:
 		return nil, bad("negative AckWait, FetchBatch, FetchMaxWait, Concurrency, NakDelay or AckTimeout; use 0 for the default")
 	}
+	var group string
 	if cfg.JetStreamConsumer != nil {
 		if cfg.Stream != "" || cfg.Durable != "" || len(cfg.FilterSubjects) > 0 || cfg.AckWait != 0 {
 			return nil, bad("JetStreamConsumer excludes Stream, Durable, FilterSubjects and AckWait (the consumer's own configuration applies)")
@@ -179,6 +190,7 @@ func NewConsumer(db *gorm.DB, js jetstream.JetStream, cfg ConsumerConfig) (*Cons
 			return nil, bad("JetStreamConsumer %s has ack policy %s; it needs AckExplicit", info.Name, info.Config.AckPolicy)
 		}
 		cfg.AckWait = cmp.Or(info.Config.AckWait, DefaultAckWait)
+		group = cmp.Or(info.Config.Durable, info.Name)
 	} else {
 		if js == nil {
 			return nil, bad("nil JetStream and no JetStreamConsumer")
@@ -194,6 +206,7 @@ func NewConsumer(db *gorm.DB, js jetstream.JetStream, cfg ConsumerConfig) (*Cons
 			return nil, bad("Stream %q: %v", cfg.Stream, err)
 		}
 		cfg.AckWait = cmp.Or(cfg.AckWait, DefaultAckWait)
+		group = cfg.Durable
 	}
 	cfg.FetchBatch = cmp.Or(cfg.FetchBatch, DefaultFetchBatch)
 	cfg.FetchMaxWait = cmp.Or(cfg.FetchMaxWait, DefaultFetchMaxWait)
@@ -203,7 +216,7 @@ func NewConsumer(db *gorm.DB, js jetstream.JetStream, cfg ConsumerConfig) (*Cons
 	if cfg.MessageID == nil {
 		cfg.MessageID = func(m Message) string { return m.Event.ID }
 	}
-	c := &Consumer{db: db, js: js, cfg: cfg, log: cfg.Logger}
+	c := &Consumer{db: db, js: js, cfg: cfg, log: cfg.Logger, group: group}
 	if c.log == nil {
 		c.log = slog.Default()
 	}
@@ -224,7 +237,9 @@ func checkName(s string) error {
 // configuration the server refuses), or the connection has closed for good.
 // While the server is unreachable Run keeps trying, logging a warning.
 //
-// For each message, Run decodes the event ([wire.Decode]), takes its ID
+// For each message, Run decodes the event ([wire.Decode]: any [wire.Format]
+// the Publisher sends, CloudEvents of other producers too), starts its
+// span ([ConsumerConfig.Telemetry]), takes its ID
 // ([ConsumerConfig.MessageID]) and calls [outbox.Consume] with Handle.
 // Then: nil (the effect committed, or the message was a duplicate already
 // consumed) acknowledges it with DoubleAck, which waits for the server's
@@ -356,9 +371,12 @@ func (c *Consumer) process(ctx context.Context, h *held, msg jetstream.Msg) {
 		return
 	}
 	m := Message{Event: ev, Raw: msg}
+	ctx, end := wire.StartReceive(ctx, c.cfg.Telemetry,
+		wire.Operation{System: "nats", Destination: msg.Subject(), ConsumerGroup: c.group}, ev)
 	id := c.cfg.MessageID(m)
 	attrs = append(attrs, slog.String("message_id", id))
 	if id == "" {
+		end(outbox.Permanent(errors.New("outbox/nats: no message ID")))
 		c.term(ctx, h, msg, "outbox/nats: terminating a message without a message ID", attrs)
 		return
 	}
@@ -367,6 +385,7 @@ func (c *Consumer) process(ctx context.Context, h *held, msg jetstream.Msg) {
 		called = true
 		return c.cfg.Handle(ctx, tx, m)
 	})
+	end(err)
 	switch {
 	case err == nil:
 		h.remove(msg)

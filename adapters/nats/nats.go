@@ -7,10 +7,9 @@
 // at least once beyond it.
 //
 // Each event becomes one message on the subject [Config.Subject] returns
-// (by default "outbox." + event type). The body is the event's JSON payload;
-// the event's metadata travels in headers (see [Publisher.Handler]). The
-// handler waits for JetStream's publish ack, so an event counts as delivered
-// only once the stream has stored it.
+// (by default "outbox." + event type), laid out in [Config.Format] (see
+// Formats below). The handler waits for JetStream's publish ack, so an
+// event counts as delivered only once the stream has stored it.
 //
 // Ordering: the handler publishes synchronously, so a stream stores events in
 // the order one relay delivers them. A failed event that is retried lands
@@ -28,6 +27,43 @@
 // event is published again until the process creates a new connection (the
 // Publisher logs that once, as an error).
 //
+// # Formats
+//
+// Every message carries Nats-Msg-Id = event ID (JetStream's dedupe ID) and
+// the event's own headers, trace context included; event headers named
+// Content-Type, or starting with "Nats-", in any case, are dropped.
+// [Config.Format] decides the rest:
+//
+//   - [wire.Native] (the default, unchanged from earlier releases): the
+//     Outbox-* headers of [wire.Headers], Content-Type: application/json,
+//     the JSON payload as the body.
+//   - [wire.CloudEvents]: CloudEvents 1.0 binary content mode per the NATS
+//     protocol binding (NATS 2.2 headers): one ce- header per attribute
+//     (ce-specversion, ce-id, ce-source, ce-type, ce-subject, ce-time,
+//     ce-datacontenttype, and the extensions ce-aggregatetype,
+//     ce-aggregateid, ce-idempotencykey, ce-traceparent, ce-tracestate),
+//     values percent-encoded as the binding asks; Content-Type:
+//     application/json; the payload as the body. No Outbox-* headers.
+//   - [wire.CloudEventsJSON]: structured content mode: Content-Type:
+//     application/cloudevents+json, the body one JSON document with the
+//     same attributes and the payload as "data".
+//
+// The attributes are mapped as package wire's doc says. [Config.Source]
+// sets the source attribute ([wire.DefaultSource] when empty). The
+// [Consumer] reads all three formats ([wire.Decode]); the CloudEvents Go
+// SDK's NATS JetStream binding reads the CloudEvents ones (tested).
+//
+// # Telemetry
+//
+// Each publish is reported to a [wire.Telemetry] as a PRODUCER span "send
+// {subject}" (messaging.system "nats"), and the message carries that span's
+// trace context (the traceparent/tracestate headers, and the CloudEvents
+// extensions in the CloudEvents formats); the Consumer reports each message
+// it applies as a CONSUMER span. The spans come from package outboxotel,
+// whose instrumentation puts its Telemetry in every delivery's context:
+// [Config.Telemetry] and [ConsumerConfig.Telemetry] are for a consumer
+// process without it, or to override it.
+//
 // The package shares its name with github.com/nats-io/nats.go; import it
 // under another name, for example outboxnats.
 package nats
@@ -39,6 +75,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -49,10 +87,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// HeaderContentType is set on every message, always "application/json":
-// the body is the event's JSON payload. The headers that carry the event's
-// fields are named in package [github.com/gorm-outbox/outbox/wire], as in
-// every outbox adapter.
+// HeaderContentType is set on every message: "application/json" when the
+// body is the event's JSON payload (Native and CloudEvents formats),
+// "application/cloudevents+json" in CloudEventsJSON. The headers that
+// carry the event's fields are named in package
+// [github.com/gorm-outbox/outbox/wire], as in every outbox adapter.
 const HeaderContentType = "Content-Type"
 
 // Defaults of [Config].
@@ -101,12 +140,38 @@ type Config struct {
 	// reconnecting during a long outage, and an error, logged once, when
 	// the connection has closed for good. Defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Format is how events are laid out on the wire (see the package
+	// doc's Formats): [wire.Native] (the default: the Outbox-* headers),
+	// [wire.CloudEvents] (CloudEvents binary mode per the NATS binding:
+	// ce- headers) or [wire.CloudEventsJSON] (structured mode: one
+	// application/cloudevents+json document). Every format keeps
+	// Nats-Msg-Id = event ID, so JetStream's deduplication works in all.
+	// [New] refuses another value.
+	Format wire.Format
+
+	// Source is the CloudEvents source attribute in the CloudEvents
+	// formats; "" is [wire.DefaultSource]. Set one URI-reference per
+	// producing service (for example "/orders") when consumers receive
+	// events from several: CloudEvents consumers deduplicate by source and
+	// id. Keep it stable, since a retried event must keep its source.
+	// Unused in Native format.
+	Source string
+
+	// Telemetry reports each publish as a PRODUCER span, whose trace
+	// context the message carries (traceparent header, and the
+	// CloudEvents extension in the CloudEvents formats). Nil uses the one
+	// in the handler's context, which outboxotel puts there for every
+	// delivery, so it is needed only to override that; with neither,
+	// publishes are not instrumented.
+	Telemetry wire.Telemetry
 }
 
 // Publisher publishes outbox events to JetStream. Create it with [New]; it is
 // safe for concurrent use.
 type Publisher struct {
 	js     JetStream
+	nc     *natsgo.Conn // js's connection, when it exposes it: the server's address for telemetry
 	cfg    Config
 	log    *slog.Logger
 	closed atomic.Bool // the closed connection has been logged
@@ -130,6 +195,9 @@ func New(js JetStream, cfg Config) (*Publisher, error) {
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("outbox/nats: negative Timeout %v; use 0 for the default", cfg.Timeout)
 	}
+	if err := cfg.Format.Check(); err != nil {
+		return nil, fmt.Errorf("outbox/nats: Config.Format: %w", err)
+	}
 	cfg.SubjectPrefix = cmp.Or(cfg.SubjectPrefix, DefaultSubjectPrefix)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	p := &Publisher{js: js, cfg: cfg, log: cfg.Logger}
@@ -137,7 +205,8 @@ func New(js JetStream, cfg Config) (*Publisher, error) {
 		p.log = slog.Default()
 	}
 	if c, ok := js.(interface{ Conn() *natsgo.Conn }); ok {
-		p.checkReconnects(c.Conn())
+		p.nc = c.Conn()
+		p.checkReconnects(p.nc)
 	}
 	return p, nil
 }
@@ -163,14 +232,19 @@ func (p *Publisher) checkReconnects(nc *natsgo.Conn) {
 // Handler returns the outbox handler that publishes each event it is given:
 // register it with ob.Handle(eventType, p.Handler()).
 //
-// The message body is the event's JSON payload. Its headers are those
-// [wire.Headers] gives: the event's headers (trace context such as
-// "traceparent" included, names kept as they are; those with a reserved
-// Outbox-* name, in any case, dropped), then the Outbox-* fields; plus
-// [HeaderContentType] and Nats-Msg-Id = event ID. Event headers named
+// In Native format the message body is the event's JSON payload. Its
+// headers are those [wire.Headers] gives: the event's headers (trace
+// context such as "traceparent" included, names kept as they are; those
+// with a reserved Outbox-* name, in any case, dropped), then the Outbox-*
+// fields; plus [HeaderContentType] and Nats-Msg-Id = event ID. The
+// CloudEvents formats replace the Outbox-* fields with attributes (see the
+// package doc's Formats). In every format, event headers named
 // Content-Type, in any case, are dropped, and so are those whose names start
 // with "Nats-": they would steer JetStream itself (expected sequences,
 // message TTL, the dedupe ID).
+//
+// Each call is reported to the Telemetry of [Config.Telemetry] or the
+// context, with its outcome (the error the handler returns).
 //
 // Errors that retrying cannot fix (an invalid subject or header, a message
 // over the server's size limit) are marked [outbox.Permanent]. Errors that
@@ -182,20 +256,44 @@ func (p *Publisher) Handler() outbox.Handler {
 	return p.publish
 }
 
-func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
+func (p *Publisher) publish(ctx context.Context, e outbox.Event) (err error) {
 	subject := p.subject(e)
+	// The span starts before anything can fail, so that it records every
+	// outcome; e becomes the event with the span's trace context, which is
+	// what the message must carry.
+	ctx, e, end := wire.StartSend(ctx, p.cfg.Telemetry, p.operation(ctx, subject), e)
+	defer func() { end(err) }()
+	return p.send(ctx, subject, e)
+}
+
+// operation describes a publish to subject for [wire.StartSend], with the
+// server's address when the connection is known and a Telemetry will use
+// it (it is looked up per publish: a reconnect may change the server).
+func (p *Publisher) operation(ctx context.Context, subject string) wire.Operation {
+	op := wire.Operation{System: "nats", Destination: subject}
+	if p.nc == nil || (p.cfg.Telemetry == nil && wire.TelemetryFrom(ctx) == nil) {
+		return op
+	}
+	if u, err := url.Parse(p.nc.ConnectedUrlRedacted()); err == nil && u.Hostname() != "" {
+		op.ServerAddress = u.Hostname()
+		op.ServerPort, _ = strconv.Atoi(u.Port())
+	}
+	return op
+}
+
+func (p *Publisher) send(ctx context.Context, subject string, e outbox.Event) error {
 	if err := checkSubject(subject); err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: subject %q: %w", e.ID, subject, err))
 	}
-	data, err := e.PayloadJSON()
+	m, err := wire.NATSBinding.Encode(p.cfg.Format, e, wire.CloudEventOptions{Source: p.cfg.Source})
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: %w", e.ID, err))
 	}
-	hdr, err := headers(e)
+	hdr, err := headers(m)
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: %w", e.ID, err))
 	}
-	msg := &natsgo.Msg{Subject: subject, Data: data, Header: hdr}
+	msg := &natsgo.Msg{Subject: subject, Data: m.Body, Header: hdr}
 
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID)}
 	if p.cfg.ExpectStream != "" {
@@ -285,23 +383,23 @@ func checkSubject(s string) error {
 	return nil
 }
 
-func headers(e outbox.Event) (natsgo.Header, error) {
-	h := make(natsgo.Header, len(e.Headers)+8)
-	var err error
-	wire.Headers(e, func(k, v string) {
-		if err != nil || strings.EqualFold(k, HeaderContentType) || (len(k) >= 5 && strings.EqualFold(k[:5], "Nats-")) {
-			return
+// headers returns the NATS headers of m: its headers but those NATS or
+// JetStream would act on, checked, and its content type.
+func headers(m wire.Message) (natsgo.Header, error) {
+	h := make(natsgo.Header, len(m.Header)+2)
+	for _, a := range m.Header {
+		k, v := a.Name, a.Value
+		if strings.EqualFold(k, HeaderContentType) || (len(k) >= 5 && strings.EqualFold(k[:5], "Nats-")) {
+			continue
 		}
 		// The Outbox-* values come from the event too: a CR or LF in them
 		// would split the header block.
-		if err = checkHeader(k, v); err == nil {
-			h.Set(k, v)
+		if err := checkHeader(k, v); err != nil {
+			return nil, err
 		}
-	})
-	if err != nil {
-		return nil, err
+		h.Set(k, v)
 	}
-	h.Set(HeaderContentType, "application/json")
+	h.Set(HeaderContentType, m.ContentType)
 	return h, nil
 }
 
