@@ -48,8 +48,9 @@ type ConsumerConfig struct {
 	Handle func(ctx context.Context, tx *gorm.DB, m Message) error
 
 	// MessageID returns the ID the inbox records for m. Defaults to
-	// m.Event.ID (the Outbox-Event-Id header the outbox put on it); set it
-	// for messages of other producers, for example
+	// m.Event.ID (the event ID the outbox put on it, in any [wire.Format]:
+	// the Outbox-Event-Id header, the ce_id header or the structured
+	// document's id); set it for messages of other producers, for example
 	//
 	//	func(m kafka.Message) string {
 	//		return fmt.Sprintf("%s/%d/%d", m.Raw.Topic, m.Raw.Partition, m.Raw.Offset)
@@ -76,10 +77,19 @@ type ConsumerConfig struct {
 	// waits with it, so that the partition's records keep their order.
 	// Defaults to 1s.
 	RetryDelay time.Duration
+
+	// Telemetry reports each attempt at a record as a CONSUMER span
+	// "process {topic}", a child of the trace context the record carries
+	// (its producer's send span); Handle runs in that span's context.
+	// Defaults to nil: the Telemetry in Run's context, if any (put there
+	// with wire.ContextWithTelemetry); with neither, no spans. Set it to
+	// outboxotel.Messaging() to trace the consumer.
+	Telemetry wire.Telemetry
 }
 
 // Message is one record received: the outbox event decoded from its headers
-// and value ([wire.Decode]) and the record itself.
+// and value ([wire.Decode], which reads every [wire.Format]) and the record
+// itself.
 type Message struct {
 	Event outbox.Event
 	Raw   *kgo.Record
@@ -421,9 +431,15 @@ func (pt *partition) process(rec *kgo.Record) bool {
 	c, ctx := pt.r.c, pt.r.ctx
 	for {
 		m, id, err := c.message(rec)
+		// A record that does not decode gets its span too, ended with
+		// the error that commits past it.
+		sctx, end := wire.StartReceive(ctx, c.cfg.Telemetry, wire.Operation{
+			System: "kafka", Destination: rec.Topic, ConsumerGroup: c.cfg.Group,
+		}, m.Event)
 		if err == nil {
-			err = c.consume(ctx, id, m)
+			err = c.consume(sctx, id, m)
 		}
+		end(err)
 		switch {
 		case err == nil:
 			if c.beforeAck != nil {
@@ -472,6 +488,8 @@ func (pt *partition) commit() {
 }
 
 // message decodes rec and returns its message ID; an error is permanent.
+// Every header goes to wire.Decode (the first value of a repeated one),
+// content-type included: it tells the structured CloudEvents format.
 func (c *Consumer) message(rec *kgo.Record) (Message, string, error) {
 	h := make(map[string]string, len(rec.Headers))
 	for _, x := range rec.Headers {

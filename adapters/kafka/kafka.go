@@ -44,11 +44,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 // Defaults of [Config].
@@ -95,22 +97,59 @@ type Config struct {
 
 	// Key returns the record key, which picks the partition. Defaults to
 	// the event's AggregateID, or no key (any partition) when it is empty.
+	// In the CloudEvents formats a non-empty key is also the partitionkey
+	// extension, as the Kafka binding asks.
 	Key func(outbox.Event) []byte
+
+	// Format is how a record carries its event: [wire.Native] (the
+	// default: Outbox-* headers, the payload as the value),
+	// [wire.CloudEvents] (the CloudEvents Kafka binding's binary content
+	// mode: ce_* headers, the payload as the value) or
+	// [wire.CloudEventsJSON] (its structured mode: one JSON document as the
+	// value). Use a CloudEvents format when consumers read records with a
+	// CloudEvents SDK rather than with package wire; the package doc shows
+	// each layout. [New] refuses any other value.
+	Format wire.Format
+
+	// Source is the CloudEvents source attribute in the CloudEvents
+	// formats: a URI-reference naming the producing service, such as
+	// "/orders". Keep it stable: consumers may deduplicate by source and
+	// id. Ignored in Native format. Defaults to [wire.DefaultSource].
+	Source string
+
+	// Telemetry reports each produce as a PRODUCER span "send {topic}" and
+	// puts that span's trace context on the record. Defaults to nil: the
+	// Telemetry in the handler's context, which outboxotel puts there for
+	// every delivery, so set it only to override that one; with neither,
+	// records are produced without spans.
+	Telemetry wire.Telemetry
 }
 
 // Producer produces outbox events to Kafka. Create it with [New]; it is
 // safe for concurrent use.
 type Producer struct {
-	cl    *kgo.Client
-	owned bool
-	topic func(outbox.Event) string
-	key   func(outbox.Event) []byte
+	cl     *kgo.Client
+	owned  bool
+	topic  func(outbox.Event) string
+	key    func(outbox.Event) []byte
+	format wire.Format
+	source string
+	tel    wire.Telemetry
+	// host and port name the broker in telemetry when the client has one
+	// seed broker; with several, which one takes a record is not known
+	// before it is sent, and they stay empty.
+	host string
+	port int
 }
 
 // New returns a Producer configured by cfg. Building a client does not
-// contact the brokers; the first publish does.
+// contact the brokers; the first publish does. An unknown Format is an
+// error wrapping [wire.ErrFormat].
 func New(cfg Config) (*Producer, error) {
-	p := &Producer{cl: cfg.Client, topic: cfg.TopicFor, key: cfg.Key}
+	if err := cfg.Format.Check(); err != nil {
+		return nil, fmt.Errorf("outbox/kafka: Format: %w", err)
+	}
+	p := &Producer{cl: cfg.Client, topic: cfg.TopicFor, key: cfg.Key, format: cfg.Format, source: cfg.Source, tel: cfg.Telemetry}
 	if p.topic == nil {
 		topic := cfg.Topic
 		if topic == "" {
@@ -152,7 +191,24 @@ func New(cfg Config) (*Producer, error) {
 		p.Close()
 		return nil, errors.New("outbox/kafka: the client is transactional; use a client without kgo.TransactionalID")
 	}
+	if seeds, _ := p.cl.OptValue(kgo.SeedBrokers).([]string); len(seeds) == 1 {
+		p.host, p.port = brokerAddr(seeds[0])
+	}
 	return p, nil
+}
+
+// brokerAddr splits a seed broker's address as franz-go reads it: the port
+// defaults to 9092.
+func brokerAddr(seed string) (string, int) {
+	host, port, err := net.SplitHostPort(seed)
+	if err != nil {
+		return seed, 9092
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		return host, 0
+	}
+	return host, n
 }
 
 // Client returns the client the Producer produces with, for instance to
@@ -175,16 +231,28 @@ func (p *Producer) Handler() outbox.Handler { return p.Publish }
 // the package doc) are marked [outbox.Unavailable]: the relay pauses
 // without counting attempts. Others (an authorization refused for the
 // topic, a corrupt record) are retried with backoff and count attempts.
-func (p *Producer) Publish(ctx context.Context, e outbox.Event) error {
+//
+// With a [wire.Telemetry] (Config's, or the one in ctx) the produce is a
+// PRODUCER span, ended with the error Publish returns, and the record
+// carries that span's trace context instead of the event's.
+func (p *Producer) Publish(ctx context.Context, e outbox.Event) (err error) {
 	topic := p.topic(e)
+	key := p.key(e)
+	ctx, e, end := wire.StartSend(ctx, p.tel, wire.Operation{
+		System: "kafka", Destination: topic, ServerAddress: p.host, ServerPort: p.port,
+	}, e)
+	defer func() { end(err) }()
+	return p.publish(ctx, topic, key, e)
+}
+
+func (p *Producer) publish(ctx context.Context, topic string, key []byte, e outbox.Event) error {
 	if err := checkTopic(topic); err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/kafka: publish event %s: topic %q: %w", e.ID, topic, err))
 	}
-	value, err := e.PayloadJSON()
+	rec, err := p.record(topic, key, e)
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/kafka: publish event %s: %w", e.ID, err))
 	}
-	rec := &kgo.Record{Topic: topic, Key: p.key(e), Value: value, Headers: headers(e)}
 
 	// ProduceSync flushes the record at once instead of letting it linger,
 	// but once the request is on the wire an idempotent client will not
