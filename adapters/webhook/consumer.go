@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"runtime/debug"
 	"time"
@@ -36,14 +37,17 @@ type ConsumerConfig struct {
 	// one marked with [outbox.Unavailable] a 503 without Retry-After (the
 	// Sender pauses delivery without counting an attempt); any other
 	// error, or a panic, a 500 (the Sender retries with backoff). ctx is
-	// the request's context.
+	// the request's context, carrying the receive span when there is a
+	// Telemetry.
 	Handle func(ctx context.Context, tx *gorm.DB, m Message) error
 
 	// MessageID returns the ID the inbox records for m. Defaults to
-	// m.Event.ID: the envelope's "id", which the signature covers (the
-	// same value as the Outbox-Event-Id header the Sender sets). Set it for
-	// messages of other producers. An empty ID is refused as permanent
-	// (400).
+	// m.Event.ID, the event ID in every Format: the envelope's "id", the
+	// CloudEvents id. A request signed with Standard Webhooks must then
+	// carry it as its webhook-id too, which the signature covers (in the
+	// CloudEvents binary mode the id travels in an unsigned ce-id header);
+	// a mismatch is refused (400). Set MessageID for messages of other
+	// producers. An empty ID is refused as permanent (400).
 	MessageID func(m Message) string
 
 	// Logger; defaults to slog.Default(). Payloads are never logged.
@@ -51,13 +55,22 @@ type ConsumerConfig struct {
 
 	// Secrets are further secrets a request may be signed with, besides
 	// the one given to [NewConsumer]: while a secret is rotated, accept
-	// the old and the new one. Defaults to none.
+	// the old and the new one (see [VerifyAny]). Defaults to none.
 	Secrets [][]byte
 
-	// MaxAge is the largest difference between a request's
-	// X-Outbox-Timestamp and this server's clock that is accepted (see
-	// [Verify]). Defaults to [DefaultMaxAge], 5 minutes.
+	// MaxAge is the largest difference between a request's timestamp
+	// (webhook-timestamp, or the 0.1 scheme's X-Outbox-Timestamp) and this
+	// server's clock that is accepted (see [Verify]). Defaults to
+	// [DefaultMaxAge], 5 minutes.
 	MaxAge time.Duration
+
+	// Telemetry reports each message applied as a CONSUMER span "process
+	// {host}{path}" (messaging system "http", the consumer group the
+	// Consumer name), a child of the trace context the message carries;
+	// Handle runs in its context. Package outboxotel's Messaging() provides
+	// one. Defaults to the Telemetry in the request's context, if any
+	// (wire.ContextWithTelemetry): without one, no span.
+	Telemetry wire.Telemetry
 
 	// MaxBodyBytes bounds a request's body; a larger one is answered 413,
 	// which the Sender treats as permanent. Defaults to
@@ -65,12 +78,17 @@ type ConsumerConfig struct {
 	MaxBodyBytes int64
 }
 
-// Message is one request received: the outbox event decoded from its
-// [Envelope], and the request itself.
+// Message is one request received: the outbox event decoded from it, in
+// whichever [wire.Format] the Sender used, and the request itself.
 type Message struct {
-	// Event is the envelope's event: ID, type, aggregate, idempotency key,
-	// occurred_at, headers and the payload as a json.RawMessage, byte for
-	// byte as the Sender posted it.
+	// Event is the event the request carries: ID, type, aggregate,
+	// idempotency key, occurred_at, headers and the payload as a
+	// json.RawMessage, byte for byte as the Sender posted it. In
+	// wire.Native it is the [Envelope]'s (its headers all the event's); in
+	// the CloudEvents formats it is decoded by [wire.Decode], and its
+	// headers are the CloudEvents extensions that are no event field
+	// (traceparent, tracestate): other HTTP headers, forwarded event
+	// headers among them, are in Raw.Header only.
 	Event outbox.Event
 	// Raw is the HTTP request. Its body has been read already; Raw.Body
 	// reads the same bytes again.
@@ -78,16 +96,18 @@ type Message struct {
 }
 
 // Consumer is the receiving end of a [Sender]: an [http.Handler] that
-// verifies each request's signature, decodes its envelope and runs
+// verifies each request's signature, decodes its event (an envelope, or
+// CloudEvents in either content mode) and runs
 // [ConsumerConfig.Handle] through [outbox.Consume], so that an event
 // delivered twice (a response lost, a relay restarted) has its effect once.
 // It answers 2xx only after the effect has committed, or for a duplicate.
 // Create it with [NewConsumer]; it is safe for concurrent use.
 type Consumer struct {
-	db      *gorm.DB
-	secrets [][]byte
-	cfg     ConsumerConfig
-	log     *slog.Logger
+	db        *gorm.DB
+	secrets   [][]byte
+	cfg       ConsumerConfig
+	log       *slog.Logger
+	defaultID bool // MessageID is m.Event.ID: checked against webhook-id
 }
 
 // beforeAck, when set (by tests only), runs after Consume returned nil and
@@ -130,14 +150,16 @@ func NewConsumer(db *gorm.DB, secret []byte, cfg ConsumerConfig) (*Consumer, err
 	cfg.Secrets = nil
 	cfg.MaxAge = cmp.Or(cfg.MaxAge, DefaultMaxAge)
 	cfg.MaxBodyBytes = cmp.Or(cfg.MaxBodyBytes, DefaultMaxBodyBytes)
-	if cfg.MessageID == nil {
+	defaultID := cfg.MessageID == nil
+	if defaultID {
 		cfg.MessageID = func(m Message) string { return m.Event.ID }
 	}
 	return &Consumer{
-		db:      db,
-		secrets: secrets,
-		cfg:     cfg,
-		log:     cmp.Or(cfg.Logger, slog.Default()),
+		db:        db,
+		secrets:   secrets,
+		cfg:       cfg,
+		log:       cmp.Or(cfg.Logger, slog.Default()),
+		defaultID: defaultID,
 	}, nil
 }
 
@@ -147,7 +169,9 @@ func NewConsumer(db *gorm.DB, secret []byte, cfg ConsumerConfig) (*Consumer, err
 //   - 413 for a body over MaxBodyBytes;
 //   - 401 for a missing or bad signature, or a timestamp older (or newer)
 //     than MaxAge;
-//   - 400 for a body that is not an envelope, or a message without an ID;
+//   - 400 for a body that is neither an envelope nor a CloudEvents
+//     message, a message without an ID, or (with the default MessageID)
+//     an event ID that is not the request's webhook-id;
 //   - then Handle runs through [outbox.Consume]: 204 once it committed, or
 //     at once for a message already consumed; 422 for an
 //     [outbox.Permanent] error (or an ID the inbox cannot hold); 503 for an
@@ -180,10 +204,10 @@ func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "invalid signature or timestamp", http.StatusUnauthorized)
 		return
 	}
-	e, err := decodeEnvelope(body)
+	e, err := decode(r.Header, body)
 	if err != nil {
-		c.log.ErrorContext(ctx, "outbox/webhook: request body is not an envelope; refused", append(c.attrs(r, ""), slog.Any("error", err))...)
-		http.Error(w, "body is not an outbox envelope", http.StatusBadRequest)
+		c.log.ErrorContext(ctx, "outbox/webhook: request body is neither an envelope nor a CloudEvents message; refused", append(c.attrs(r, ""), slog.Any("error", err))...)
+		http.Error(w, "body is not an outbox envelope or a CloudEvents message", http.StatusBadRequest)
 		return
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
@@ -194,7 +218,23 @@ func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "message has no ID", http.StatusBadRequest)
 		return
 	}
+	webhookID := r.Header.Get(HeaderWebhookID)
+	if c.defaultID && webhookID != "" && webhookID != id {
+		// The signature covers webhook-id, not necessarily the event ID
+		// (a ce-id header): a replay with another ce-id would be applied
+		// again.
+		c.log.ErrorContext(ctx, "outbox/webhook: the event ID is not the signed webhook-id; refused", c.attrs(r, e.Type)...)
+		http.Error(w, "event ID does not match webhook-id", http.StatusBadRequest)
+		return
+	}
+	ctx, end := wire.StartReceive(ctx, c.cfg.Telemetry, wire.Operation{
+		System:        "http",
+		Destination:   r.Host + r.URL.EscapedPath(),
+		MessageID:     webhookID,
+		ConsumerGroup: c.cfg.Consumer,
+	}, e)
 	err = c.consume(ctx, id, m)
+	end(err)
 	attrs := append(c.attrs(r, e.Type), slog.String("message_id", id))
 	switch {
 	case err == nil:
@@ -243,22 +283,47 @@ type panicError struct {
 func (e *panicError) Error() string { return fmt.Sprintf("Handle panicked: %v\n%s", e.v, e.stack) }
 
 // verify checks the request's signature and timestamp against every secret
-// accepted: nil if one of them verifies it. All verification goes through
-// here.
+// accepted: nil if one of them verifies it.
 func (c *Consumer) verify(header http.Header, body []byte, now time.Time) error {
-	err := error(ErrInvalidSignature)
-	for _, s := range c.secrets {
-		e := verify(s, header, body, c.cfg.MaxAge, now)
-		if e == nil {
-			return nil
-		}
-		// A stale timestamp under a secret that signed the request (or
-		// no timestamp at all) says more than a mismatch.
-		if !errors.Is(e, ErrInvalidSignature) || errors.Is(err, ErrInvalidSignature) {
-			err = e
+	return verify(c.secrets, header, body, c.cfg.MaxAge, now)
+}
+
+// decode reads the event of a request in any Format: CloudEvents
+// structured mode by its Content-Type, binary mode by a ce-specversion
+// header (in a request without Outbox-Event-Id: a Native request may
+// forward an event header of that name), else a Native envelope. Only the
+// content type and the ce-* headers are given to wire.Decode: the other
+// HTTP headers (User-Agent, Authorization, the signature) are not the
+// event's.
+func decode(h http.Header, body []byte) (outbox.Event, error) {
+	ct := h.Get("Content-Type")
+	mt, _, _ := mime.ParseMediaType(ct)
+	binary := h.Get("Ce-Specversion") != "" && h.Get(wire.EventID) == ""
+	if mt != wire.ContentTypeCloudEventsJSON && !binary {
+		return decodeEnvelope(body)
+	}
+	headers := map[string]string{"Content-Type": ct}
+	if binary && mt != wire.ContentTypeCloudEventsJSON {
+		for k, vs := range h {
+			if attributeHeader(k) && len(vs) > 0 {
+				headers[k] = vs[0]
+			}
 		}
 	}
-	return err
+	e, err := wire.Decode(headers, body)
+	if err != nil {
+		// The decoder's error may quote the body; name its kind only.
+		var se *json.SyntaxError
+		var te *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &se):
+			err = fmt.Errorf("CloudEvents JSON: invalid JSON at offset %d", se.Offset)
+		case errors.As(err, &te):
+			err = fmt.Errorf("CloudEvents JSON: not an object (%s)", te.Value)
+		}
+		return outbox.Event{}, err
+	}
+	return e, nil
 }
 
 // decodeEnvelope reads a Sender's envelope back into the event it carries.
@@ -291,7 +356,7 @@ func decodeEnvelope(body []byte) (outbox.Event, error) {
 // attrs are the identifiers logged for a request: never its body.
 func (c *Consumer) attrs(r *http.Request, eventType string) []any {
 	a := []any{slog.String("consumer", c.cfg.Consumer), slog.String("remote_addr", r.RemoteAddr)}
-	if id := r.Header.Get(wire.EventID); id != "" {
+	if id := cmp.Or(r.Header.Get(wire.EventID), r.Header.Get(HeaderWebhookID)); id != "" {
 		a = append(a, slog.String("event_id", id)) // unsigned: as claimed
 	}
 	if eventType != "" {

@@ -69,9 +69,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/hmac"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -89,20 +86,6 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/wire"
 )
-
-// Request headers set on every delivery, besides Content-Type and the
-// Outbox-* headers named in package [github.com/gorm-outbox/outbox/wire].
-const (
-	// HeaderTimestamp carries the time of this attempt in decimal Unix
-	// seconds; it is part of the signed string.
-	HeaderTimestamp = "X-Outbox-Timestamp"
-	// HeaderSignature carries "sha256=" and the hex HMAC-SHA256 of
-	// timestamp + "." + body (see [Sign]).
-	HeaderSignature = "X-Outbox-Signature"
-)
-
-// signaturePrefix names the algorithm, leaving room for another one later.
-const signaturePrefix = "sha256="
 
 // Defaults.
 const (
@@ -150,23 +133,65 @@ type Config struct {
 	// the relay's deadline applies too. Defaults to 10 seconds.
 	Timeout time.Duration
 
+	// Format is the request's layout: [wire.Native] (the default) posts an
+	// [Envelope] (or the bare payload, see PayloadOnly) with the Outbox-*
+	// headers; [wire.CloudEvents] is the CloudEvents HTTP binding's binary
+	// mode (ce-* headers, the payload as the body); [wire.CloudEventsJSON]
+	// its structured mode (one application/cloudevents+json document). See
+	// the package doc's Formats. [New] refuses any other value with an
+	// error wrapping [wire.ErrFormat].
+	Format wire.Format
+
+	// Source is the CloudEvents source attribute in the CloudEvents
+	// formats: one URI-reference per producing service, such as "/orders",
+	// so that a receiver of several services' events can tell them apart.
+	// Keep it stable: receivers may deduplicate by source and id. Defaults
+	// to [wire.DefaultSource]. Unused in wire.Native.
+	Source string
+
+	// Telemetry reports each request as a PRODUCER span "send {host}{path}"
+	// (messaging system "http") whose trace context the request carries.
+	// Defaults to the Telemetry in the handler's ctx, which
+	// outboxotel.Instrument puts there for every delivery; set it only to
+	// override that one.
+	Telemetry wire.Telemetry
+
+	// Signature is the signing scheme: [StandardWebhooks] (the default:
+	// webhook-id, webhook-timestamp, webhook-signature) or
+	// [XOutboxSignature] (release 0.1's X-Outbox-Timestamp and
+	// X-Outbox-Signature, for receivers still checking those). [Verify]
+	// accepts both.
+	Signature Scheme
+
+	// Secrets are further keys the Sender signs every request with, besides
+	// the one given to [New], each adding a v1 entry to webhook-signature:
+	// to rotate a key, sign with the old and the new one until every
+	// receiver has the new one. [StandardWebhooks] only: New refuses
+	// Secrets with XOutboxSignature, which has room for one signature.
+	// Defaults to none.
+	Secrets [][]byte
+
 	// PayloadOnly posts the event's JSON payload as the body instead of an
 	// [Envelope]; the metadata is then only in the Outbox-* headers.
-	// Defaults to false (the envelope).
+	// wire.Native only (the CloudEvents formats have no envelope): New
+	// refuses it with another Format. Defaults to false (the envelope).
 	PayloadOnly bool
 
 	// Header is added to every request, for example an Authorization
-	// header the receiver requires. It cannot override the X-Outbox-*
-	// headers or Content-Type, and its entries with the reserved Outbox-*
+	// header the receiver requires. It cannot override the signature
+	// headers (webhook-*, X-Outbox-*), Content-Type or, in the CloudEvents
+	// formats, a ce-* attribute; its entries with the reserved Outbox-*
 	// names of package wire are ignored. Defaults to none.
 	Header http.Header
 
 	// ForwardHeaders names the event headers that are also sent as HTTP
 	// headers, so the receiver's tracing middleware picks them up. Names
 	// are matched case-insensitively; a value that is not a valid HTTP
-	// header value is not forwarded (it stays in the envelope). All event
-	// headers are in the envelope regardless. Defaults to traceparent,
-	// tracestate and baggage.
+	// header value is not forwarded. In wire.Native all event headers are
+	// in the envelope regardless; in the CloudEvents formats an event
+	// header reaches the receiver only when forwarded (traceparent and
+	// tracestate also travel as the traceparent and tracestate
+	// extensions). Defaults to traceparent, tracestate and baggage.
 	ForwardHeaders []string
 }
 
@@ -175,15 +200,23 @@ type Config struct {
 type Sender struct {
 	url     string
 	host    string
-	secret  []byte
+	secrets [][]byte
 	client  *http.Client
 	cfg     Config
 	forward []string
+	op      wire.Operation
 }
 
 // New returns a sender that posts events to endpoint (an http or https URL),
-// signed with secret. Share the secret with the receiver, which checks
-// requests with [Verify].
+// signed with secret, the raw key bytes (a Standard Webhooks receiver is
+// configured with the same key as text, [EncodeSecret]'s
+// "whsec_<base64>"; [DecodeSecret] reads that form back). Share the secret
+// with the receiver, which checks requests with [Verify] or any Standard
+// Webhooks verifier.
+//
+// New refuses an unknown Format (the error wraps [wire.ErrFormat]) or
+// Signature, PayloadOnly with a CloudEvents Format, and Secrets with the
+// XOutboxSignature scheme or with an empty key.
 func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
 	u, err := url.Parse(endpoint)
 	if err != nil {
@@ -199,6 +232,29 @@ func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("outbox/webhook: negative Timeout %v; use 0 for the default", cfg.Timeout)
 	}
+	if err := cfg.Format.Check(); err != nil {
+		return nil, fmt.Errorf("outbox/webhook: Config.Format: %w", err)
+	}
+	if cfg.PayloadOnly && cfg.Format != wire.Native {
+		return nil, fmt.Errorf("outbox/webhook: Config.PayloadOnly is for wire.Native only: %v has no envelope to leave out (its body is the payload or the CloudEvents document)", cfg.Format)
+	}
+	switch cfg.Signature {
+	case StandardWebhooks:
+	case XOutboxSignature:
+		if len(cfg.Secrets) > 0 {
+			return nil, errors.New("outbox/webhook: Config.Secrets needs the StandardWebhooks Signature: XOutboxSignature carries one signature")
+		}
+	default:
+		return nil, fmt.Errorf("outbox/webhook: unknown Config.Signature %v (use webhook.StandardWebhooks or webhook.XOutboxSignature)", cfg.Signature)
+	}
+	secrets := [][]byte{bytes.Clone(secret)}
+	for i, s := range cfg.Secrets {
+		if len(s) == 0 {
+			return nil, fmt.Errorf("outbox/webhook: Config.Secrets[%d] is empty", i)
+		}
+		secrets = append(secrets, bytes.Clone(s))
+	}
+	cfg.Secrets = nil
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	cfg.Header = cfg.Header.Clone()
 
@@ -216,11 +272,27 @@ func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
 	return &Sender{
 		url:     endpoint,
 		host:    u.Host,
-		secret:  bytes.Clone(secret),
+		secrets: secrets,
 		client:  client,
 		cfg:     cfg,
 		forward: forward,
+		op:      operation(u),
 	}, nil
+}
+
+// operation is what the Telemetry is told of every request: the URL's host
+// and path, never its query (which may hold a token).
+func operation(u *url.URL) wire.Operation {
+	port, _ := strconv.Atoi(u.Port())
+	if port == 0 {
+		port = map[string]int{"http": 80, "https": 443}[u.Scheme]
+	}
+	return wire.Operation{
+		System:        "http",
+		Destination:   u.Host + u.EscapedPath(),
+		ServerAddress: u.Hostname(),
+		ServerPort:    port,
+	}
 }
 
 // StatusError is the error for a response outside 2xx. It is wrapped with
@@ -243,11 +315,21 @@ func (s *Sender) Handler() outbox.Handler {
 	return s.send
 }
 
-func (s *Sender) send(ctx context.Context, e outbox.Event) error {
-	body, err := s.body(e)
+// send reports the request to the Telemetry around deliver, which builds
+// the request from the event StartSend returns: its trace context is the
+// send span's.
+func (s *Sender) send(ctx context.Context, e outbox.Event) (err error) {
+	ctx, e, end := wire.StartSend(ctx, s.cfg.Telemetry, s.op, e)
+	defer func() { end(err) }()
+	return s.deliver(ctx, e)
+}
+
+func (s *Sender) deliver(ctx context.Context, e outbox.Event) error {
+	msg, err := s.message(e)
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: %w", e.ID, err))
 	}
+	body := msg.Body
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	// Whether a connection to the receiver was made tells an endpoint that
@@ -261,25 +343,39 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: build request for %s", e.ID, s.host))
 	}
 	for k, vs := range s.cfg.Header {
-		if !wire.Reserved(k) {
+		if !wire.Reserved(k) && !signatureHeader(k) && !(s.cfg.Format == wire.CloudEvents && attributeHeader(k)) {
 			req.Header[k] = append([]string(nil), vs...)
 		}
 	}
 	if req.Header.Get("User-Agent") == "" {
 		req.Header.Set("User-Agent", "gorm-outbox-webhook/1")
 	}
-	wire.Headers(e, func(k, v string) {
-		switch {
-		case k == wire.EventID || k == wire.EventType:
-			// The receiver cannot do without them: a value net/http
-			// refuses fails the request rather than going missing.
-			req.Header.Set(k, v)
-		case !validHeaderValue(v):
-			// Left out; the envelope carries it.
-		case wire.Reserved(k) || s.forwarded(k):
-			req.Header.Set(k, v)
+	if s.cfg.Format == wire.Native {
+		wire.Headers(e, func(k, v string) {
+			switch {
+			case k == wire.EventID || k == wire.EventType:
+				// The receiver cannot do without them: a value net/http
+				// refuses fails the request rather than going missing.
+				req.Header.Set(k, v)
+			case !validHeaderValue(v):
+				// Left out; the envelope carries it.
+			case wire.Reserved(k) || (s.forwarded(k) && !signatureHeader(k)):
+				req.Header.Set(k, v)
+			}
+		})
+	} else {
+		for _, h := range msg.Header {
+			switch {
+			case attributeHeader(h.Name):
+				// A CloudEvents attribute, percent-encoded: always a valid
+				// header value. Event headers with the prefix were left
+				// out by Encode.
+				req.Header.Set(h.Name, h.Value)
+			case s.forwarded(h.Name) && validHeaderValue(h.Value) && !signatureHeader(h.Name):
+				req.Header.Set(h.Name, h.Value)
+			}
 		}
-	})
+	}
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	if key := cmp.Or(e.IdempotencyKey, e.ID); validHeaderValue(key) {
 		// The de facto standard name, which receivers' middleware knows,
@@ -288,9 +384,8 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) error {
 		// receiver (a restart, an idle timeout) instead of failing it.
 		req.Header.Set("Idempotency-Key", key)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(HeaderTimestamp, ts)
-	req.Header.Set(HeaderSignature, sign(s.secret, ts, body))
+	req.Header.Set("Content-Type", msg.ContentType)
+	s.sign(req.Header, e.ID, ts, body)
 
 	resp, err := s.client.Do(req)
 	if err != nil {
@@ -375,15 +470,57 @@ func retryAfter(v string, now time.Time) (time.Duration, bool) {
 	return min(max(d, 0), maxRetryAfter), true
 }
 
-func (s *Sender) body(e outbox.Event) ([]byte, error) {
+// message lays e out in the Sender's Format. In wire.Native the headers
+// are left to the caller (wire.Headers), the body is the envelope or the
+// payload.
+func (s *Sender) message(e outbox.Event) (wire.Message, error) {
+	if s.cfg.Format != wire.Native {
+		return wire.HTTPBinding.Encode(s.cfg.Format, e, wire.CloudEventOptions{Source: s.cfg.Source})
+	}
 	payload, err := e.PayloadJSON()
 	if err != nil {
-		return nil, err
+		return wire.Message{}, err
 	}
-	if s.cfg.PayloadOnly {
-		return payload, nil
+	m := wire.Message{Body: payload, ContentType: wire.ContentTypeJSON}
+	if !s.cfg.PayloadOnly {
+		m.Body, err = envelope(e, payload)
 	}
-	return envelope(e, payload)
+	return m, err
+}
+
+// sign sets the signature headers of the Sender's scheme on h.
+func (s *Sender) sign(h http.Header, id, ts string, body []byte) {
+	if s.cfg.Signature == XOutboxSignature {
+		h.Set(HeaderTimestamp, ts)
+		h.Set(HeaderSignature, sign(s.secrets[0], ts, body))
+		return
+	}
+	sigs := make([]string, len(s.secrets))
+	for i, k := range s.secrets {
+		sigs[i] = SignStandardWebhooks(k, id, ts, body)
+	}
+	// The event ID, the same on every attempt, as the specification asks.
+	// A value net/http refuses fails the request, as Outbox-Event-Id does.
+	h.Set(HeaderWebhookID, id)
+	h.Set(HeaderWebhookTimestamp, ts)
+	h.Set(HeaderWebhookSignature, strings.Join(sigs, " "))
+}
+
+// signatureHeader reports whether name is one of the signature headers of
+// either scheme, which neither Config.Header nor an event header sets.
+func signatureHeader(name string) bool {
+	for _, h := range [...]string{HeaderWebhookID, HeaderWebhookTimestamp, HeaderWebhookSignature, HeaderTimestamp, HeaderSignature} {
+		if strings.EqualFold(name, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// attributeHeader reports whether name is a CloudEvents attribute's
+// header in the HTTP binding's binary mode (ce-*).
+func attributeHeader(name string) bool {
+	return len(name) > 3 && strings.EqualFold(name[:3], "ce-")
 }
 
 // envelope encodes e's Envelope with payload spliced in as it is: encoding
@@ -439,80 +576,4 @@ func validHeaderValue(v string) bool {
 		}
 	}
 	return true
-}
-
-// Sign returns the X-Outbox-Signature value for body sent with the
-// X-Outbox-Timestamp value timestamp (decimal Unix seconds): "sha256=" and
-// the hex HMAC-SHA256 of timestamp + "." + body under secret. Receivers in
-// other languages compute the same to check a request.
-func Sign(secret []byte, timestamp string, body []byte) string {
-	return sign(secret, timestamp, body)
-}
-
-func sign(secret []byte, ts string, body []byte) string {
-	return signaturePrefix + hex.EncodeToString(mac(secret, ts, body))
-}
-
-func mac(secret []byte, ts string, body []byte) []byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte(ts))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return m.Sum(nil)
-}
-
-// Errors of [Verify].
-var (
-	// ErrInvalidSignature: the signature is missing, malformed, or does not
-	// match the body and timestamp under the secret.
-	ErrInvalidSignature = errors.New("outbox/webhook: invalid signature")
-	// ErrStaleTimestamp: the timestamp is missing, malformed, or further
-	// from the receiver's clock than the max age (a replay, or clocks that
-	// disagree).
-	ErrStaleTimestamp = errors.New("outbox/webhook: timestamp missing or outside the allowed age")
-)
-
-// Verify checks a request a [Sender] made: header is the request's header and
-// body its raw body, read in full before decoding. It returns nil when the
-// X-Outbox-Signature header matches the body and the X-Outbox-Timestamp
-// header under secret and that timestamp is within maxAge of the receiver's
-// clock (either way, to allow for skew); otherwise an error wrapping
-// [ErrInvalidSignature] or [ErrStaleTimestamp]. maxAge 0 means
-// [DefaultMaxAge].
-//
-// Verify does not remember requests: to reject a replay inside maxAge,
-// deduplicate by the Outbox-Event-Id header (or the envelope's "id", which
-// the signature covers), which receivers need for at-least-once delivery
-// anyway.
-func Verify(secret []byte, header http.Header, body []byte, maxAge time.Duration) error {
-	return verify(secret, header, body, maxAge, time.Now())
-}
-
-func verify(secret []byte, header http.Header, body []byte, maxAge time.Duration, now time.Time) error {
-	if len(secret) == 0 {
-		return fmt.Errorf("%w: empty secret", ErrInvalidSignature)
-	}
-	if maxAge <= 0 {
-		maxAge = DefaultMaxAge
-	}
-	ts := header.Get(HeaderTimestamp)
-	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
-		return fmt.Errorf("%w: %s is missing or not Unix seconds", ErrStaleTimestamp, HeaderTimestamp)
-	}
-	// Check the signature first: an attacker cannot learn anything from
-	// which check failed, and a forged request is reported as forged.
-	sig, ok := strings.CutPrefix(header.Get(HeaderSignature), signaturePrefix)
-	if !ok {
-		return fmt.Errorf("%w: %s is missing or not %q followed by hex", ErrInvalidSignature, HeaderSignature, signaturePrefix)
-	}
-	got, err := hex.DecodeString(sig)
-	if err != nil || !hmac.Equal(got, mac(secret, ts, body)) {
-		return ErrInvalidSignature
-	}
-	age := now.Sub(time.Unix(sec, 0))
-	if age > maxAge || age < -maxAge {
-		return fmt.Errorf("%w: timestamp is %v from now, over %v", ErrStaleTimestamp, age.Round(time.Second), maxAge)
-	}
-	return nil
 }

@@ -116,12 +116,17 @@ func TestSuccessEnvelopeAndSignature(t *testing.T) {
 	assert.Equal(t, "Bearer t0k", r.header.Get("Authorization"))
 	assert.Equal(t, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", r.header.Get("traceparent"))
 	assert.Empty(t, r.header.Get("tenant"), "only the forwarded headers become HTTP headers")
-	ts, err := strconv.ParseInt(r.header.Get(webhook.HeaderTimestamp), 10, 64)
+	// Signed as Standard Webhooks by default (signature_test.go covers
+	// both schemes).
+	ts, err := strconv.ParseInt(r.header.Get(webhook.HeaderWebhookTimestamp), 10, 64)
 	require.NoError(t, err)
 	assert.GreaterOrEqual(t, ts, before)
+	assert.Equal(t, "evt-1", r.header.Get(webhook.HeaderWebhookID))
+	assert.Empty(t, r.header.Values(webhook.HeaderTimestamp), "the 0.1 scheme's headers are not sent by default")
+	assert.Empty(t, r.header.Values(webhook.HeaderSignature))
 
 	require.NoError(t, webhook.Verify(secret, r.header, r.body, 0))
-	assert.Equal(t, webhook.Sign(secret, r.header.Get(webhook.HeaderTimestamp), r.body), r.header.Get(webhook.HeaderSignature))
+	assert.Equal(t, webhook.SignStandardWebhooks(secret, "evt-1", r.header.Get(webhook.HeaderWebhookTimestamp), r.body), r.header.Get(webhook.HeaderWebhookSignature))
 
 	var env webhook.Envelope
 	require.NoError(t, json.Unmarshal(r.body, &env))
