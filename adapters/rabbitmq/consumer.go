@@ -81,6 +81,13 @@ type ConsumerConfig struct {
 	// requeue, so that a failing message does not spin. Defaults to
 	// [DefaultRequeueDelay] (1 s).
 	RequeueDelay time.Duration
+
+	// Telemetry reports each message applied: a CONSUMER span "process
+	// {exchange}" (the default exchange named "amq.default"), a child of
+	// the trace context the message carries, in whose context Handle runs.
+	// Nil uses the one in Run's context, if any; without either there are
+	// no spans. Set it to outboxotel.Messaging()'s.
+	Telemetry wire.Telemetry
 }
 
 // Message is one message received: the outbox event decoded from its
@@ -107,6 +114,8 @@ type Consumer struct {
 	queue     string
 	prefetch  int
 	delay     time.Duration
+	telemetry wire.Telemetry
+	op        wire.Operation // what Telemetry is told of every receive, but the destination and message ID
 
 	running atomic.Bool
 
@@ -160,11 +169,14 @@ func NewConsumer(db *gorm.DB, conn Config, cfg ConsumerConfig) (*Consumer, error
 		queue:     cfg.Queue,
 		prefetch:  cmp.Or(cfg.Prefetch, DefaultPrefetch),
 		delay:     cmp.Or(cfg.RequeueDelay, DefaultRequeueDelay),
+		telemetry: cfg.Telemetry,
 	}
 	var err error
 	if c.amqpCfg, err = dialConfig(conn, c.url, DefaultConsumerConnectionName); err != nil {
 		return nil, fmt.Errorf("%w: %w", outbox.ErrInvalidConfig, err)
 	}
+	c.op = operation(c.url, "")
+	c.op.ConsumerGroup = c.queue
 	if c.messageID == nil {
 		c.messageID = func(m Message) string { return m.Event.ID }
 	}
@@ -376,18 +388,27 @@ func (s *consumerSession) reason() error {
 // process settles one delivery: see [Consumer.Run].
 func (c *Consumer) process(ctx context.Context, s *consumerSession, d amqp.Delivery) {
 	m := Message{Raw: d}
-	ev, err := wire.Decode(stringHeaders(d.Headers), d.Body)
+	ev, err := wire.Decode(decodeHeaders(d), d.Body)
 	m.Event = ev
 	if err != nil {
 		c.reject(ctx, m, "", "message cannot be decoded", err)
 		return
 	}
+	op := c.op
+	op.Destination = cmp.Or(d.Exchange, "amq.default")
+	op.MessageID = d.MessageId
+	ctx, end := wire.StartReceive(ctx, c.telemetry, op, ev)
 	id := c.messageID(m)
 	if err := checkInboxID(id); err != nil {
-		c.reject(ctx, m, id, "message has no usable ID", fmt.Errorf("message ID %w", err))
+		err = fmt.Errorf("message ID %w", err)
+		end(outbox.Permanent(err)) // rejected: the outcome of a permanent failure
+		c.reject(ctx, m, id, "message has no usable ID", err)
 		return
 	}
 	err = c.consume(ctx, id, m)
+	// The span is the processing: it ends before the ack or the requeue
+	// delay.
+	end(err)
 	switch {
 	case err == nil:
 		if c.beforeAck != nil {
@@ -456,6 +477,18 @@ func (c *Consumer) msgAttrs(m Message, id string, more ...any) []any {
 		a = append(a, slog.String("event_type", m.Event.Type))
 	}
 	return append(a, more...)
+}
+
+// decodeHeaders returns what [wire.Decode] reads of d: its headers as
+// strings, and its content-type property as "Content-Type", by which
+// Decode tells a structured CloudEvent; the property wins over a header of
+// that name.
+func decodeHeaders(d amqp.Delivery) map[string]string {
+	h := stringHeaders(d.Headers)
+	if d.ContentType != "" {
+		h["Content-Type"] = d.ContentType
+	}
+	return h
 }
 
 // stringHeaders turns AMQP headers into the strings [wire.Decode] reads:

@@ -48,6 +48,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/wire"
 )
 
 // Defaults of [Config].
@@ -126,6 +127,27 @@ type Config struct {
 	// mandatory and an unroutable one fails with [ErrUnroutable], leaving
 	// the event to be retried once a queue is bound. Defaults to false.
 	AllowUnroutable bool
+
+	// Format is how an event is laid out in the message: [wire.Native]
+	// (the default: Outbox-* headers, the payload as the body),
+	// [wire.CloudEvents] (binary content mode: cloudEvents_* headers, the
+	// payload as the body) or [wire.CloudEventsJSON] (structured mode: one
+	// application/cloudevents+json document). The AMQP properties
+	// (MessageId, Type, Timestamp, persistence) are the same in every
+	// format. [New] refuses any other value. See the package doc, Formats.
+	Format wire.Format
+
+	// Source is the CloudEvents source attribute in the CloudEvents
+	// formats; "" is [wire.DefaultSource]. Name the producing service (for
+	// example "/orders") when consumers receive events from several, and
+	// keep it stable: consumers deduplicate by source and id.
+	Source string
+
+	// Telemetry reports each publish (a PRODUCER span "send {exchange}",
+	// whose trace context the message carries). Nil uses the one in the
+	// handler's context, which outboxotel puts there for every delivery;
+	// set it only to override that, or to publish outside a relay.
+	Telemetry wire.Telemetry
 }
 
 // Publisher publishes events to RabbitMQ. Create it with [New]; it is safe
@@ -137,6 +159,10 @@ type Publisher struct {
 	declare    bool
 	routingKey func(outbox.Event) string
 	mandatory  bool
+	format     wire.Format
+	ce         wire.CloudEventOptions
+	telemetry  wire.Telemetry
+	op         wire.Operation // what Telemetry is told of every send
 
 	mu      sync.Mutex
 	sess    *session      // the current session; may have died since
@@ -145,10 +171,14 @@ type Publisher struct {
 	closed  bool
 }
 
-// New returns a Publisher configured by cfg. It checks cfg but does not
-// connect: the first publish (or [Publisher.Connect]) does, so an
-// application can start while the broker is down.
+// New returns a Publisher configured by cfg. It checks cfg (an unknown
+// Format is an error wrapping [wire.ErrFormat]) but does not connect: the
+// first publish (or [Publisher.Connect]) does, so an application can start
+// while the broker is down.
 func New(cfg Config) (*Publisher, error) {
+	if err := cfg.Format.Check(); err != nil {
+		return nil, fmt.Errorf("outbox/rabbitmq: %w", err)
+	}
 	p := &Publisher{
 		url:        cmp.Or(cfg.URL, DefaultURL),
 		amqpCfg:    cfg.AMQP,
@@ -156,6 +186,9 @@ func New(cfg Config) (*Publisher, error) {
 		declare:    cfg.DeclareExchange,
 		routingKey: cfg.RoutingKey,
 		mandatory:  !cfg.AllowUnroutable,
+		format:     cfg.Format,
+		ce:         wire.CloudEventOptions{Source: cfg.Source},
+		telemetry:  cfg.Telemetry,
 	}
 	if p.routingKey == nil {
 		p.routingKey = func(e outbox.Event) string { return e.Type }
@@ -164,7 +197,20 @@ func New(cfg Config) (*Publisher, error) {
 	if p.amqpCfg, err = dialConfig(cfg, p.url, DefaultConnectionName); err != nil {
 		return nil, err
 	}
+	// The exchange is never "" (the default exchange is not offered), so
+	// it is the destination as the messaging conventions name it.
+	p.op = operation(p.url, p.exchange)
 	return p, nil
+}
+
+// operation describes sends or receives through the broker at url to
+// [wire.Telemetry]: the system, the destination and the broker's address.
+func operation(url, destination string) wire.Operation {
+	op := wire.Operation{System: "rabbitmq", Destination: destination}
+	if u, err := amqp.ParseURI(url); err == nil {
+		op.ServerAddress, op.ServerPort = u.Host, u.Port
+	}
+	return op
 }
 
 // dialConfig checks cfg's connection settings (url is its URL with the
@@ -196,8 +242,8 @@ func dialConfig(cfg Config, url, defaultName string) (amqp.Config, error) {
 // register it with ob.Handle.
 func (p *Publisher) Handler() outbox.Handler { return p.Publish }
 
-// Publish publishes e and waits, at most until ctx ends, for the broker to
-// confirm it. A nil error means the broker has taken responsibility for the
+// Publish publishes e, laid out in Config.Format, and waits, at most until
+// ctx ends, for the broker to confirm it. A nil error means the broker has taken responsibility for the
 // message (routed it to at least one queue, unless AllowUnroutable is set).
 // Any error leaves the outcome to a retry: the message may or may not have
 // been stored.
@@ -211,19 +257,21 @@ func (p *Publisher) Handler() outbox.Handler { return p.Publish }
 // ran out of time. A nack ([ErrNacked]), a return ([ErrUnroutable]) and a
 // channel closed for the message (406, such as a message over the broker's
 // max_message_size) are retried with backoff and count attempts.
+//
+// The publish is reported to Config.Telemetry, or the one in ctx: the
+// message carries the trace context of its send span, and the span ends
+// with the error returned.
 func (p *Publisher) Publish(ctx context.Context, e outbox.Event) error {
-	body, err := e.PayloadJSON()
+	ctx, e, end := wire.StartSend(ctx, p.telemetry, p.op, e)
+	err := p.publish(ctx, e)
+	end(err)
+	return err
+}
+
+func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
+	msg, err := p.message(e)
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/rabbitmq: publish event %s: %w", e.ID, err))
-	}
-	msg := amqp.Publishing{
-		Headers:      headers(e),
-		ContentType:  "application/json",
-		DeliveryMode: amqp.Persistent,
-		MessageId:    e.ID,
-		Timestamp:    e.OccurredAt,
-		Type:         e.Type,
-		Body:         body,
 	}
 	key := p.routingKey(e)
 
