@@ -52,7 +52,8 @@ type ConsumerConfig struct {
 	Handle func(ctx context.Context, tx *gorm.DB, m Message) error
 
 	// MessageID returns the ID the inbox records for m. Defaults to
-	// m.Event.ID (the Outbox-Event-Id header the outbox put on it); set it
+	// m.Event.ID (the Outbox-Event-Id header the outbox put on it, or the
+	// CloudEvents id attribute in the CloudEvents formats); set it
 	// for messages of other producers, for example to m.Raw.MessageId, the
 	// AMQP message-id property (which the [Publisher] sets to the event ID
 	// too). An empty ID, one longer than [outbox.MaxInboxIDLen] characters
@@ -91,7 +92,8 @@ type ConsumerConfig struct {
 }
 
 // Message is one message received: the outbox event decoded from its
-// headers and body ([wire.Decode]) and the AMQP delivery itself. Handle must
+// headers, content-type property and body ([wire.Decode], which reads
+// every [wire.Format]) and the AMQP delivery itself. Handle must
 // not acknowledge Raw: the Consumer does.
 type Message struct {
 	Event outbox.Event
@@ -195,8 +197,10 @@ func checkInboxID(s string) error { return outbox.CheckInboxID(s) }
 // cancelled) and the connection is closed; messages not acknowledged by
 // then are redelivered by the broker.
 //
-// Each message is decoded, given its ID by MessageID and passed to
-// [outbox.Consume] with Handle:
+// Each message is decoded (in any [wire.Format]), given its ID by
+// MessageID and passed to [outbox.Consume] with Handle, in the context of
+// the Telemetry's receive span when there is a Telemetry (see
+// [ConsumerConfig.Telemetry]); the span ends with Consume's outcome:
 //
 //   - committed, or a duplicate already consumed: acknowledged (basic.ack),
 //     only now;

@@ -10,10 +10,12 @@
 // Plug a [Publisher] into an outbox with ob.Handle(eventType, p.Handler()).
 // Messages go to a topic exchange (by default "outbox.events", declared on
 // request) with the event type as routing key, so consumers bind queues with
-// patterns such as "order.*". Each message is persistent, typed
-// application/json, carries the event ID as MessageId and the event's
-// headers (trace context included) and fields as AMQP headers, built by
-// [wire.Headers] as in every outbox adapter.
+// patterns such as "order.*". Each message is persistent and carries the
+// event ID as MessageId, the event type as Type and the event's headers
+// (trace context included) as AMQP headers; in the default format the
+// event's fields are Outbox-* headers, built by [wire.Headers] as in every
+// outbox adapter, and the body, typed application/json, is the payload
+// (see Formats).
 //
 // Each publish waits for its confirm, and a queue keeps the order in which
 // a channel published, but the relay delivers with several workers: run it
@@ -35,6 +37,34 @@
 // effect through [outbox.Consume], so that it commits once per consumer
 // and message ID, and acknowledges the message only after the commit: see
 // [NewConsumer] and [Consumer.Run].
+//
+// # Formats
+//
+// [Config.Format] chooses the layout; the AMQP properties above and the
+// event's headers are the same in all three:
+//
+//   - [wire.Native] (the default): the Outbox-* headers, content-type
+//     application/json, the payload as the body.
+//   - [wire.CloudEvents]: CloudEvents binary mode, the attributes as
+//     cloudEvents_* headers (cloudEvents_id, cloudEvents_type, ...; see
+//     package wire for the mapping), content-type application/json (the
+//     datacontenttype), the payload as the body.
+//   - [wire.CloudEventsJSON]: structured mode, content-type
+//     application/cloudevents+json, one CloudEvents JSON document as the
+//     body.
+//
+// The CloudEvents AMQP binding is written for AMQP 1.0 (attributes as
+// application properties); RabbitMQ speaks AMQP 0-9-1, so the adapter
+// applies its names to the message's headers table and its content-type
+// rule to the content-type property ([wire.AMQPBinding]). [Config.Source]
+// is the source attribute ([wire.DefaultSource] by default). The Consumer
+// decodes every format.
+//
+// Spans come from outboxotel, whose [wire.Telemetry] is in every delivery's
+// context: a PRODUCER span "send {exchange}" per publish, whose trace
+// context the message carries (traceparent and tracestate headers, and the
+// same extensions in the CloudEvents formats). [Config.Telemetry]
+// overrides it; a Consumer gets its own, [ConsumerConfig.Telemetry].
 package rabbitmq
 
 import (
