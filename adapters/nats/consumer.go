@@ -122,8 +122,9 @@ type ConsumerConfig struct {
 	// {subject}", a child of the trace context the message carries (the
 	// producer's send span), ended with the outcome of outbox.Consume;
 	// Handle runs in that span's context. Nil uses the one in Run's
-	// context, if any: set it (to outboxotel.Messaging(), for example) in
-	// a consumer process, where no outbox delivery puts one there.
+	// context, if any: set it (to what outboxotel.Messaging returns, for
+	// example) in a consumer process, where no outbox delivery puts one
+	// there.
 	Telemetry wire.Telemetry
 }
 

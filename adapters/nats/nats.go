@@ -15,7 +15,8 @@
 // the order one relay delivers them. A failed event that is retried lands
 // after the events delivered meanwhile, and several relays interleave, so
 // consumers that need per-aggregate order should compare Outbox-Occurred-At
-// or keep per-aggregate state, not rely on global stream order.
+// (ce-time in the CloudEvents formats) or keep per-aggregate state, not
+// rely on global stream order.
 //
 // Outages: a publish that fails because the server cannot be reached (the
 // connection is reconnecting or closed, no servers, a timed-out request or
@@ -41,9 +42,10 @@
 //     protocol binding (NATS 2.2 headers): one ce- header per attribute
 //     (ce-specversion, ce-id, ce-source, ce-type, ce-subject, ce-time,
 //     ce-datacontenttype, and the extensions ce-aggregatetype,
-//     ce-aggregateid, ce-idempotencykey, ce-traceparent, ce-tracestate),
-//     values percent-encoded as the binding asks; Content-Type:
-//     application/json; the payload as the body. No Outbox-* headers.
+//     ce-aggregateid, ce-idempotencykey when not the ID, ce-traceparent,
+//     ce-tracestate), values percent-encoded as the binding asks;
+//     Content-Type: application/json; the payload as the body. No Outbox-*
+//     headers.
 //   - [wire.CloudEventsJSON]: structured content mode: Content-Type:
 //     application/cloudevents+json, the body one JSON document with the
 //     same attributes and the payload as "data".
@@ -60,9 +62,10 @@
 // trace context (the traceparent/tracestate headers, and the CloudEvents
 // extensions in the CloudEvents formats); the Consumer reports each message
 // it applies as a CONSUMER span. The spans come from package outboxotel,
-// whose instrumentation puts its Telemetry in every delivery's context:
-// [Config.Telemetry] and [ConsumerConfig.Telemetry] are for a consumer
-// process without it, or to override it.
+// whose instrumentation puts its Telemetry in every delivery's context, so
+// a Publisher needs no setting ([Config.Telemetry] overrides it); a Consumer
+// runs outside deliveries: give it one in [ConsumerConfig.Telemetry] (or
+// Run's context).
 //
 // The package shares its name with github.com/nats-io/nats.go; import it
 // under another name, for example outboxnats.
