@@ -154,8 +154,8 @@ func TestCloudEventsEntry(t *testing.T) {
 				outboxredis.FieldCloudEvent: doc,
 				outboxredis.FieldHeaders:    `{"tenant":"acme"}`,
 			}, msg.Values, "the document, and the header it does not hold")
-			assertAttributes(t, e, tc.want, sdkEvent(t, []byte(doc)))
 			validateSchema(t, []byte(doc))
+			assertAttributes(t, e, tc.want, sdkEvent(t, []byte(doc)))
 
 			// Only trace context: all of it in the document.
 			stream2 := newKey(t, rdb)
