@@ -5,13 +5,12 @@
 // client's own retries of a record land once within a producer session, but
 // an event the relay hands over again (after a timed-out or failed attempt,
 // a relay crash, or a lost "mark sent") becomes a new record, so consumers
-// deduplicate by the Outbox-Event-Id header.
+// deduplicate by the event ID (the Outbox-Event-Id header, or the
+// CloudEvents id).
 //
 // Plug a [Producer] into an outbox with ob.Handle(eventType, p.Handler()).
 // Every event becomes one record: by default on the topic "outbox.events",
-// keyed by its aggregate ID, with the JSON payload as value and the event's
-// headers (trace context included) and fields as record headers, built by
-// [wire.Headers] as in every outbox adapter, plus [HeaderContentType]. The
+// keyed by its aggregate ID, laid out in [Config.Format] (see Formats). The
 // handler returns once the broker has acknowledged the record, or when its
 // context ends.
 //
@@ -34,9 +33,46 @@
 //
 // Consuming: a [Consumer] ([NewConsumer]) is a consumer-group member that
 // applies each record through [outbox.Consume], at most once per message ID
-// (the Outbox-Event-Id header by default), and commits a partition's
+// (the event ID by default, in every format), and commits a partition's
 // offset only past records whose transaction committed or that failed
 // permanently.
+//
+// # Formats
+//
+// [wire.Native] (the default): the value is the JSON payload; the headers
+// are the event's own (trace context included, sorted by name), then its
+// fields as [wire.Headers] gives them (Outbox-Event-Id, Outbox-Event-Type,
+// ...), as in every outbox adapter, then [HeaderContentType]
+// (Content-Type: application/json).
+//
+// [wire.CloudEvents]: the CloudEvents Kafka binding's binary content mode.
+// The value is the JSON payload; the headers are the event's own, then one
+// ce_ header per attribute ([wire.KafkaBinding]: ce_specversion, ce_id,
+// ce_source, ce_type, ce_subject, ce_time, ce_aggregatetype,
+// ce_aggregateid, ce_idempotencykey, ce_traceparent, ce_tracestate,
+// ce_partitionkey; UTF-8 values as they are), then content-type:
+// application/json, which the binding reads as datacontenttype.
+//
+// [wire.CloudEventsJSON]: the binding's structured content mode. The value
+// is one CloudEvents JSON document ([wire.StructuredJSON]); the headers are
+// the event's own, then content-type: application/cloudevents+json.
+//
+// In both CloudEvents formats the record key (when not empty) is also the
+// partitionkey extension, as the binding asks; [Config.Source] is the
+// source attribute ([wire.DefaultSource] by default); the event's
+// traceparent and tracestate travel both as plain headers and as
+// extensions. Event headers named Content-Type (in any case), the reserved
+// Outbox-* names and, in the CloudEvents formats, names starting with ce_
+// are dropped. The [Consumer] reads all three formats ([wire.Decode]).
+//
+// Telemetry: the spans come from outboxotel, which puts its
+// [wire.Telemetry] in every delivery's context. Each produce is then a
+// PRODUCER span "send {topic}" (messaging.system kafka; server.address and
+// port when the client has a single seed broker), and the record carries
+// that span's trace context instead of the event's. [Config.Telemetry]
+// only overrides the context's. A Consumer's Run context has none unless
+// you put one there: set [ConsumerConfig.Telemetry] (outboxotel.Messaging())
+// for a CONSUMER span "process {topic}" per attempt at a record.
 package kafka
 
 import (
