@@ -433,7 +433,7 @@ func (f *fakeTelemetry) only(t *testing.T, receives bool) *span {
 	return s[0]
 }
 
-// ended returns the error s was ended with, failing if it is not ended
+// end returns the error s was ended with, failing if it is not ended
 // within 10 s or ended twice.
 func (s *span) end(t *testing.T) error {
 	t.Helper()
