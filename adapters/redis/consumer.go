@@ -71,10 +71,11 @@ type ConsumerConfig struct {
 	Handle func(ctx context.Context, tx *gorm.DB, m Message) error
 
 	// MessageID returns the ID the inbox records for m. Defaults to
-	// m.Event.ID (the entry's "id" field the publisher put on it); set it
-	// for entries of other producers, for example to the entry ID Redis
-	// assigned: func(m Message) string { return m.Raw.ID }. An empty ID is
-	// refused as permanent.
+	// m.Event.ID (the entry's "id" field the publisher put on it, or its
+	// CloudEvents document's id); set it for entries of other producers,
+	// for example to the entry ID Redis assigned:
+	// func(m Message) string { return m.Raw.ID }. An empty ID is refused
+	// as permanent.
 	MessageID func(m Message) string
 
 	// Logger; defaults to slog.Default(). Payloads are never logged.

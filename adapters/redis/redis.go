@@ -4,7 +4,8 @@
 //
 // Delivery guarantee: at least once; a retried XADD (after a lost reply, a
 // relay crash before "mark sent", or the client's own retry) appends a second
-// entry, so consumers deduplicate by the entry's "id" field.
+// entry, so consumers deduplicate by the event ID: the entry's "id" field,
+// or the document's id in the CloudEvents formats.
 //
 // Each event becomes one stream entry with the fields listed under
 // [Publisher.Handler]. By default every event goes to the one stream
@@ -27,6 +28,26 @@
 //
 // The package shares its name with go-redis; import it under another name,
 // for example outboxredis.
+//
+// # Formats
+//
+// [Config.Format] picks the entry layout. [wire.Native], the default, is
+// the fields listed under [Publisher.Handler]. Redis Streams have no
+// CloudEvents protocol binding, nor headers, so [wire.CloudEvents] and
+// [wire.CloudEventsJSON] are both structured mode: the field
+// [FieldCloudEvent] holds the CloudEvents JSON document (every attribute,
+// the payload as "data"), and [FieldHeaders] the event's other headers, only
+// when it has some beyond the traceparent and tracestate the document
+// holds. [Config.Source] is the source attribute. The [Consumer] reads
+// every format.
+//
+// # Telemetry
+//
+// Spans come from package outboxotel, whose [wire.Telemetry] is in every
+// delivery's context: each XADD is a PRODUCER span "send {stream}", whose
+// trace context the entry carries. [Config.Telemetry] overrides it;
+// [ConsumerConfig.Telemetry] gives a Consumer, which has no relay, its
+// CONSUMER spans "process {stream}".
 package redis
 
 import (
