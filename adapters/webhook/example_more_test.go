@@ -98,10 +98,11 @@ func ExampleNew() {
 	// bad failed 1
 }
 
-// Sign is the signature scheme spelled out, for receivers written in other
-// languages: "sha256=" and the hex HMAC-SHA256, under the shared secret, of
-// the X-Outbox-Timestamp value, a dot and the raw body. Go receivers call
-// Verify, which also checks the timestamp's age.
+// Sign is the 0.1 scheme (Config.Signature: webhook.XOutboxSignature)
+// spelled out, for receivers written in other languages: "sha256=" and the
+// hex HMAC-SHA256, under the shared secret, of the X-Outbox-Timestamp
+// value, a dot and the raw body. Go receivers call Verify, which also
+// checks the timestamp's age.
 func ExampleSign() {
 	body := []byte(`{"id":"e1","type":"order.created","payload":{"total":42}}`)
 	fmt.Println(webhook.Sign([]byte("whsec_example"), "1767323045", body))
@@ -116,6 +117,33 @@ func ExampleSign() {
 	fmt.Println(webhook.Verify([]byte("another secret"), h, body, 0) != nil)
 	// Output:
 	// sha256=c50e9bd71c8a1e87e312b499db5e4fbd43b57edf1b411b1fd0c433bc70f37216
+	// <nil>
+	// true
+}
+
+// SignStandardWebhooks is one entry of the default scheme's
+// webhook-signature header: what any Standard Webhooks library checks,
+// given the key as EncodeSecret writes it.
+func ExampleSignStandardWebhooks() {
+	key := []byte("a 24-byte or longer key!")
+	fmt.Println(webhook.EncodeSecret(key)) // the receiver's configuration
+	body := []byte(`{"total":42}`)
+	sig := webhook.SignStandardWebhooks(key, "e1", "1767323045", body)
+	fmt.Println(sig)
+
+	// A request as a Sender makes it (with a current timestamp), checked as
+	// a receiver would.
+	ts := fmt.Sprint(time.Now().Unix())
+	h := http.Header{}
+	h.Set(webhook.HeaderWebhookID, "e1")
+	h.Set(webhook.HeaderWebhookTimestamp, ts)
+	h.Set(webhook.HeaderWebhookSignature, webhook.SignStandardWebhooks(key, "e1", ts, body))
+	fmt.Println(webhook.Verify(key, h, body, 0))
+	h.Set(webhook.HeaderWebhookID, "e2")
+	fmt.Println(webhook.Verify(key, h, body, 0) != nil)
+	// Output:
+	// whsec_YSAyNC1ieXRlIG9yIGxvbmdlciBrZXkh
+	// v1,JvwewBCbQ0auYhFLY3GquBtUAWmSkxA+CVAgDzoAEHY=
 	// <nil>
 	// true
 }

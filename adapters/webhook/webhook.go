@@ -3,15 +3,16 @@
 //
 // Delivery guarantee: at least once; a request whose response is lost (a
 // timeout after the receiver acted, a relay crash before "mark sent") is sent
-// again, so receivers deduplicate by the Outbox-Event-Id header (also the
-// envelope's "id").
+// again, so receivers deduplicate by the webhook-id header (the event ID,
+// also Outbox-Event-Id and the envelope's "id" in Native format).
 //
 // # Request
 //
-// The body is an [Envelope] by default: the event's ID, type, aggregate,
-// idempotency key, occurred_at, headers and JSON payload in one signed
-// document, so that a receiver gets the metadata under the signature. Set
-// [Config.PayloadOnly] to post the bare payload instead. The request carries:
+// In the default [wire.Native] format the body is an [Envelope]: the
+// event's ID, type, aggregate, idempotency key, occurred_at, headers and
+// JSON payload in one signed document, so that a receiver gets the metadata
+// under the signature. Set [Config.PayloadOnly] to post the bare payload
+// instead. The request carries:
 //
 //	Content-Type: application/json
 //	Outbox-Event-Id: <event ID>
@@ -21,8 +22,7 @@
 //	Outbox-Idempotency-Key: <idempotency key>
 //	Idempotency-Key: <idempotency key>
 //	Outbox-Occurred-At: <OccurredAt, RFC 3339, UTC, microseconds>
-//	X-Outbox-Timestamp: <Unix seconds when this attempt was sent>
-//	X-Outbox-Signature: sha256=<hex HMAC-SHA256 of timestamp + "." + body>
+//	webhook-id, webhook-timestamp, webhook-signature (see Signatures)
 //
 // plus the event headers named in [Config.ForwardHeaders] (traceparent,
 // tracestate and baggage by default) and any static [Config.Header].
@@ -32,12 +32,71 @@
 // They are not signed (the envelope's copies are). An Outbox-* value that is
 // not a valid HTTP header value is left out, except the event ID and type.
 //
-// Every attempt is signed afresh, so a retry is never stale; receivers check
-// the signature and the timestamp's age with [Verify], which defeats
-// replays older than its max age, and deduplicate by event ID within it.
-// A Go receiver with the outbox plugin on its database can mount a
-// [Consumer] ([NewConsumer]) instead: it verifies, applies each event once
-// through the inbox and answers with the status codes the Sender expects.
+// # Formats
+//
+// [Config.Format] picks the layout; every format is signed the same way.
+//
+//   - [wire.Native] (the default): as above, the request of release 0.1.
+//   - [wire.CloudEvents]: CloudEvents 1.0, the HTTP protocol binding's
+//     binary content mode. The attributes are ce-* headers (ce-specversion,
+//     ce-id, ce-source, ce-type, ce-subject "{aggregate type}/{aggregate
+//     ID}", ce-time, and the extensions ce-aggregatetype, ce-aggregateid,
+//     ce-idempotencykey when it is not the ID, ce-traceparent,
+//     ce-tracestate), percent-encoded as the binding asks; Content-Type
+//     application/json (the datacontenttype); the body is the payload,
+//     byte for byte. No Outbox-* headers, no envelope.
+//   - [wire.CloudEventsJSON]: the binding's structured content mode. The
+//     body is one CloudEvents JSON document (the same attributes as
+//     members, the payload as "data"); Content-Type
+//     application/cloudevents+json.
+//
+// In both CloudEvents formats the source attribute is [Config.Source]
+// ([wire.DefaultSource] when empty), Idempotency-Key and the forwarded
+// event headers are sent as in Native, and an event header that is not
+// forwarded does not reach the receiver (there is no envelope to carry
+// it). PayloadOnly is for Native only. The [Consumer] reads all three
+// formats.
+//
+// # Signatures
+//
+// By default ([StandardWebhooks]) a request is signed as the Standard
+// Webhooks specification asks, so that its libraries verify it:
+//
+//	webhook-id: <event ID, the same on every retry>
+//	webhook-timestamp: <Unix seconds when this attempt was sent>
+//	webhook-signature: v1,<base64 HMAC-SHA256(key, id + "." + timestamp + "." + body)>
+//
+// The secret given to [New] is the raw key; Standard Webhooks receivers
+// write it as "whsec_" and its base64 ([EncodeSecret]). To rotate a key,
+// give the Sender the new one in [Config.Secrets]: webhook-signature then
+// holds one space-separated v1 entry per key, and a receiver with either
+// key accepts the request. [Config.Signature] [XOutboxSignature] signs as
+// release 0.1 did instead:
+//
+//	X-Outbox-Timestamp: <Unix seconds when this attempt was sent>
+//	X-Outbox-Signature: sha256=<hex HMAC-SHA256 of timestamp + "." + body>
+//
+// Every attempt is signed afresh, so a retry is never stale; receivers
+// check the signature and the timestamp's age with [Verify] (or
+// [VerifyAny], for several secrets), which accepts either scheme and
+// defeats replays older than its max age, and deduplicate by event ID
+// within it. A Go receiver with the outbox plugin on its database can
+// mount a [Consumer] ([NewConsumer]) instead: it verifies, decodes any
+// format, applies each event once through the inbox and answers with the
+// status codes the Sender expects.
+//
+// # Telemetry
+//
+// Each request is reported to a [wire.Telemetry] as a send (messaging
+// system "http", destination the URL's host and path, never its query)
+// and carries that span's trace context: the traceparent header when
+// forwarded, the envelope's headers, the ce-traceparent extension. The
+// spans come from package outboxotel, whose Instrument hands its
+// Telemetry to the handler in ctx: [Config.Telemetry] is only to override
+// it. A [Consumer] runs outside any delivery: give it one in
+// [ConsumerConfig.Telemetry] (outboxotel.Messaging()) for its receive
+// spans. A URL whose path holds a token (as some chat services' webhook
+// URLs do) puts it in the spans.
 //
 // # Outcome
 //
