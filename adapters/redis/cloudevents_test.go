@@ -523,3 +523,37 @@ func runConsumerIn(t *testing.T, parent context.Context, db *gorm.DB, rdb outbox
 		}
 	})
 }
+
+// TestConsumerCloudEventsUndecodable: a cloudevent field that is no
+// CloudEvents document, or a headers field beside it that is no JSON
+// object, terminates the entry without calling Handle; the entry after
+// them is consumed.
+func TestConsumerCloudEventsUndecodable(t *testing.T) {
+	t.Parallel()
+	rdb := connect(t)
+	stream := newKey(t, rdb)
+	db := consumerDB(t)
+	var logs logBuf
+	var bad []string
+	for _, values := range [][]any{
+		{outboxredis.FieldCloudEvent, `{"id":"evt-x","type":"t"}`}, // no specversion
+		{outboxredis.FieldCloudEvent, `{"specversion":"1.0","id":"evt-y","type":"t","source":"/s"}`, outboxredis.FieldHeaders, "[]"},
+	} {
+		id, err := rdb.XAdd(t.Context(), &goredis.XAddArgs{Stream: stream, Values: values}).Result()
+		require.NoError(t, err)
+		bad = append(bad, id)
+	}
+	good := ceEvent("evt-good")
+	require.NoError(t, newPublisher(t, rdb, outboxredis.Config{Stream: stream, Format: wire.CloudEvents}).Handler()(t.Context(), good))
+	var c calls
+	runConsumer(t, db, rdb, outboxredis.ConsumerConfig{Stream: stream, Logger: logs.logger(), Handle: func(_ context.Context, _ *gorm.DB, m outboxredis.Message) error {
+		c.add(m, m.Event.ID)
+		return nil
+	}})
+	require.Eventually(t, func() bool { return c.get(good.ID) == 1 && pending(t, rdb, stream, "billing") == 0 }, wait, tick)
+	assert.Len(t, c.messages(), 1, "Handle ran only for the good entry")
+	out := logs.String()
+	for _, id := range bad {
+		assert.Regexp(t, `"entry_id":"`+id+`",("event_type":"t",)?"reason":"undecodable"`, out)
+	}
+}
