@@ -172,17 +172,20 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-// header returns h's value for name, matched ignoring case.
+// header returns h's value for name, matched ignoring case: the exact
+// name's, or else that of the smallest of the names that match, so that
+// the choice does not depend on map order.
 func header(h map[string]string, name string) string {
 	if v, ok := h[name]; ok {
 		return v
 	}
-	for k, v := range h {
-		if strings.EqualFold(k, name) {
-			return v
+	found, v := "", ""
+	for k, kv := range h {
+		if strings.EqualFold(k, name) && (found == "" || k < found) {
+			found, v = k, kv
 		}
 	}
-	return ""
+	return v
 }
 
 // Binding is a protocol binding of CloudEvents: how binary content mode

@@ -212,3 +212,14 @@ func TestDecodeDetectsByContentTypeParameters(t *testing.T) {
 	assert.Empty(t, e.ID)
 	assert.True(t, errors.Is(wire.Format(9).Check(), wire.ErrFormat))
 }
+
+func TestTraceHeaderCaseIsDeterministic(t *testing.T) {
+	e := outbox.Event{ID: "1", Type: "t", Headers: map[string]string{"Traceparent": "a", "TRACEPARENT": "b", "TraceParent": "c"}}
+	for range 20 {
+		for _, a := range wire.Attributes(e, wire.CloudEventOptions{}) {
+			if a.Name == "traceparent" {
+				assert.Equal(t, "b", a.Value, "the smallest name's value")
+			}
+		}
+	}
+}
