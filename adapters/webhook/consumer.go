@@ -229,7 +229,7 @@ func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, end := wire.StartReceive(ctx, c.cfg.Telemetry, wire.Operation{
 		System:        "http",
-		Destination:   r.Host + r.URL.EscapedPath(),
+		Destination:   r.Host, // not the path: it may hold a token
 		MessageID:     webhookID,
 		ConsumerGroup: c.cfg.Consumer,
 	}, e)

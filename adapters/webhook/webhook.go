@@ -88,7 +88,8 @@
 // # Telemetry
 //
 // Each request is reported to a [wire.Telemetry] as a send (messaging
-// system "http", destination the URL's host and path, never its query)
+// system "http", destination the URL's host: never its path or query,
+// which often hold a token)
 // and carries that span's trace context: the traceparent header when
 // forwarded, the envelope's headers, the ce-traceparent extension. The
 // spans come from package outboxotel, whose Instrument hands its
@@ -339,8 +340,9 @@ func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
 	}, nil
 }
 
-// operation is what the Telemetry is told of every request: the URL's host
-// and path, never its query (which may hold a token).
+// operation is what the Telemetry is told of every request: the URL's
+// host, never its path or query, which often hold a token (Slack's and
+// Discord's webhook URLs do) that spans must not carry.
 func operation(u *url.URL) wire.Operation {
 	port, _ := strconv.Atoi(u.Port())
 	if port == 0 {
@@ -348,7 +350,7 @@ func operation(u *url.URL) wire.Operation {
 	}
 	return wire.Operation{
 		System:        "http",
-		Destination:   u.Host + u.EscapedPath(),
+		Destination:   u.Host,
 		ServerAddress: u.Hostname(),
 		ServerPort:    port,
 	}
