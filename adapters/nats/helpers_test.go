@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -66,10 +67,24 @@ func randomName() string {
 	return hex.EncodeToString(b)
 }
 
+// keepAlive is an empty file stream that stays on the test server. Without
+// one, nats-server (2.9) removes the account's streams directory when the
+// last stream is deleted, and a stream that a parallel test creates at that
+// moment fails ("error creating store for stream", 10049).
+const keepAlive = "OUTBOX_TEST_KEEPALIVE"
+
+var keepAliveOnce sync.Once
+
 // newStream creates a stream of its own for one test, bound to
 // "<prefix>.>", and returns it with the prefix.
 func newStream(t *testing.T, js jetstream.JetStream) (jetstream.Stream, string) {
 	t.Helper()
+	keepAliveOnce.Do(func() {
+		_, err := js.CreateOrUpdateStream(t.Context(), jetstream.StreamConfig{
+			Name: keepAlive, Subjects: []string{"outboxtest_keepalive.none"}, Storage: jetstream.FileStorage,
+		})
+		require.NoError(t, err)
+	})
 	id := randomName()
 	name, prefix := "OUTBOX_TEST_"+strings.ToUpper(id), "outboxtest_"+id
 	s, err := js.CreateStream(t.Context(), jetstream.StreamConfig{
