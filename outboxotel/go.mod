@@ -5,6 +5,8 @@ go 1.26.0
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/gorm-outbox/outbox v0.2.0
+	github.com/gorm-outbox/outbox/adapters/nats v0.2.0
+	github.com/gorm-outbox/outbox/adapters/webhook v0.2.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/stretchr/testify v1.12.1
 	go.opentelemetry.io/otel v1.47.0
