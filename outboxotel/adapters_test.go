@@ -152,7 +152,10 @@ func natsChain(t *testing.T, tel *telemetry, ob *outbox.Outbox, consumerDB *gorm
 		url = "nats://127.0.0.1:4222"
 	}
 	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second), natsgo.Name(t.Name()), natsgo.MaxReconnects(-1))
-	require.NoError(t, err, "NATS must run at %s (nats-server -js)", url)
+	if err != nil && os.Getenv("OUTBOX_SKIP_BROKERS") == "1" {
+		t.Skipf("NATS is unreachable at %s: %v (OUTBOX_SKIP_BROKERS=1)", url, err)
+	}
+	require.NoError(t, err, "NATS must run at %s (nats-server -js), or set OUTBOX_SKIP_BROKERS=1", url)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)

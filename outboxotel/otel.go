@@ -39,10 +39,10 @@
 // type), the attempt (outbox.delivery.attempt) and, on failure, error.type
 // and an error status. The handlers' ctx carries that span, and the event's
 // traceparent and tracestate headers are rewritten to it before the
-// handlers run: the broker adapters copy the event's headers into every
-// message they send, so a consumer on NATS, RabbitMQ, Redis, Kafka or a
-// webhook receiver extracts the process span as its parent. In memory mode
-// the span is also linked to the span of the request that committed.
+// handlers run, so that a handler of your own that copies headers into a
+// message continues the trace from it (the broker adapters put their send
+// span there instead). In memory mode the span is also linked to the span
+// of the request that committed.
 //
 // # Metrics
 //
