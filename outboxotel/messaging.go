@@ -130,15 +130,7 @@ func (ms *messaging) StartSend(ctx context.Context, op wire.Operation, e outbox.
 
 	start := time.Now()
 	return ctx, e, func(err error) {
-		attrs := metAttrs
-		if err != nil {
-			t := errorType(err)
-			attrs = append(attrs, semconv.ErrorTypeKey.String(t))
-			span.SetAttributes(semconv.ErrorTypeKey.String(t))
-			span.RecordError(err)
-			span.SetStatus(codes.Error, t)
-		}
-		span.End()
+		attrs := endSpan(span, err, metAttrs)
 		sys := messagingconv.SystemAttr(op.System)
 		ms.sent.Add(context.Background(), 1, "send", sys, attrs...)
 		ms.sendDur.Record(context.Background(), time.Since(start).Seconds(), "send", sys, attrs...)
@@ -160,17 +152,23 @@ func (ms *messaging) StartReceive(ctx context.Context, op wire.Operation, e outb
 	ctx, span := ms.tracer.Start(parent, "process "+op.Destination, opts...)
 	start := time.Now()
 	return ctx, func(err error) {
-		attrs := metAttrs
-		if err != nil {
-			t := errorType(err)
-			attrs = append(attrs, semconv.ErrorTypeKey.String(t))
-			span.SetAttributes(semconv.ErrorTypeKey.String(t))
-			span.RecordError(err)
-			span.SetStatus(codes.Error, t)
-		}
-		span.End()
+		attrs := endSpan(span, err, metAttrs)
 		ms.consumed.Add(context.Background(), 1, "process", messagingconv.SystemAttr(op.System), attrs...)
 		ms.procDur.Record(context.Background(), time.Since(start).Seconds(),
 			metric.WithAttributes(append(attrs, semconv.MessagingOperationName("process"))...))
 	}
+}
+
+// endSpan ends span with err's outcome and returns the metric attributes
+// with error.type added for a failure.
+func endSpan(span trace.Span, err error, attrs []attribute.KeyValue) []attribute.KeyValue {
+	if err != nil {
+		t := semconv.ErrorTypeKey.String(errorType(err))
+		attrs = append(attrs[:len(attrs):len(attrs)], t)
+		span.SetAttributes(t)
+		span.RecordError(err)
+		span.SetStatus(codes.Error, t.Value.AsString())
+	}
+	span.End()
+	return attrs
 }
