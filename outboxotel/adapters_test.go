@@ -119,10 +119,10 @@ func TestAdaptersOneTrace(t *testing.T) {
 				assert.Equal(t, h.kind, s.SpanKind(), h.name)
 				a := attrsOf(s)
 				for k, v := range h.attrs {
-					assert.Equal(t, v, a[attribute.Key(k)].Emit(), "%s: %s", h.name, k)
+					assert.Equal(t, v, a[attribute.Key(k)].String(), "%s: %s", h.name, k)
 				}
 				if h.kind == trace.SpanKindProducer || h.kind == trace.SpanKindConsumer {
-					assert.NotEmpty(t, a["messaging.message.id"].Emit(), "%s: messaging.message.id", h.name)
+					assert.NotEmpty(t, a["messaging.message.id"].String(), "%s: messaging.message.id", h.name)
 				}
 				if prev != nil {
 					assert.Equal(t, prev.SpanContext().TraceID(), s.SpanContext().TraceID(), "%s: one trace", h.name)
