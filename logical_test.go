@@ -198,7 +198,9 @@ func TestLogicalNoSlotFailsClosed(t *testing.T) {
 	// db.Use creates it again.
 	sqlDB, err := e.db.DB()
 	require.NoError(t, err)
-	require.NoError(t, e.ob.wal.CreateSlot(t.Context(), sqlDB, e.slot, e.ob.logger))
+	replaced, err := e.ob.wal.CreateSlot(t.Context(), sqlDB, e.slot, e.ob.logger)
+	require.NoError(t, err)
+	assert.True(t, replaced, "the publication outlived the slot")
 	require.NoError(t, Publish(e.db, Event{Type: "order.created"}))
 }
 

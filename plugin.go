@@ -181,6 +181,7 @@ type Outbox struct {
 	inboxRetention time.Duration
 	inboxForgetAt  atomic.Int64 // UnixNano before which Consume deletes no expired pairs
 	dropped        atomic.Int64 // Stats.Dropped
+	slotLost       atomic.Int64 // Stats.SlotLost
 	dropSeen       recentKeys   // the drops counted, so that a batch handled again counts none twice
 
 	deliverAfterCommit bool
@@ -333,7 +334,11 @@ func (o *Outbox) Initialize(db *gorm.DB) error {
 		if err != nil {
 			return err
 		}
-		return o.wal.CreateSlot(ctx, sqlDB, o.slot, o.logger)
+		replaced, err := o.wal.CreateSlot(ctx, sqlDB, o.slot, o.logger)
+		if replaced {
+			o.slotLost.Add(1)
+		}
+		return err
 	}
 	return nil
 }

@@ -191,6 +191,7 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 			BatchSize: r.cfg.BatchSize, Lease: r.cfg.Lease, StatementTimeout: r.cfg.StatementTimeout,
 			PollInterval: r.cfg.PollInterval, Ordered: r.cfg.OrderByAggregate,
 			EnsureOrdering: r.ensureOrdering, Dropped: o.dropReusedID,
+			SlotLost: func() { o.slotLost.Add(1) },
 		}
 	}
 	return r, nil

@@ -37,6 +37,16 @@ type Stats struct {
 	// Each is also logged at Error. Unlike the other fields it is not read
 	// from the database: every process counts its own.
 	Dropped int64
+	// SlotLost counts the times, since this process started, that it found
+	// the Logical mode replication slot lost: a relay found it missing, or
+	// db.Use created one where its publication showed an earlier slot had
+	// been. Each is a window of committed events that were never streamed
+	// and never will be (a failover to a standby without the slot, before
+	// PostgreSQL 17's failover slots; docs/logical.md), logged at Error
+	// with the position the relay had confirmed. Like Dropped it is this
+	// process's count, set even when Stats returns an error (as it does
+	// while the slot is missing, with [ErrNoSlot]): alert on any increase.
+	SlotLost int64
 }
 
 // Stats counts the outbox rows by status. It scans the table's rows (a
@@ -48,7 +58,7 @@ func (o *Outbox) Stats(db *gorm.DB) (Stats, error) {
 	if o.noTable != nil {
 		return st, o.noTable
 	}
-	st.Dropped = o.dropped.Load()
+	st.Dropped, st.SlotLost = o.dropped.Load(), o.slotLost.Load()
 	if err := o.usable(db); err != nil {
 		return st, err
 	}

@@ -356,8 +356,12 @@ type Logical interface {
 	// that may not stream it, naming the setting to change.
 	CheckLogical(ctx context.Context, db *sql.DB) error
 	// CreateSlot creates the publication and the slot named slot when
-	// missing.
-	CreateSlot(ctx context.Context, db *sql.DB, slot string, logger *slog.Logger) error
+	// missing. replaced reports a slot created where its publication
+	// already was: the slot was lost (a failover to a standby without a
+	// copy of it, or a DROP), and the events committed before it that the
+	// old one had not streamed are out of reach; CreateSlot logs that at
+	// Error.
+	CreateSlot(ctx context.Context, db *sql.DB, slot string, logger *slog.Logger) (replaced bool, err error)
 	// Emit writes content into the transaction's WAL as one message with
 	// the prefix, unless the slot does not exist (or is not usable yet, or
 	// lost): emitted reports whether it did.

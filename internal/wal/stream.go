@@ -507,12 +507,23 @@ func (r *Relay) Run(ctx context.Context) {
 	var (
 		standing, failing engine.Episode
 		retry             = engine.Backoff{Min: r.PollInterval, Max: max(5*time.Second, r.PollInterval)}
+		// lost: the slot was found missing, and no session has started on
+		// the one that replaces it yet.
+		lost bool
 	)
 	for ctx.Err() == nil {
 		conn, timeout, err := r.startStream(ctx)
 		switch {
 		case ctx.Err() != nil:
 			return
+		case errors.Is(err, errs.ErrNoSlot):
+			failing.Begin()
+			if !lost {
+				lost = true
+				r.slotLost(ctx)
+			}
+			engine.Sleep(ctx, retry.Next())
+			continue
 		case errors.Is(err, errSlotBusy):
 			if standing.Begin() {
 				r.Logger.InfoContext(ctx, "outbox: another relay streams the slot; standing by to take over", slog.String("slot", r.Slot))
@@ -529,7 +540,12 @@ func (r *Relay) Run(ctx context.Context) {
 		}
 		wasStanding, _ := standing.End()
 		wasFailing, _ := failing.End()
-		if wasStanding || wasFailing {
+		switch {
+		case lost:
+			lost = false
+			r.Logger.ErrorContext(ctx, "outbox: streaming a new replication slot in place of the lost one; the events committed after delivered_lsn that the old slot had not streamed are not in it",
+				slog.String("slot", r.Slot), slog.String("delivered_lsn", pglogrepl.LSN(r.delivered.Load()).String()))
+		case wasStanding || wasFailing:
 			r.Logger.InfoContext(ctx, "outbox: streaming the replication slot", slog.String("slot", r.Slot))
 		}
 		retry.Reset()
@@ -538,6 +554,18 @@ func (r *Relay) Run(ctx context.Context) {
 			failing.Begin()
 			engine.Sleep(ctx, retry.Next())
 		}
+	}
+}
+
+// slotLost reports the slot missing: loudly, since the events it had not
+// streamed yet are out of reach, with the position this relay had
+// delivered up to, where that window starts (as far as this process
+// knows: another relay may have streamed further).
+func (r *Relay) slotLost(ctx context.Context) {
+	r.Logger.ErrorContext(ctx, "outbox: the replication slot is gone: a failover to a standby that had no copy of it (PostgreSQL before 17's synchronized failover slots), or a DROP. Events committed after delivered_lsn that it had not streamed will never be delivered; Publish fails with ErrNoSlot until db.Use creates a new slot (docs/logical.md, \"Standbys and failover\")",
+		slog.String("slot", r.Slot), slog.String("delivered_lsn", pglogrepl.LSN(r.delivered.Load()).String()))
+	if r.SlotLost != nil {
+		r.SlotLost()
 	}
 }
 
@@ -584,6 +612,9 @@ func (r *Relay) stream(ctx context.Context, conn *pgconn.PgConn, timeout time.Du
 	for range s.txns { // unblock the reader; these were not handled and are not confirmed
 	}
 	wg.Wait()
+	if d := s.done.Load(); d > 0 {
+		r.delivered.Store(d)
+	}
 	// The final report: what this session confirmed. Not on a connection
 	// the reader saw break: pgconn is closing it from a goroutine of its
 	// own, and pglogrepl writes to it without pgconn's lock; the server

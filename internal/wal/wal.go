@@ -13,6 +13,7 @@ import (
 	"context"
 	"database/sql"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/engine"
@@ -43,4 +44,11 @@ type Relay struct {
 	// Dropped reports a committed event dropped because another event
 	// took its ID first.
 	Dropped func(ctx context.Context, e *engine.Event)
+	// SlotLost reports the slot found missing (Stats.SlotLost).
+	SlotLost func()
+
+	// delivered is the end of the last transaction whose outcomes a
+	// session of this relay made durable: where a lost slot's window of
+	// undelivered events starts, for the log.
+	delivered atomic.Uint64
 }

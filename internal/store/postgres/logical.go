@@ -56,14 +56,14 @@ func CheckLogicalServer(version int, walLevel, role string, canRepl bool) error 
 // tables: only the messages matter) and the slot, when missing. A slot
 // created by another process meanwhile is fine; one of another plugin or
 // database is not.
-func (s *Store) CreateSlot(ctx context.Context, db *sql.DB, slot string, logger *slog.Logger) error {
+func (s *Store) CreateSlot(ctx context.Context, db *sql.DB, slot string, logger *slog.Logger) (replaced bool, err error) {
 	var hasPub bool
 	if err := db.QueryRowContext(ctx, "SELECT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = $1)", slot).Scan(&hasPub); err != nil {
-		return fmt.Errorf("outbox: look for publication %s: %w", slot, err)
+		return false, fmt.Errorf("outbox: look for publication %s: %w", slot, err)
 	}
 	if !hasPub {
 		if _, err := db.ExecContext(ctx, `CREATE PUBLICATION "`+slot+`"`); err != nil && !IsSQLState(err, "42710") {
-			return fmt.Errorf("outbox: create publication %s: %w", slot, err)
+			return false, fmt.Errorf("outbox: create publication %s: %w", slot, err)
 		}
 	}
 	for range 2 {
@@ -72,22 +72,27 @@ func (s *Store) CreateSlot(ctx context.Context, db *sql.DB, slot string, logger 
 			Scan(&plugin, &database, &current)
 		switch {
 		case err == nil && (plugin != "pgoutput" || database != current):
-			return fmt.Errorf("%w: replication slot %s exists but is not a pgoutput slot of database %s (plugin %q, database %q): set Config.Logical.Slot to another name", errs.ErrInvalidConfig, slot, current, plugin, database)
+			return false, fmt.Errorf("%w: replication slot %s exists but is not a pgoutput slot of database %s (plugin %q, database %q): set Config.Logical.Slot to another name", errs.ErrInvalidConfig, slot, current, plugin, database)
 		case err == nil:
-			return nil
+			return false, nil
 		case !errors.Is(err, sql.ErrNoRows):
-			return fmt.Errorf("outbox: look for replication slot %s: %w", slot, err)
+			return false, fmt.Errorf("outbox: look for replication slot %s: %w", slot, err)
 		}
 		_, err = db.ExecContext(ctx, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
-		if err == nil {
+		switch {
+		case err == nil && hasPub:
+			// The publication is a catalog object, which a standby has;
+			// the slot is not (before PostgreSQL 17's failover slots).
+			logger.ErrorContext(ctx, "outbox: the logical replication slot was gone although its publication exists, and a new one is created: the old slot was lost (a failover to a standby that had no copy of it, or a DROP), and events committed before now that it had not streamed will never be delivered (docs/logical.md, \"Standbys and failover\")", "slot", slot)
+			return true, nil
+		case err == nil:
 			logger.InfoContext(ctx, "outbox: created the logical replication slot; it keeps WAL until a relay confirms it", "slot", slot)
-			return nil
-		}
-		if !IsSQLState(err, "42710") { // created by another process meanwhile: look again
-			return fmt.Errorf("outbox: create replication slot %s: %w", slot, err)
+			return false, nil
+		case !IsSQLState(err, "42710"): // 42710: created by another process meanwhile: look again
+			return false, fmt.Errorf("outbox: create replication slot %s: %w", slot, err)
 		}
 	}
-	return fmt.Errorf("outbox: replication slot %s: created and dropped concurrently", slot)
+	return false, fmt.Errorf("outbox: replication slot %s: created and dropped concurrently", slot)
 }
 
 // IsSQLState reports whether err is a PostgreSQL error with that SQLSTATE.

@@ -41,8 +41,20 @@ func ExerciseSlots(t *testing.T, open Open) {
 		emitted, err := lg.Emit(e.ctx, e.db, slot, "outbox", []byte(`{"id":"before"}`))
 		require.NoError(t, err)
 		assert.False(t, emitted, "Emit before the slot exists")
-		require.NoError(t, lg.CreateSlot(e.ctx, e.db, slot, logger))
-		require.NoError(t, lg.CreateSlot(e.ctx, e.db, slot, logger), "CreateSlot of a slot that exists")
+		replaced, err := lg.CreateSlot(e.ctx, e.db, slot, logger)
+		require.NoError(t, err)
+		assert.False(t, replaced, "a first slot replaces none")
+		replaced, err = lg.CreateSlot(e.ctx, e.db, slot, logger)
+		require.NoError(t, err, "CreateSlot of a slot that exists")
+		assert.False(t, replaced, "CreateSlot of a slot that exists")
+
+		// A slot gone while its publication stays is what a failover to a
+		// standby without the slot leaves: the new one replaces it.
+		_, err = e.db.ExecContext(e.ctx, "SELECT pg_drop_replication_slot('"+slot+"')")
+		require.NoError(t, err)
+		replaced, err = lg.CreateSlot(e.ctx, e.db, slot, logger)
+		require.NoError(t, err)
+		assert.True(t, replaced, "a slot created where its publication was")
 		var plugin string
 		require.NoError(t, e.db.QueryRowContext(e.ctx, "SELECT plugin FROM pg_replication_slots WHERE slot_name = '"+slot+"'").Scan(&plugin))
 		assert.Equal(t, "pgoutput", plugin)
@@ -78,7 +90,7 @@ func ExerciseSlots(t *testing.T, open Open) {
 	t.Run("RefusesOtherPlugin", func(t *testing.T) {
 		_, err := e.db.ExecContext(e.ctx, "SELECT pg_create_logical_replication_slot('"+other+"', 'test_decoding')")
 		require.NoError(t, err)
-		err = lg.CreateSlot(e.ctx, e.db, other, logger)
+		_, err = lg.CreateSlot(e.ctx, e.db, other, logger)
 		assert.ErrorIs(t, err, errs.ErrInvalidConfig, "a slot of another plugin")
 	})
 }
