@@ -3,6 +3,7 @@ package outboxotel_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"sync"
 	"testing"
@@ -165,4 +166,36 @@ func TestDroppedLogical(t *testing.T) {
 	assert.True(t, sum.IsMonotonic)
 	require.Len(t, sum.DataPoints, 1)
 	assert.EqualValues(t, 1, sum.DataPoints[0].Value)
+}
+
+// TestSlotLostLogical: a relay that finds its slot gone (a failover to a
+// standby without it) counts it in outbox.slot.lost, which is reported
+// while Stats fails with ErrNoSlot.
+func TestSlotLostLogical(t *testing.T) {
+	t.Parallel()
+	tel := newTelemetry(t)
+	db := logicalDB(t)
+	cfg := logicalConfig(t, db)
+	cfg.Logger = slog.New(slog.DiscardHandler)
+	ob := outbox.Plugin(cfg)
+	require.NoError(t, db.Use(ob))
+	require.NoError(t, outboxotel.Instrument(ob, tel.options(outboxotel.WithStats(db), outboxotel.WithStatsInterval(time.Nanosecond))...))
+	require.NoError(t, db.Exec("SELECT pg_drop_replication_slot(?)", cfg.Logical.Slot).Error)
+
+	_, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(t.Context())
+	require.ErrorIs(t, err, outbox.ErrNoSlot)
+	r := outboxtest.Relay(t, ob, db, outbox.RelayConfig{PollInterval: 10 * time.Millisecond})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	require.Eventually(t, func() bool {
+		m, ok := findMetric(tel.collect(t), "outbox.slot.lost")
+		if !ok {
+			return false
+		}
+		sum := m.Data.(metricdata.Sum[int64])
+		return sum.IsMonotonic && len(sum.DataPoints) == 1 && sum.DataPoints[0].Value == 1
+	}, 10*time.Second, 20*time.Millisecond, "outbox.slot.lost = 1")
 }

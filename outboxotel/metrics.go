@@ -180,13 +180,20 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 	}
 	instruments := []metric.Observable{events, oldest}
 	var lag, active metric.Int64ObservableGauge
-	var dropped metric.Int64ObservableCounter
+	var dropped, slotLost metric.Int64ObservableCounter
 	if ob.Mode() == outbox.Logical {
 		// The mode's one way to lose an event (an ID reused by another
 		// event), counted by this process's relays: alert on any increase.
 		if dropped, err = m.Int64ObservableCounter("outbox.events.dropped",
 			metric.WithDescription("Committed events this process's Logical mode relays dropped because another event took their ID first."),
 			metric.WithUnit("{event}")); err != nil {
+			return err
+		}
+		// A lost slot (a failover to a standby without it) is a window of
+		// committed events never streamed: alert on any increase.
+		if slotLost, err = m.Int64ObservableCounter("outbox.slot.lost",
+			metric.WithDescription("Times this process found the Logical mode replication slot lost (missing, or replaced by a new one): each a window of committed events that will not be delivered."),
+			metric.WithUnit("{loss}")); err != nil {
 			return err
 		}
 		// The slot's risk is WAL kept on disk while no relay confirms it.
@@ -200,7 +207,7 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 			metric.WithUnit("1")); err != nil {
 			return err
 		}
-		instruments = append(instruments, lag, active, dropped)
+		instruments = append(instruments, lag, active, dropped, slotLost)
 	}
 	c := &statsCache{ob: ob, db: db, every: every}
 	pending := metric.WithAttributes(system, StatusKey.String(string(outbox.StatusPending)))
@@ -210,7 +217,13 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
 		st, ok := c.get(ctx)
 		if !ok {
-			return nil // no reading yet: report nothing rather than zeros
+			// No reading of the table yet: report none of its gauges rather
+			// than zeros, but the process's own counts.
+			if lag != nil {
+				o.ObserveInt64(dropped, st.Dropped, sys)
+				o.ObserveInt64(slotLost, st.SlotLost, sys)
+			}
+			return nil
 		}
 		o.ObserveInt64(events, st.Pending, pending)
 		o.ObserveInt64(events, st.Sent, sent)
@@ -224,6 +237,7 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 			}
 			o.ObserveInt64(active, on, sys)
 			o.ObserveInt64(dropped, st.Dropped, sys)
+			o.ObserveInt64(slotLost, st.SlotLost, sys)
 		}
 		return nil
 	}, instruments...)
@@ -254,6 +268,9 @@ func (c *statsCache) get(ctx context.Context) (outbox.Stats, bool) {
 		st, err := c.ob.Stats(c.db.WithContext(ctx).WithContext(ctx))
 		if err != nil {
 			otel.Handle(fmt.Errorf("outboxotel: read the outbox table's stats: %w", err))
+			// The process's own counts are there whatever the database
+			// says; a missing slot (ErrNoSlot) is when SlotLost matters.
+			c.last.Dropped, c.last.SlotLost = st.Dropped, st.SlotLost
 		} else {
 			c.last, c.ok = st, true
 		}

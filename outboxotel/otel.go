@@ -71,6 +71,16 @@
 //     sent, failed) and of the oldest pending event's age, read with
 //     [outbox.Outbox.Stats] at most once per [WithStatsInterval]. Only
 //     with [WithStats].
+//   - Logical mode, with [WithStats]: outbox.slot.lag (By) and
+//     outbox.slot.active, the slot's; outbox.events.dropped and
+//     outbox.slot.lost ({loss}), this process's counts of
+//     [outbox.Stats.Dropped] and [outbox.Stats.SlotLost]: alert on any
+//     increase of either.
+//
+// The adapters' sends and their consumers' receives add
+// messaging.client.sent.messages, messaging.client.operation.duration and
+// messaging.client.consumed.messages, with the adapter's messaging.system
+// ([Messaging]).
 package outboxotel
 
 import (
