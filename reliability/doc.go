@@ -17,4 +17,17 @@
 // dropped afterwards; the crash test also creates a user per child process
 // (MySQL shows sessions by user, not by application name), so the DSN's
 // user needs CREATE USER and GRANT OPTION, as root has.
+//
+// TestPostgresFailover (Persistent mode) owns its clusters: a primary and a
+// streaming standby made with PostgreSQL's own tools (initdb, pg_basebackup
+// -R, pg_ctl promote; internal/pgtest), for synchronous and for
+// asynchronous replication. A writer and a relay connect through a
+// multi-host DSN with target_session_attrs=read-write; the primary is
+// stopped with an immediate shutdown at a random moment under load, the
+// standby promoted and the old primary rebuilt as the new standby,
+// OUTBOX_FAILOVER_ROUNDS times per variant (default 2; set it to 50 or more
+// for a long run), the kill moments drawn from OUTBOX_FAILOVER_SEED
+// (logged; default random). It needs the PostgreSQL server binaries
+// (/usr/lib/postgresql/15/bin or OUTBOX_TEST_PG_BINDIR), not
+// OUTBOX_TEST_POSTGRES_DSN, and skips without them except under CI.
 package reliability
