@@ -36,6 +36,8 @@ const (
 	// asynchronous standby never received can have been made: loopback
 	// replication lags by milliseconds.
 	failoverLagBound = time.Second
+
+	foRelayApp = "outbox-fo-relay" // the relay's application_name
 )
 
 func failoverRelayConfig() outbox.RelayConfig {
@@ -113,7 +115,7 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 	install(t, writerDB, outbox.Config{Logger: (&timedLog{}).logger()})
 	require.NoError(t, writerDB.Exec(`CREATE TABLE fo_orders (id text PRIMARY KEY)`).Error)
 
-	relayDB := openGorm(t, postgres.Open(cl.dsn("outbox-fo-relay")))
+	relayDB := openGorm(t, postgres.Open(cl.dsn(foRelayApp)))
 	ob := install(t, relayDB, outbox.Config{Logger: relayLog.logger()})
 	rec := newFoRecorder()
 	ob.Handle("order.created", rec.handle)
@@ -164,6 +166,15 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 			}
 			if r.listenAt, ok = relayLog.firstAfter(r.killedAt, "listening for notifications again"); !ok {
 				return errors.New("the relay has not attached LISTEN again since the kill")
+			}
+			// And it listens on the new primary.
+			var listening int64
+			if err := cl.queryRowArgs(`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'`,
+				[]any{foRelayApp}, &listening); err != nil {
+				return err
+			}
+			if listening != 1 {
+				return fmt.Errorf("the relay has %d LISTEN sessions on the new primary", listening)
 			}
 			return nil
 		})
@@ -323,7 +334,9 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 		p50 := lat[len(lat)/2]
 		pushP50 = append(pushP50, p50.Round(100*time.Microsecond))
 		pushMax = append(pushMax, lat[len(lat)-1].Round(time.Millisecond))
-		assert.Less(t, p50, failoverPoll/5, "window %d: the median push latency is %v: the relay polls, LISTEN is not back", i, p50)
+		// Polling alone puts the median near PollInterval/2; loaded CI
+		// machines were seen near 80ms with LISTEN attached.
+		assert.Less(t, p50, failoverPoll/2, "window %d: the median push latency is %v: the relay polls, LISTEN is not back", i, p50)
 	}
 
 	cannotReach := relayLog.count("relay cannot reach the outbox table")
