@@ -72,4 +72,3 @@ func (w *txOwner) CommitFailed(err error, hooks, events int) {
 		slog.Any("error", err), slog.Int("hooks", hooks), slog.Int("persistent_events", events))
 }
 
-func (w *txOwner) Published(seqs []int64) { (*Outbox)(w).published(seqs) }

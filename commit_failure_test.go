@@ -113,8 +113,9 @@ func testCommitFailureWarning(t *testing.T, b backend, mode Mode) {
 	e.ob.Handle("*", func(_ context.Context, ev Event) error { note("event " + ev.ID); return nil })
 	// A relay of this process, as Run registers it: persistent commits
 	// wake it.
-	w := e.ob.wakers.add()
-	defer e.ob.wakers.remove(w)
+	ws := &e.ob.siteFor(e.db).wakers
+	w := ws.add()
+	defer ws.remove(w)
 
 	// A transaction that commits, as a control: its work runs, no warning.
 	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {

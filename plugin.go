@@ -186,9 +186,7 @@ type Outbox struct {
 
 	deliverAfterCommit bool
 	notify             bool
-	wakers             wakers
-	fresh              chan []int64 // seqs of rows just committed, for DeliverAfterCommit
-	notifier           *notifier
+	sites              sync.Map // *sql.DB -> *site: the databases it is installed on
 
 	// clock is replaced by tests to move time without sleeping.
 	clock func() time.Time
@@ -229,7 +227,6 @@ func Plugin(cfg Config) *Outbox {
 
 		deliverAfterCommit: cfg.DeliverAfterCommit,
 		notify:             !cfg.DisableNotify,
-		fresh:              make(chan []int64, 1024),
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
@@ -383,9 +380,6 @@ func (o *Outbox) bindDialect(db *gorm.DB) error {
 		s, err := store.Open(ctx, name, sqlDB, o.table)
 		if err != nil {
 			return err
-		}
-		if n, ok := s.(store.Notifier); ok && o.notify {
-			o.notifier = newNotifier(o, n, sqlDB)
 		}
 		o.store, o.limits, o.dialectName = s, s.Limits(), name
 	case o.dialectName != name:

@@ -131,12 +131,16 @@ func testWakeInProcess(t *testing.T, b backend) {
 }
 
 func (o *Outbox) wakersSnapshot() []*waker {
-	o.wakers.mu.Lock()
-	defer o.wakers.mu.Unlock()
 	var out []*waker
-	for w := range o.wakers.set {
-		out = append(out, w)
-	}
+	o.sites.Range(func(_, s any) bool {
+		ws := &s.(*site).wakers
+		ws.mu.Lock()
+		defer ws.mu.Unlock()
+		for w := range ws.set {
+			out = append(out, w)
+		}
+		return true
+	})
 	return out
 }
 

@@ -283,9 +283,9 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool, now time.
 	}
 	switch {
 	case t != nil:
-		t.AddPublished((*txOwner)(o), seqs, len(enc))
+		t.AddPublished(o.siteFor(tx), seqs, len(enc))
 	case !inTx:
-		o.published(seqs)
+		o.published(o.siteFor(tx), seqs)
 	}
 	return skipped, nil
 }

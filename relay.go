@@ -140,6 +140,7 @@ type Relay struct {
 	policy *engine.Policy
 	table  *engine.Table
 	stream *wal.Relay // Logical mode's source of new events
+	site   *site      // db's: the commits that wake this relay
 
 	orderingMu   sync.Mutex
 	orderingDone bool
@@ -179,6 +180,7 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 		r.err = err
 		return r, err
 	}
+	r.site = o.siteOf(sqlDB)
 	r.table = &engine.Table{
 		Store: o.store, DB: sqlDB, Now: o.now, Lease: r.cfg.Lease,
 		StatementTimeout: r.cfg.StatementTimeout, Ordered: r.cfg.OrderByAggregate,
@@ -269,8 +271,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.o.logger.ErrorContext(ctx, "outbox: the relay is not running", slog.Any("error", r.err))
 		return r.err
 	}
-	w := r.o.wakers.add()
-	defer r.o.wakers.remove(w)
+	w := r.site.wakers.add()
+	defer r.site.wakers.remove(w)
 
 	var bg sync.WaitGroup
 	defer bg.Wait()
@@ -307,7 +309,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		var fresh <-chan []int64
 		if wakeable {
 			wake = w.wake
-			fresh = r.o.fresh
+			fresh = r.site.fresh
 		}
 		select {
 		case <-ctx.Done():

@@ -1,13 +1,18 @@
 package outbox
 
 import (
+	"database/sql"
 	"sync"
+
+	"github.com/gorm-outbox/outbox/internal/store"
+	"gorm.io/gorm"
 )
 
 // A committed event should reach a relay in milliseconds, not a poll
 // interval. Three paths carry the news, all of them hints (the poll stays):
 //
-//   - in-process: the commit wakes every relay running in the same process;
+//   - in-process: the commit wakes every relay of its database running in
+//     the same process;
 //   - PostgreSQL: the writing process sends NOTIFY after the commit,
 //     debounced, and relays LISTEN on a dedicated connection. The NOTIFY is
 //     deliberately not part of the business transaction: PostgreSQL
@@ -15,7 +20,45 @@ import (
 //   - Config.DeliverAfterCommit: the in-process relay is handed the IDs just
 //     committed and claims exactly those at once.
 
-// wakers is the set of relays running in this process.
+// site is one database the Outbox is installed on (an Outbox may serve
+// many: a database per tenant): the news of a commit goes to that
+// database's relays and NOTIFY channel only.
+type site struct {
+	o        *Outbox
+	wakers   wakers       // its relays running in this process
+	fresh    chan []int64 // seqs just committed on it, for DeliverAfterCommit
+	notifier *notifier    // its NOTIFY, PostgreSQL only
+}
+
+// Published implements txhook.Announcer: it runs after the commit of a
+// transaction on s's database that wrote events.
+func (s *site) Published(seqs []int64) { s.o.published(s, seqs) }
+
+// siteOf returns the site of sqlDB, creating it on first use.
+func (o *Outbox) siteOf(sqlDB *sql.DB) *site {
+	if s, ok := o.sites.Load(sqlDB); ok {
+		return s.(*site)
+	}
+	s := &site{o: o, fresh: make(chan []int64, 1024)}
+	if n, ok := o.store.(store.Notifier); ok && o.notify && sqlDB != nil {
+		s.notifier = newNotifier(o, n, sqlDB)
+	}
+	got, _ := o.sites.LoadOrStore(sqlDB, s)
+	return got.(*site)
+}
+
+// siteFor returns the site of the database db (or the transaction it is
+// in) belongs to.
+func (o *Outbox) siteFor(db *gorm.DB) *site {
+	if sqlDB, err := db.DB(); err == nil {
+		return o.siteOf(sqlDB)
+	}
+	// A pool that is no *sql.DB (a wrapper of the caller's): its relays,
+	// which cannot be created on it either, are none.
+	return o.siteOf(nil)
+}
+
+// wakers is the set of relays of one database running in this process.
 type wakers struct {
 	mu  sync.Mutex
 	set map[*waker]struct{}
@@ -55,17 +98,17 @@ func (w *waker) poke() {
 	}
 }
 
-// published runs after a commit that wrote events (or right after an insert
-// outside a transaction).
-func (o *Outbox) published(ids []int64) {
+// published runs after a commit on s's database that wrote events (or
+// right after an insert outside a transaction).
+func (o *Outbox) published(s *site, ids []int64) {
 	if o.deliverAfterCommit && len(ids) > 0 {
 		select {
-		case o.fresh <- ids:
+		case s.fresh <- ids:
 		default: // the relay is busy; its regular claim will find them
 		}
 	}
-	o.wakers.wakeAll()
-	if o.notifier != nil {
-		o.notifier.signal()
+	s.wakers.wakeAll()
+	if s.notifier != nil {
+		s.notifier.signal()
 	}
 }
