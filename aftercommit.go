@@ -71,4 +71,3 @@ func (w *txOwner) CommitFailed(err error, hooks, events int) {
 	w.logger.Warn("outbox: COMMIT failed; its after-commit work is dropped. If it did take effect, persistent events are in the table and relays deliver them; memory-mode events and AfterCommit hooks are lost",
 		slog.Any("error", err), slog.Int("hooks", hooks), slog.Int("persistent_events", events))
 }
-

@@ -248,8 +248,10 @@ func (c *cluster) streamIDs(name string) map[string]int {
 	c.t.Helper()
 	var seen map[string]int
 	c.poll(60*time.Second, "a whole read of stream "+name, func() (bool, string) {
+		began := time.Now()
 		m, err := c.readStream(name)
 		if err != nil {
+			c.t.Logf("reading stream %s failed after %v, reading it again: %v", name, time.Since(began).Round(time.Millisecond), err)
 			return false, err.Error()
 		}
 		seen = m
@@ -259,7 +261,7 @@ func (c *cluster) streamIDs(name string) map[string]int {
 }
 
 func (c *cluster) readStream(name string) (map[string]int, error) {
-	ctx, cancel := contextTimeout(30 * time.Second)
+	ctx, cancel := contextTimeout(10 * time.Second)
 	defer cancel()
 	s, err := c.admin.Stream(ctx, name)
 	if err != nil {
@@ -267,17 +269,17 @@ func (c *cluster) readStream(name string) (map[string]int, error) {
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("stream info: %w", err)
 	}
 	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("ordered consumer: %w", err)
 	}
 	seen := map[string]int{}
 	for left := int(info.State.Msgs); left > 0; {
 		batch, err := cons.Fetch(min(left, 500), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("fetch: %w", err)
 		}
 		got := 0
 		for m := range batch.Messages() {
@@ -285,7 +287,7 @@ func (c *cluster) readStream(name string) (map[string]int, error) {
 			got++
 		}
 		if err := batch.Error(); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("fetch: %w", err)
 		}
 		if got == 0 {
 			return nil, fmt.Errorf("the stream holds %d messages; %d unread", info.State.Msgs, left)
