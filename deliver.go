@@ -54,6 +54,12 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 // process claims up to limit due events (only those in ids, when given)
 // and delivers them: n claimed, sent of them delivered.
 func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent int, err error) {
+	if r.gate != nil {
+		if err := r.gate.acquire(ctx); err != nil {
+			return 0, 0, err
+		}
+		defer r.gate.release()
+	}
 	if err := r.ensureOrdering(ctx); err != nil {
 		return 0, 0, err
 	}

@@ -141,6 +141,7 @@ type Relay struct {
 	table  *engine.Table
 	stream *wal.Relay // Logical mode's source of new events
 	site   *site      // db's: the commits that wake this relay
+	gate   *gate      // a RelayGroup's turns, which every batch takes; nil: none
 
 	orderingMu   sync.Mutex
 	orderingDone bool
