@@ -261,7 +261,9 @@ func (c *cluster) streamIDs(name string) map[string]int {
 }
 
 func (c *cluster) readStream(name string) (map[string]int, error) {
-	ctx, cancel := contextTimeout(10 * time.Second)
+	// A consumer create that gets no answer (seen once in a few runs right
+	// after a restart, nats-server 2.9.10) is tried again soon.
+	ctx, cancel := contextTimeout(3 * time.Second)
 	defer cancel()
 	s, err := c.admin.Stream(ctx, name)
 	if err != nil {
@@ -271,10 +273,21 @@ func (c *cluster) readStream(name string) (map[string]int, error) {
 	if err != nil {
 		return nil, fmt.Errorf("stream info: %w", err)
 	}
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	// An ephemeral consumer of its own rather than an ordered one: the
+	// ordered consumer retries its creation until the context ends, which
+	// hides why it could not be created.
+	cons, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverAllPolicy,
+		InactiveThreshold: 30 * time.Second, MemoryStorage: true, Replicas: 1,
+	})
 	if err != nil {
-		return nil, fmt.Errorf("ordered consumer: %w", err)
+		return nil, fmt.Errorf("create consumer: %w", err)
 	}
+	defer func() {
+		ctx, cancel := contextTimeout(5 * time.Second)
+		defer cancel()
+		_ = s.DeleteConsumer(ctx, cons.CachedInfo().Name)
+	}()
 	seen := map[string]int{}
 	for left := int(info.State.Msgs); left > 0; {
 		batch, err := cons.Fetch(min(left, 500), jetstream.FetchMaxWait(5*time.Second))
