@@ -276,11 +276,14 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 	assert.Zero(t, count(business, func(id string) bool { return !ackedSet[id] && !unknown[id] }), "a business row the writer never wrote")
 
 	// Per failover: the relay resumed, LISTEN came back, and the claims
-	// handed over were delivered after their lease and soon after it.
+	// handed over were delivered after their lease and soon after it (or
+	// marked sent by the dead primary's relay, its outcome write retried
+	// onto the new primary).
 	var (
 		promote, resume, outage, listen, rebuild, catchUp []time.Duration
 		claims                                            []int
 		pastLease                                         time.Duration
+		markedLate                                        int // handed over, then marked sent by the outcome write of a delivery before the kill
 	)
 	for i, r := range rs {
 		promote = append(promote, r.promotedAt.Sub(r.killedAt).Round(time.Millisecond))
@@ -292,7 +295,13 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 		claims = append(claims, len(r.claims))
 		for _, c := range r.claims {
 			at, ok := rec.callAfter(c.id, r.promotedAt)
-			if !assert.True(t, ok, "failover %d: claim %s handed over was not delivered after the promotion", i+1, c.id) {
+			if !ok {
+				// Delivered before the kill, and its outcome write, which
+				// the relay retries for engine.RecordWindow, reached the
+				// new primary: sent without a second delivery.
+				_, before := rec.callAfter(c.id, time.Time{})
+				assert.True(t, before, "failover %d: claim %s handed over was never delivered", i+1, c.id)
+				markedLate++
 				continue
 			}
 			assert.False(t, at.Before(c.lockedUntil), "failover %d: claim %s delivered at %v, before its lease ended at %v", i+1, c.id, at, c.lockedUntil)
@@ -350,9 +359,9 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 	if syncRep {
 		variant = "sync"
 	}
-	t.Logf("FAILOVER-RESULT variant=%s rounds=%d acked=%d unknown_outcome=%d unknown_committed=%d business_rows=%d delivered=%d lost=%d phantom=%d undelivered=%d lost_together=%d duplicated=%d kill_to_promoted=%v promoted_to_first_delivery=%v kill_to_first_delivery=%v promoted_to_listen=%v rebuild=%v caught_up_after=%v claims_handed_over=%v max_past_lease=%v push_p50=%v push_max=%v cannot_reach_logs=%d recovered_logs=%d listen_lost_logs=%d lease=%v poll=%v total=%v",
+	t.Logf("FAILOVER-RESULT variant=%s rounds=%d acked=%d unknown_outcome=%d unknown_committed=%d business_rows=%d delivered=%d lost=%d phantom=%d undelivered=%d lost_together=%d duplicated=%d kill_to_promoted=%v promoted_to_first_delivery=%v kill_to_first_delivery=%v promoted_to_listen=%v rebuild=%v caught_up_after=%v claims_handed_over=%v claims_marked_on_new_primary=%d max_past_lease=%v push_p50=%v push_max=%v cannot_reach_logs=%d recovered_logs=%d listen_lost_logs=%d lease=%v poll=%v total=%v",
 		variant, rounds, len(acked), len(unknown), unknownCommitted, len(business), len(delivered), lost, phantom, undelivered, absent, dup,
-		promote, resume, outage, listen, rebuild, catchUp, claims, pastLease.Round(time.Millisecond), pushP50, pushMax,
+		promote, resume, outage, listen, rebuild, catchUp, claims, markedLate, pastLease.Round(time.Millisecond), pushP50, pushMax,
 		cannotReach, recovered, listenLost, failoverLease, failoverPoll, time.Since(start).Round(time.Millisecond))
 }
 
