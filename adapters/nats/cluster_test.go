@@ -53,9 +53,11 @@ type clusterOrder struct {
 // reports it as outbox.Unavailable, or the client's reconnect absorbs it),
 // the stream holds each event once (Nats-Msg-Id dedupe), no retry warning
 // was logged, and after every kill a publish was acked again within
-// seconds. Per round it logs the time from the kill to the next ack, the
-// longest gap between acks, and the time until every event committed
-// before the kill was acked; RESULT lines carry the totals.
+// seconds (the longest gap between publish acks after a kill stays under
+// 20 s). Per round it logs when stream info named a leader again, how long
+// delivery paused (that gap), the time to the next ack, and when the
+// backlog (the events committed until delivery resumed) was all acked;
+// RESULT lines carry the totals.
 //
 // A long run: OUTBOX_NATS_CLUSTER_ROUNDS=N (default 4), for example
 //
@@ -100,8 +102,8 @@ func TestClusterNodeLoss(t *testing.T) {
 		leader      bool          // the victim was the stream leader
 		client      bool          // the victim was the server the Publisher was connected to
 		down        time.Duration // killed to restarted
-		firstAck    time.Duration // killed to the next publish ack
-		maxGap      time.Duration // the longest gap between acks, from the kill to the rejoin
+		firstAck    time.Duration // killed to the next publish ack (may be one in flight at the kill)
+		maxGap      time.Duration // the longest gap between acks, from the kill to the rejoin: how long delivery paused
 		drained     time.Duration // killed to the backlog (events committed until the next ack) acked
 		rejoined    time.Duration // killed to 3 current replicas again
 		inFlight    int           // the backlog's events not acked at the kill
@@ -200,7 +202,7 @@ func TestClusterNodeLoss(t *testing.T) {
 		}
 	}
 	slices.Sort(doubled)
-	t.Logf("RESULT cluster: %d rounds (%d of them the leader) in %v; events %d, lost %d, failed %d, doubled %d %v, sent rows by attempts %v; resume after a kill (next ack) max %v, longest ack gap max %v, backlog delivered max %v; publish errors by kind %v",
+	t.Logf("RESULT cluster: %d rounds (%d of them the leader) in %v; events %d, lost %d, failed %d, doubled %d %v, sent rows by attempts %v; next ack after a kill max %v, delivery paused (the longest gap between acks after a kill) max %v, backlog delivered max %v; publish errors by kind %v",
 		rounds, (rounds+1)/2, time.Since(began).Round(time.Millisecond), rep.Events, rep.Lost, rep.Failed, rep.Duplicates, doubled, rep.Attempts,
 		maxFirst.Round(time.Millisecond), maxGap.Round(time.Millisecond), maxDrain.Round(time.Millisecond), r.errorKinds())
 
@@ -212,9 +214,12 @@ func TestClusterNodeLoss(t *testing.T) {
 	assert.Zero(t, rep.FailedLogs)
 	assert.Zero(t, rep.AdapterErrors)
 	assert.Equal(t, rep.Paused, rep.Resumed, "every pause ended")
-	const resumeBound = 15 * time.Second
-	assert.Less(t, maxFirst, resumeBound, "delivery resumes within seconds of a kill")
-	assert.Less(t, maxDrain, resumeBound+5*time.Second, "the backlog of a kill is delivered within seconds")
+	// nats-server 2.9's election of a new stream leader (4 s to 8 s here)
+	// plus, at most, one probe interval of the relay (0.5 s doubling to
+	// 5 s); measured resumes are logged above.
+	const resumeBound = 20 * time.Second
+	assert.Less(t, maxGap, resumeBound, "delivery resumes within seconds of a kill")
+	assert.Less(t, maxDrain, resumeBound+5*time.Second, "the backlog of a kill is delivered within seconds of the resume")
 }
 
 // clusterRig is an outbox on a SQLite file with a writer committing a
