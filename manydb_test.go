@@ -10,6 +10,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
+	pgstore "github.com/gorm-outbox/outbox/internal/store/postgres"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -131,4 +135,58 @@ func dsnOf(t *testing.T, db *gorm.DB) string {
 	d, ok := db.Dialector.(*postgres.Dialector)
 	require.True(t, ok)
 	return d.Config.DSN
+}
+
+// TestNotifyPerSchema: a schema per tenant on one database (NOTIFY channels
+// are per database, not per schema): a commit in one schema notifies the
+// channel of that schema's table, not that of another schema's table of
+// the same name.
+func TestNotifyPerSchema(t *testing.T) {
+	t.Parallel()
+	b := postgresBackend(t)
+	dbA, dbB := b.open(t, &gorm.Config{Logger: logger.Discard}), b.open(t, &gorm.Config{Logger: logger.Discard})
+	writer := Plugin(Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, dbA.Use(writer))
+	require.NoError(t, dbB.Use(writer))
+	nextA, nextB := listenAsRelay(t, writer, dbA), listenAsRelay(t, writer, dbB)
+
+	// B's NOTIFY has been sent once B's listener has it; had it gone to
+	// A's channel too, it would be the first A's listener reads.
+	require.NoError(t, Publish(dbB, Event{Type: "x"}))
+	require.Equal(t, schemaOf(t, dbB), nextB())
+	require.NoError(t, Publish(dbA, Event{Type: "x"}))
+	require.Equal(t, schemaOf(t, dbA), nextA(), "A's listener hears A's commit, not B's")
+}
+
+func schemaOf(t *testing.T, db *gorm.DB) string {
+	t.Helper()
+	var s string
+	require.NoError(t, db.Raw("SELECT current_schema()").Scan(&s).Error)
+	return s
+}
+
+// listenAsRelay LISTENs, on a connection of db's pool, on the channel a
+// relay of ob on db listens on, and returns a function that waits for the
+// next notification's payload.
+func listenAsRelay(t *testing.T, ob *Outbox, db *gorm.DB) (next func() string) {
+	t.Helper()
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	conn, err := sqlDB.Conn(t.Context())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	base := ob.store.(store.Notifier).Channel()
+	var pc *pgx.Conn
+	require.NoError(t, conn.Raw(func(dc any) error { pc = dc.(*stdlib.Conn).Conn(); return nil }))
+	var channel string
+	require.NoError(t, pc.QueryRow(t.Context(), "SELECT "+pgstore.ChannelSQL, base).Scan(&channel))
+	_, err = pc.Exec(t.Context(), `LISTEN "`+channel+`"`)
+	require.NoError(t, err)
+	return func() string {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		n, err := pc.WaitForNotification(ctx)
+		require.NoError(t, err, "no notification on %s", channel)
+		return n.Payload
+	}
 }

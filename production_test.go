@@ -164,7 +164,10 @@ func testWakeAcrossProcesses(t *testing.T, b backend) {
 
 	// Once the relay listens, only a NOTIFY can wake it before its hour-long
 	// poll.
-	channel := e.ob.store.(store.Notifier).Channel()
+	var channel string
+	base := e.ob.store.(store.Notifier).Channel()
+	require.NoError(t, e.db.Raw("SELECT "+strings.ReplaceAll(pgstore.ChannelSQL, "$1", "?"), base, base).Scan(&channel).Error)
+	assert.NotEqual(t, base, channel, "a schema of its own, a channel of its own")
 	require.Eventually(t, func() bool {
 		var n int64
 		require.NoError(t, e.db.Raw("SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() AND query = ?",

@@ -10,6 +10,7 @@ import (
 	_ "embed"
 	"errors"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -180,9 +181,23 @@ func (s *Store) Channel() string {
 	return table + suffix
 }
 
-// Notify implements store.Notifier.
+// schemaChannel is the channel of the session's schema, computed by the
+// server so that the writer's NOTIFY and the relay's LISTEN agree: the
+// table's channel in schema public (as before schemas were told apart),
+// and that name cut to 50 bytes, "_" and 12 hex digits of the schema's
+// MD5 in any other. NOTIFY channels are per database, not per schema: a
+// schema per tenant would otherwise wake every tenant's relays on every
+// tenant's commit. A collision of the digits costs a spurious wake-up.
+const schemaChannel = ChannelSQL
+
+// ChannelSQL is the expression of the session's channel, with the table's
+// channel ([Store.Channel]) as $1.
+const ChannelSQL = `CASE WHEN current_schema() = 'public' THEN $1::text ELSE left($1::text, 50) || '_' || left(md5(current_schema()), 12) END`
+
+// Notify implements store.Notifier. The payload names the schema, for
+// whoever listens by hand.
 func (s *Store) Notify(ctx context.Context, db store.Execer) error {
-	_, err := db.ExecContext(ctx, "SELECT pg_notify($1, '')", s.Channel())
+	_, err := db.ExecContext(ctx, "SELECT pg_notify("+schemaChannel+", current_schema())", s.Channel())
 	return err
 }
 
@@ -194,7 +209,11 @@ func (s *Store) Listen(ctx context.Context, conn *sql.Conn, ready, wake func()) 
 			return store.ErrListenUnsupported
 		}
 		pc := sc.Conn()
-		if _, err := pc.Exec(ctx, `LISTEN "`+s.Channel()+`"`); err != nil {
+		var channel string
+		if err := pc.QueryRow(ctx, "SELECT "+schemaChannel, s.Channel()).Scan(&channel); err != nil {
+			return err
+		}
+		if _, err := pc.Exec(ctx, `LISTEN "`+strings.ReplaceAll(channel, `"`, `""`)+`"`); err != nil {
 			return err
 		}
 		ready()
