@@ -28,6 +28,9 @@ import (
 // options are the command-line flags. Every loop the benchmark runs is
 // bounded by one of them, in count or in time.
 type options struct {
+	// The tenants scenario.
+	tenants, tenantEvents, tenantBusy, tenantMaxActive int
+
 	rounds       int
 	quick        bool
 	only         map[string]bool
@@ -67,7 +70,7 @@ func parseFlags(args []string) (options, error) {
 	)
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every A/B comparison; medians and min–max are over rounds")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: small backlogs, short durations, 1 round (unless -rounds is given)")
-	fs.StringVar(&only, "only", "write,relay,latency,scale,claim", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named")
+	fs.StringVar(&only, "only", "write,relay,latency,scale,claim", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named, and so does tenants (one RelayGroup against one relay per database, on -tenants PostgreSQL schemas and SQLite files)")
 	fs.StringVar(&dbs, "db", "postgres,sqlite,mysql", "databases to run them on, comma separated (mysql: MySQL or MariaDB, from "+mysqlDSNEnv+"; SQLite has only the write and claim scenarios, latency is PostgreSQL's alone)")
 	fs.DurationVar(&o.writeDur, "write-dur", 3*time.Second, "how long each write-overhead measurement runs")
 	fs.StringVar(&writers, "writers", "1,8", "concurrent writers for the write-overhead scenario")
@@ -82,6 +85,10 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.scaleBacklog, "scale-backlog", 100000, "pending events drained in the scale scenario's throughput test")
 	fs.IntVar(&o.claimSent, "claim-sent", 1000000, "sent rows beside the claim scenario's second and third table states")
 	fs.IntVar(&o.claimCycles, "claim-cycles", 200, "measured relay cycles per table state and round in the claim scenario")
+	fs.IntVar(&o.tenants, "tenants", 50, "databases in the tenants scenario (PostgreSQL schemas, SQLite files)")
+	fs.IntVar(&o.tenantEvents, "tenant-events", 1000, "events per database in the tenants scenario's throughput test")
+	fs.IntVar(&o.tenantBusy, "tenant-busy", 20000, "the busy database's backlog in the tenants scenario's quiet-beside-busy test")
+	fs.IntVar(&o.tenantMaxActive, "tenant-max-active", 4, "RelayGroupConfig.MaxActive in the tenants scenario")
 	fs.IntVar(&o.memBig, "mem-big", 1000000, "large backlog for the relay memory test")
 	fs.IntVar(&o.memSmall, "mem-small", 100000, "small backlog for the relay memory test")
 	fs.DurationVar(&o.memTimeout, "mem-timeout", 90*time.Second, "longest the memory test samples one drain; a longer drain is sampled over its start (a relay that loaded its backlog would peak there)")
@@ -119,11 +126,11 @@ func parseFlags(args []string) (options, error) {
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "write", "relay", "latency", "scale", "claim", "logical":
+		case "write", "relay", "latency", "scale", "claim", "logical", "tenants":
 			o.only[s] = true
 		case "":
 		default:
-			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, claim, logical)", s)
+			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, claim, logical, tenants)", s)
 		}
 	}
 	o.dbs = map[string]bool{}
@@ -241,6 +248,7 @@ func run(ctx context.Context, opts options) (err error) {
 		{"scale", runScale},
 		{"claim", runClaim},
 		{"logical", runLogical},
+		{"tenants", runTenants},
 	}
 	for _, s := range steps {
 		if !opts.only[s.name] {
