@@ -181,6 +181,7 @@ type timedRecord struct {
 	at    time.Time
 	level slog.Level
 	msg   string
+	attrs string
 }
 
 func (l *timedLog) logger() *slog.Logger { return slog.New(timedHandler{l}) }
@@ -238,7 +239,12 @@ func (h timedHandler) Enabled(context.Context, slog.Level) bool { return true }
 
 func (h timedHandler) Handle(_ context.Context, r slog.Record) error {
 	h.l.mu.Lock()
-	h.l.recs = append(h.l.recs, timedRecord{at: time.Now(), level: r.Level, msg: r.Message})
+	var attrs strings.Builder
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&attrs, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	h.l.recs = append(h.l.recs, timedRecord{at: time.Now(), level: r.Level, msg: r.Message, attrs: attrs.String()})
 	h.l.mu.Unlock()
 	return nil
 }

@@ -355,6 +355,18 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 	assert.LessOrEqual(t, cannotReach, rounds, "the relay logged an outage more than once per failover")
 	assert.Empty(t, relayLog.errors("relay cannot reach the outbox table"), "the relay logged errors other than the outages")
 
+	if t.Failed() {
+		// The timeline, for a failure seen once in a long run.
+		for i, r := range rs {
+			t.Logf("failover %d: killed %v promoted %v resumed %v listening %v caught up %v (since start)", i+1,
+				r.killedAt.Sub(start), r.promotedAt.Sub(start), r.resumedAt.Sub(start), r.listenAt.Sub(start), r.caughtUpAt.Sub(start))
+		}
+		relayLog.mu.Lock()
+		for _, rec := range relayLog.recs {
+			t.Logf("relay log %v %v %s %s", rec.at.Sub(start), rec.level, rec.msg, rec.attrs)
+		}
+		relayLog.mu.Unlock()
+	}
 	variant := "async"
 	if syncRep {
 		variant = "sync"
