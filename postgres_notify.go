@@ -145,6 +145,9 @@ func (r *Relay) listen(ctx context.Context, n store.Notifier, w *waker) {
 		err := r.listenOnce(ctx, n, w, func() {
 			if was, _ := failing.End(); was {
 				r.o.logger.InfoContext(ctx, "outbox: relay listening for notifications again")
+				// A LISTEN connection breaks when its server goes: the
+				// server may be another now (see Relay.Run's recovery).
+				r.table.Resweep()
 			}
 			retry.Reset()
 		})

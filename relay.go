@@ -354,6 +354,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		if was, _ := dbDown.End(); was {
 			r.o.logger.InfoContext(ctx, "outbox: relay recovered")
 			dbRetry.Reset()
+			// The database may be another server now (a promoted
+			// standby), whose seqs need not follow those seen before.
+			r.table.Resweep()
 		}
 		// Resumed once a delivery went through: a probe that failed for
 		// another reason says nothing about the destination.

@@ -31,6 +31,18 @@ type Table struct {
 	wm watermark
 }
 
+// Resweep makes the next claim check the watermark against the whole table
+// first, as it does every SweepEvery: for when the database may have
+// changed under the relay (a failover to a standby that had not received
+// the last rows and hands their seqs out again, below the watermark).
+func (t *Table) Resweep() {
+	t.wm.mu.Lock()
+	defer t.wm.mu.Unlock()
+	if !t.wm.swept.IsZero() {
+		t.wm.swept = t.wm.swept.Add(-SweepEvery)
+	}
+}
+
 // Claim leases up to limit due rows (only those at seqs, when given) and
 // returns them as a batch, oldest first. It returns nil when none is due.
 func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch, error) {

@@ -245,6 +245,43 @@ func TestWatermark(t *testing.T) {
 				assert.Equal(t, "sent", st)
 			})
 
+			// A database whose seqs start again below the watermark (a
+			// failover to a standby that had not received the last rows,
+			// whose seqs it hands out again): a claim does not see the new
+			// rows until a sweep, which Resweep brings forward.
+			t.Run("ResweepAfterServerChange", func(t *testing.T) {
+				t.Parallel()
+				e := setup(t)
+				tb := e.table(false)
+				wmInsert(t, e.db, e.s, wmEvent("o1", "", ""), wmEvent("o2", "", ""), wmEvent("o3", "", ""))
+				b, ids := e.claim(tb)
+				require.Equal(t, []string{"o1", "o2", "o3"}, ids)
+				e.settle(b, 0)
+				b, _ = e.claim(tb)
+				require.Nil(t, b)
+
+				// The rows and their seqs are gone, as on a standby that
+				// never got them.
+				_, err := e.db.Exec("DELETE FROM " + store.DefaultTable)
+				require.NoError(t, err)
+				if be.name == "sqlite" {
+					_, err = e.db.Exec("UPDATE sqlite_sequence SET seq = 0 WHERE name = '" + store.DefaultTable + "'")
+				} else {
+					_, err = e.db.Exec("SELECT setval(pg_get_serial_sequence('" + store.DefaultTable + "', 'seq'), 1, false)")
+				}
+				require.NoError(t, err)
+				seqs := wmInsert(t, e.db, e.s, wmEvent("n1", "", ""))
+				require.Less(t, seqs[0], tb.wm.from, "the new row's seq is below the watermark")
+				e.clock.add(time.Second)
+				b, ids = e.claim(tb)
+				require.Nil(t, b, "the walk reads from the watermark: %v", ids)
+
+				tb.Resweep()
+				b, ids = e.claim(tb)
+				require.Equal(t, []string{"n1"}, ids, "found by the sweep Resweep brought forward")
+				e.settle(b, 0)
+			})
+
 			// An open row a claim passed over (behind its aggregate, with
 			// Ordered) is deferred to the retry index: the watermark moves
 			// past it, and it is claimed from there once its turn comes.
