@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"mime"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -59,6 +60,28 @@ var ErrFormat = errors.New("wire: unknown Format")
 func (f Format) Check() error {
 	if f < Native || f > CloudEventsJSON {
 		return fmt.Errorf("%w %d (use wire.Native, wire.CloudEvents or wire.CloudEventsJSON)", ErrFormat, int(f))
+	}
+	return nil
+}
+
+// ErrSource is returned, wrapped, for a CloudEvents source that is not a
+// URI-reference. Adapters' constructors refuse such a Config with it.
+var ErrSource = errors.New("wire: the CloudEvents source is not a URI-reference")
+
+// CheckSource returns nil for "" (which stands for [DefaultSource]) and for
+// a URI-reference (RFC 3986: "/orders", "urn:example:orders",
+// "https://orders.example.com"), and an error wrapping [ErrSource]
+// otherwise: a space, a control character, or what net/url cannot parse.
+// Every structured document with a bad source would fail the CloudEvents
+// schema, and every consumer's SDK would refuse it.
+func CheckSource(source string) error {
+	for _, c := range []byte(source) {
+		if c <= ' ' || c == 0x7f {
+			return fmt.Errorf("%w: %q holds a space or a control character", ErrSource, source)
+		}
+	}
+	if _, err := url.Parse(source); err != nil {
+		return fmt.Errorf("%w: %q: %w", ErrSource, source, err)
 	}
 	return nil
 }

@@ -223,3 +223,12 @@ func TestTraceHeaderCaseIsDeterministic(t *testing.T) {
 		}
 	}
 }
+
+func TestCheckSource(t *testing.T) {
+	for _, ok := range []string{"", "/orders", "urn:gorm-outbox", "https://orders.example.com/v1", wire.DefaultSource, "orders"} {
+		assert.NoError(t, wire.CheckSource(ok), ok)
+	}
+	for _, bad := range []string{"/my orders", "a\nb", "\x00", "http://[::1", "tab\there"} {
+		assert.ErrorIs(t, wire.CheckSource(bad), wire.ErrSource, "%q", bad)
+	}
+}

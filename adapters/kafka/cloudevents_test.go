@@ -436,3 +436,9 @@ func TestTelemetryReceive(t *testing.T) {
 		})
 	}
 }
+
+func TestBadSource(t *testing.T) {
+	t.Parallel()
+	_, err := kafka.New(kafka.Config{Source: "/my orders"})
+	require.ErrorIs(t, err, wire.ErrSource)
+}

@@ -185,6 +185,9 @@ func New(cfg Config) (*Producer, error) {
 	if err := cfg.Format.Check(); err != nil {
 		return nil, fmt.Errorf("outbox/kafka: Format: %w", err)
 	}
+	if err := wire.CheckSource(cfg.Source); err != nil {
+		return nil, fmt.Errorf("outbox/kafka: Config.Source: %w", err)
+	}
 	p := &Producer{cl: cfg.Client, topic: cfg.TopicFor, key: cfg.Key, format: cfg.Format, source: cfg.Source, tel: cfg.Telemetry}
 	if p.topic == nil {
 		topic := cfg.Topic

@@ -518,3 +518,9 @@ func TestNewRefusesUnknownFormat(t *testing.T) {
 		assert.NoError(t, err, f.String())
 	}
 }
+
+func TestNewRefusesBadSource(t *testing.T) {
+	t.Parallel()
+	_, err := outboxnats.New(&captureJS{}, outboxnats.Config{Source: "/my orders"})
+	assert.ErrorIs(t, err, wire.ErrSource)
+}

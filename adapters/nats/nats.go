@@ -201,6 +201,9 @@ func New(js JetStream, cfg Config) (*Publisher, error) {
 	if err := cfg.Format.Check(); err != nil {
 		return nil, fmt.Errorf("outbox/nats: Config.Format: %w", err)
 	}
+	if err := wire.CheckSource(cfg.Source); err != nil {
+		return nil, fmt.Errorf("outbox/nats: Config.Source: %w", err)
+	}
 	cfg.SubjectPrefix = cmp.Or(cfg.SubjectPrefix, DefaultSubjectPrefix)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	p := &Publisher{js: js, cfg: cfg, log: cfg.Logger}

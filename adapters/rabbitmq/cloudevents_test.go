@@ -590,3 +590,10 @@ func TestConsumerTelemetry(t *testing.T) {
 		})
 	}
 }
+
+func TestBadSource(t *testing.T) {
+	t.Parallel()
+	p, err := New(Config{Source: "/my orders"})
+	require.ErrorIs(t, err, wire.ErrSource)
+	assert.Nil(t, p)
+}

@@ -209,6 +209,9 @@ func New(cfg Config) (*Publisher, error) {
 	if err := cfg.Format.Check(); err != nil {
 		return nil, fmt.Errorf("outbox/rabbitmq: %w", err)
 	}
+	if err := wire.CheckSource(cfg.Source); err != nil {
+		return nil, fmt.Errorf("outbox/rabbitmq: Config.Source: %w", err)
+	}
 	p := &Publisher{
 		url:        cmp.Or(cfg.URL, DefaultURL),
 		amqpCfg:    cfg.AMQP,

@@ -557,3 +557,11 @@ func TestConsumerCloudEventsUndecodable(t *testing.T) {
 		assert.Regexp(t, `"entry_id":"`+id+`",("event_type":"t",)?"reason":"undecodable"`, out)
 	}
 }
+
+func TestNewRefusesBadSource(t *testing.T) {
+	t.Parallel()
+	rdb := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { _ = rdb.Close() })
+	_, err := outboxredis.New(rdb, outboxredis.Config{Source: "/my orders"})
+	assert.ErrorIs(t, err, wire.ErrSource)
+}

@@ -190,6 +190,9 @@ func New(rdb Client, cfg Config) (*Publisher, error) {
 	if err := cfg.Format.Check(); err != nil {
 		return nil, fmt.Errorf("outbox/redis: Config.Format: %w", err)
 	}
+	if err := wire.CheckSource(cfg.Source); err != nil {
+		return nil, fmt.Errorf("outbox/redis: Config.Source: %w", err)
+	}
 	cfg.Stream = cmp.Or(cfg.Stream, DefaultStream)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	p := &Publisher{rdb: rdb, cfg: cfg}

@@ -563,3 +563,9 @@ func TestNewRefusesFormatMisuse(t *testing.T) {
 	_, err = webhook.New("https://example.com/h", secret, webhook.Config{Format: wire.Native, PayloadOnly: true})
 	require.NoError(t, err)
 }
+
+func TestNewRefusesBadSource(t *testing.T) {
+	t.Parallel()
+	_, err := webhook.New("https://example.com/h", secret, webhook.Config{Source: "/my orders"})
+	require.ErrorIs(t, err, wire.ErrSource)
+}

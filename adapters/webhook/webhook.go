@@ -295,6 +295,9 @@ func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
 	if err := cfg.Format.Check(); err != nil {
 		return nil, fmt.Errorf("outbox/webhook: Config.Format: %w", err)
 	}
+	if err := wire.CheckSource(cfg.Source); err != nil {
+		return nil, fmt.Errorf("outbox/webhook: Config.Source: %w", err)
+	}
 	if cfg.PayloadOnly && cfg.Format != wire.Native {
 		return nil, fmt.Errorf("outbox/webhook: Config.PayloadOnly is for wire.Native only: %v has no envelope to leave out (its body is the payload or the CloudEvents document)", cfg.Format)
 	}
