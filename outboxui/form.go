@@ -15,6 +15,9 @@ import (
 // the actions' hidden fields carry the same names, so a bulk action
 // touches exactly what the list showed.
 type form struct {
+	// Query is the search box's text (q): an event ID, an idempotency key,
+	// an aggregate as type:id, or an event type; handler.resolve reads it.
+	Query         string
 	IDs           []string
 	Statuses      []string
 	Types         string // comma-separated
@@ -29,10 +32,11 @@ type form struct {
 
 // formFields are the filter's parameter names, in the order they are
 // written back into links.
-var formFields = []string{"id", "status", "type", "aggregate_type", "aggregate_id", "since", "until", "error"}
+var formFields = []string{"q", "id", "status", "type", "aggregate_type", "aggregate_id", "since", "until", "error"}
 
 func readForm(v url.Values) form {
 	f := form{
+		Query:         strings.TrimSpace(v.Get("q")),
 		Types:         strings.TrimSpace(v.Get("type")),
 		AggregateType: strings.TrimSpace(v.Get("aggregate_type")),
 		AggregateID:   strings.TrimSpace(v.Get("aggregate_id")),
@@ -73,6 +77,9 @@ func statusRank(s string) int {
 // values is the form as query parameters, empty ones left out.
 func (f form) values() url.Values {
 	v := url.Values{}
+	if f.Query != "" {
+		v.Set("q", f.Query)
+	}
 	for _, id := range f.IDs {
 		v.Add("id", id)
 	}
@@ -117,7 +124,7 @@ func (f form) statusChoices() []choice {
 }
 
 func (f form) isOnlyIDs() bool {
-	return len(f.IDs) > 0 && len(f.Statuses) == 0 && f.Types == "" && f.AggregateType == "" &&
+	return len(f.IDs) > 0 && f.Query == "" && len(f.Statuses) == 0 && f.Types == "" && f.AggregateType == "" &&
 		f.AggregateID == "" && f.Since == "" && f.Until == "" && f.Error == ""
 }
 
@@ -200,6 +207,7 @@ func (f form) describe() []field {
 			out = append(out, field{name, v})
 		}
 	}
+	add("search", f.Query)
 	add("IDs", strings.Join(f.IDs, ", "))
 	add("status", strings.Join(f.Statuses, ", "))
 	add("type", f.Types)
@@ -223,6 +231,9 @@ func (f form) where() string {
 		default:
 			out = append(out, name+" is one of "+strings.Join(vs, ", "))
 		}
+	}
+	if f.Query != "" {
+		out = append(out, "search is “"+f.Query+"”")
 	}
 	oneOf("ID", f.IDs)
 	var types []string

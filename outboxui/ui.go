@@ -47,7 +47,16 @@ type Options struct {
 	// Title is the heading of every page, to tell one service's dashboard
 	// from another's. Defaults to "Outbox".
 	Title string
+
+	// Refresh is how often the overview and the list refresh in place (a
+	// small embedded script polls the page's live fragment), keeping the
+	// filter, the scroll position and anything typed in a form. Defaults
+	// to 5 s; negative turns it off. Without JavaScript the pages work as
+	// plain links and forms, and say when they were rendered.
+	Refresh time.Duration
 }
+
+const defaultRefresh = 5 * time.Second
 
 // Handler returns the dashboard of the outbox ob installed on db. ob may be
 // nil: then the outbox installed on db (db.Use(outbox.Plugin(...))) is
@@ -75,6 +84,7 @@ func Handler(db *gorm.DB, ob *outbox.Outbox, opts Options) http.Handler {
 		pages:  parsePages(),
 		now:    time.Now,
 	}
+	h.refresh = cmp.Or(opts.Refresh, defaultRefresh)
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.logger.Warn("outboxui: cross-origin request refused",
@@ -85,15 +95,16 @@ func Handler(db *gorm.DB, ob *outbox.Outbox, opts Options) http.Handler {
 	return securityHeaders(cop.Handler(h))
 }
 
-//go:embed templates/*.html static/style.css
+//go:embed templates/*.html static/style.css static/live.js
 var files embed.FS
 
-// securityHeaders forbids scripts, plugins and framing (the pages need
-// none, so an escaping bug cannot run code), and caching of event data.
+// securityHeaders forbids inline and foreign scripts, plugins and framing
+// (the one script is the embedded live.js, so an escaping bug cannot run
+// code), and caching of event data.
 func securityHeaders(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		hd := w.Header()
-		hd.Set("Content-Security-Policy", "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		hd.Set("Content-Security-Policy", "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 		hd.Set("X-Content-Type-Options", "nosniff")
 		hd.Set("X-Frame-Options", "DENY")
 		hd.Set("Referrer-Policy", "same-origin")
@@ -110,6 +121,8 @@ type handler struct {
 	logger *slog.Logger
 	pages  map[string]*template.Template
 	now    func() time.Time
+	// refresh is Options.Refresh with its default; <= 0 is off.
+	refresh time.Duration
 }
 
 // csrfCookie holds the double-submit token. It has no Path, so the browser
@@ -133,11 +146,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, http.StatusMethodNotAllowed, errors.New("method not allowed"))
 			return
 		}
-	case "style.css":
-		css, _ := files.ReadFile("static/style.css")
-		w.Header().Set("Content-Type", "text/css; charset=utf-8")
+	case "style.css", "live.js":
+		body, _ := files.ReadFile("static/" + page)
+		ct := "text/css; charset=utf-8"
+		if page == "live.js" {
+			ct = "text/javascript; charset=utf-8"
+		}
+		w.Header().Set("Content-Type", ct)
 		w.Header().Set("Cache-Control", "max-age=3600")
-		_, _ = w.Write(css)
+		_, _ = w.Write(body)
 		return
 	default:
 		h.fail(w, r, http.StatusNotFound, errors.New("no such page"))
@@ -168,10 +185,15 @@ type base struct {
 	CSRF         string
 	Flash        string
 	Error        string
+	// RefreshMS is how often the page refreshes in place, in
+	// milliseconds; 0 on pages that do not.
+	RefreshMS int64
+	// Rendered is when the page was rendered, for "as of" without script.
+	Rendered time.Time
 }
 
 func (h *handler) base(w http.ResponseWriter, r *http.Request, page string) base {
-	b := base{Title: h.title, Page: page, AllowActions: h.opts.AllowActions, ShowPayloads: h.opts.ShowPayloads}
+	b := base{Title: h.title, Page: page, AllowActions: h.opts.AllowActions, ShowPayloads: h.opts.ShowPayloads, Rendered: h.now()}
 	if h.opts.AllowActions {
 		b.CSRF = h.csrfToken(w, r)
 	}
@@ -189,6 +211,14 @@ func (h *handler) base(w http.ResponseWriter, r *http.Request, page string) base
 
 // csrfToken returns the browser's token, setting a new one when it has
 // none. A cross-site form cannot read the cookie, so cannot echo it.
+// live makes b a page that refreshes in place.
+func (h *handler) live(b base) base {
+	if h.refresh > 0 {
+		b.RefreshMS = h.refresh.Milliseconds()
+	}
+	return b
+}
+
 func (h *handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
 		if _, err := hex.DecodeString(c.Value); err == nil {
@@ -238,18 +268,22 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		base
 		Stats  outbox.Stats
 		Failed []outbox.Row
-	}{h.base(w, r, "overview"), st, failed})
+	}{h.live(h.base(w, r, "overview")), st, failed})
 }
 
 // listPage is the list's template data.
 type listPage struct {
 	base
 	Form    form
+	Search  search
+	Chips   []chip
 	Rows    []outbox.Row
 	Total   int64
 	Newest  bool
-	From    int64  // the seq this page starts after (before, newest first)
+	From    int64  // the cursor: the seq this page is next to, 0 on the first page
+	Back    bool   // the page was reached backwards (Previous)
 	Next    string // the next page's URL, "" on the last page
+	Prev    string // the previous page's URL, "" on the first page
 	First   string // the first page's URL, "" on the first page
 	Hidden  []field
 	Choices []choice
@@ -347,12 +381,37 @@ type field struct{ Name, Value string }
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	q := r.URL.Query()
-	p := listPage{base: h.base(w, r, "events"), Form: readForm(q)}
+	raw := readForm(q)
+	p := listPage{base: h.live(h.base(w, r, "events")), Form: raw}
 	p.Choices = p.Form.statusChoices()
 	// Until it is read, the form shows the limit as given, so that a 400
 	// about it shows what to fix.
 	p.Form.Limit = q.Get("limit")
-	f, err := p.Form.filter(h.now())
+	db := h.db.WithContext(ctx)
+	p.Newest = q.Get("order") == "newest"
+	vals := raw.values() // the filter as the URL gave it, search text included
+	if s := q.Get("limit"); s != "" {
+		vals.Set("limit", s)
+	}
+	if p.Newest {
+		vals.Set("order", "newest")
+	}
+	p.Chips = chips(raw, vals)
+	// The search text is resolved into the field it names: what the page
+	// lists, and what its bulk actions act on, is that concrete filter.
+	fm, sr, err := h.resolve(db, raw)
+	if err != nil {
+		if isBadSearch(err) {
+			p.Error = err.Error()
+			h.render(w, r, http.StatusBadRequest, "list.html", p)
+			return
+		}
+		h.dbError(w, r, "search", err)
+		return
+	}
+	p.Search = sr
+	p.Chips = chips(raw, vals, sr)
+	f, err := fm.filter(h.now())
 	if err != nil {
 		p.Error = err.Error()
 		h.render(w, r, http.StatusBadRequest, "list.html", p)
@@ -365,31 +424,39 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 			h.render(w, r, http.StatusBadRequest, "list.html", p)
 			return
 		}
+		vals.Set("limit", strconv.Itoa(limit))
 	}
-	// Paging is by seq: after= for oldest first, before= for newest first
-	// (order=newest), each the last row's seq of the previous page.
-	p.Newest = q.Get("order") == "newest"
-	cursor := "after"
-	if p.Newest {
-		cursor = "before"
+	if limit == 50 {
+		vals.Del("limit")
 	}
-	var from int64
-	if s := q.Get(cursor); s != "" {
-		if from, err = strconv.ParseInt(s, 10, 64); err != nil || from < 1 {
-			p.Error = fmt.Sprintf("%s %q: want a row's seq", cursor, s)
-			h.render(w, r, http.StatusBadRequest, "list.html", p)
-			return
+	// Paging is keyset on seq, both ways, in either order: after= lists the
+	// rows with a greater seq, before= those with a smaller one, each
+	// cursor the seq of the row at the page's edge. Rows written meanwhile
+	// take greater seqs, so no page shifts under the operator.
+	var after, before int64
+	for _, c := range []struct {
+		name string
+		dst  *int64
+	}{{"after", &after}, {"before", &before}} {
+		if s := q.Get(c.name); s != "" {
+			if *c.dst, err = strconv.ParseInt(s, 10, 64); err != nil || *c.dst < 1 {
+				p.Error = fmt.Sprintf("%s %q: want a row's seq", c.name, s)
+				h.render(w, r, http.StatusBadRequest, "list.html", p)
+				return
+			}
 		}
 	}
-	db := h.db.WithContext(ctx)
-	// One more row than shown tells whether there is a next page.
-	lp := outbox.ListParams{Filter: f, Limit: limit + 1, Newest: p.Newest}
-	if p.Newest {
-		lp.BeforeSeq = from
-	} else {
-		lp.AfterSeq = from
+	if after > 0 && before > 0 {
+		p.Error = "after and before: give one (a page is next to one row)"
+		h.render(w, r, http.StatusBadRequest, "list.html", p)
+		return
 	}
-	rows, err := h.ob.List(db.WithContext(ctx), lp)
+	// Backwards is against the list's order: read the other way, then turn
+	// the page round.
+	back := (!p.Newest && before > 0) || (p.Newest && after > 0)
+	// One more row than shown tells whether there is a page beyond.
+	lp := outbox.ListParams{Filter: f, Limit: limit + 1, Newest: p.Newest != back, AfterSeq: after, BeforeSeq: before}
+	rows, err := h.ob.List(db, lp)
 	if errors.Is(err, outbox.ErrInvalidFilter) {
 		p.Error = err.Error()
 		h.render(w, r, http.StatusBadRequest, "list.html", p)
@@ -399,37 +466,75 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		h.dbError(w, r, "list events", err)
 		return
 	}
-	if p.Total, err = h.ob.Count(db.WithContext(ctx), f); err != nil {
+	more := len(rows) > limit // a page beyond, in the direction read
+	if back && !more {
+		// Back at the start: show the first page, full.
+		after, before, back = 0, 0, false
+		lp = outbox.ListParams{Filter: f, Limit: limit + 1, Newest: p.Newest}
+		if rows, err = h.ob.List(db, lp); err != nil {
+			h.dbError(w, r, "list events", err)
+			return
+		}
+		more = len(rows) > limit
+	}
+	if more {
+		rows = rows[:limit]
+	}
+	if back {
+		slices.Reverse(rows)
+	}
+	if p.Total, err = h.ob.Count(db, f); err != nil {
 		h.dbError(w, r, "count events", err)
 		return
 	}
-	vals := p.Form.values()
-	if limit != 50 {
-		vals.Set("limit", strconv.Itoa(limit))
+	link := func(name string, seq int64) string {
+		v := cloneValues(vals)
+		v.Set(name, strconv.FormatInt(seq, 10))
+		return "events?" + v.Encode()
 	}
+	// forward and backward are the cursors' names in the list's order.
+	forward, backward := "after", "before"
 	if p.Newest {
-		vals.Set("order", "newest")
+		forward, backward = "before", "after"
 	}
-	if len(rows) > limit {
-		rows = rows[:limit]
-		next := cloneValues(vals)
-		next.Set(cursor, strconv.FormatInt(rows[len(rows)-1].Seq, 10))
-		p.Next = "events?" + next.Encode()
+	cursor := after + before
+	hasNext := (!back && more) || (back && len(rows) > 0)
+	hasPrev := back || cursor > 0
+	switch {
+	case len(rows) > 0:
+		if hasNext {
+			p.Next = link(forward, rows[len(rows)-1].Seq)
+		}
+		if hasPrev {
+			p.Prev = link(backward, rows[0].Seq)
+		}
+	case cursor > 0: // past the end: back to the rows before the cursor
+		edge := cursor + 1
+		if p.Newest {
+			edge = cursor - 1
+		}
+		if edge > 0 {
+			p.Prev = link(backward, edge)
+		}
 	}
-	if from > 0 {
+	if cursor > 0 {
 		p.First = "events?" + vals.Encode()
 	}
 	p.Rows = rows
-	p.From = from
+	p.From = cursor
+	p.Back = back
 	p.Form.Limit = strconv.Itoa(limit)
+	// The bulk actions carry the resolved filter: they act on what the page
+	// lists even if the search text would read otherwise by then.
+	hv := fm.values()
 	for _, name := range formFields {
-		for _, v := range vals[name] {
+		for _, v := range hv[name] {
 			p.Hidden = append(p.Hidden, field{name, v})
 		}
 	}
 	if h.opts.AllowActions && p.Total > 0 {
 		for _, verb := range []string{"replay", "purge"} {
-			a, err := h.bulk(ctx, db, verb, p.Form, f, p.Total)
+			a, err := h.bulk(ctx, db, verb, fm, f, p.Total)
 			if err != nil {
 				h.dbError(w, r, "count events", err)
 				return
@@ -438,6 +543,160 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	h.render(w, r, http.StatusOK, "list.html", p)
+}
+
+// search is how the list read its search box.
+type search struct {
+	Text string
+	// As is what the text was taken as: "event ID", "idempotency key",
+	// "aggregate" or "event type".
+	As string
+	// Note says more: the event a key belongs to, or that nothing matched.
+	Note string
+}
+
+// badSearch is a search the operator must change, a 400.
+type badSearch struct{ msg string }
+
+func (e badSearch) Error() string { return e.msg }
+
+func isBadSearch(err error) bool {
+	var b badSearch
+	return errors.As(err, &b)
+}
+
+// resolve reads fm's search text (q) as the first of these that matches
+// an event: an event ID, an idempotency key, an event type; then, when it
+// reads "type:id", an aggregate; else an event type none has yet. It
+// returns fm with the text moved into that field, and how it read it.
+// The library's Filter has no idempotency key, so the key is looked up with
+// one query of the dashboard's own, through the key's unique index
+// (docs/schema.md: idempotency_key is NULL when the key is the ID, which
+// Get finds).
+func (h *handler) resolve(db *gorm.DB, fm form) (form, search, error) {
+	text := fm.Query
+	fm.Query = ""
+	if text == "" {
+		return fm, search{}, nil
+	}
+	sr := search{Text: text}
+	conflict := func(field string) error {
+		return badSearch{fmt.Sprintf("the search %q reads as %s, and the %s field is set too: clear one of them", text, sr.As, field)}
+	}
+	asID := func(id string) (form, search, error) {
+		if len(fm.IDs) > 0 {
+			return fm, sr, conflict("IDs")
+		}
+		fm.IDs = []string{id}
+		return fm, sr, nil
+	}
+	if _, err := h.ob.Get(db, text); err == nil {
+		sr.As = "event ID"
+		return asID(text)
+	} else if !errors.Is(err, outbox.ErrNotFound) {
+		return fm, sr, err
+	}
+	var keyed []string
+	if err := db.Raw("SELECT "+h.ob.IDColumn()+" FROM "+h.ob.Table()+" WHERE idempotency_key = ?", text).
+		Scan(&keyed).Error; err != nil {
+		return fm, sr, fmt.Errorf("find idempotency key: %w", err)
+	}
+	if len(keyed) > 0 {
+		sr.As, sr.Note = "idempotency key", "of event "+keyed[0]
+		return asID(keyed[0])
+	}
+	asType := func() (form, search, error) {
+		if fm.Types != "" {
+			return fm, sr, conflict("type")
+		}
+		fm.Types = text
+		return fm, sr, nil
+	}
+	typed, err := h.ob.List(db, outbox.ListParams{Filter: outbox.Filter{Types: []string{text}}, Limit: 1})
+	if err != nil {
+		return fm, sr, err
+	}
+	if len(typed) > 0 {
+		sr.As = "event type"
+		return asType()
+	}
+	if typ, id, ok := strings.Cut(text, ":"); ok && strings.TrimSpace(typ) != "" && strings.TrimSpace(id) != "" {
+		sr.As = "aggregate"
+		if fm.AggregateType != "" || fm.AggregateID != "" {
+			return fm, sr, conflict("aggregate")
+		}
+		fm.AggregateType, fm.AggregateID = strings.TrimSpace(typ), strings.TrimSpace(id)
+		return fm, sr, nil
+	}
+	sr.As, sr.Note = "event type", "no event has this ID, idempotency key or type"
+	return asType()
+}
+
+// chip is one term of the filter in effect, with the link that drops it.
+type chip struct {
+	Label  string
+	Remove string
+}
+
+// chips lists the terms of the list's filter as the URL gave it; vals is
+// that filter with the page size and order, which every link keeps.
+func chips(fm form, vals url.Values, sr ...search) []chip {
+	var out []chip
+	drop := func(label, name, value string) {
+		v := cloneValues(vals)
+		if value == "" {
+			v.Del(name)
+		} else {
+			var keep []string
+			for _, x := range v[name] {
+				if x != value {
+					keep = append(keep, x)
+				}
+			}
+			v[name] = keep
+		}
+		out = append(out, chip{label, "events?" + v.Encode()})
+	}
+	if fm.Query != "" {
+		label := "search “" + fm.Query + "”"
+		if len(sr) > 0 && sr[0].As != "" {
+			label += " as " + sr[0].As
+			if sr[0].Note != "" {
+				label += " (" + sr[0].Note + ")"
+			}
+		}
+		drop(label, "q", "")
+	}
+	for _, id := range fm.IDs {
+		drop("ID "+id, "id", id)
+	}
+	if len(fm.Statuses) > 0 {
+		// status is one comma-separated value in links: drop one status
+		// by rewriting it.
+		for _, s := range fm.Statuses {
+			v := cloneValues(vals)
+			rest := slices.DeleteFunc(slices.Clone(fm.Statuses), func(x string) bool { return x == s })
+			if len(rest) == 0 {
+				v.Del("status")
+			} else {
+				v.Set("status", strings.Join(rest, ","))
+			}
+			out = append(out, chip{"status " + s, "events?" + v.Encode()})
+		}
+	}
+	for _, c := range []struct{ label, name, value string }{
+		{"type", "type", fm.Types},
+		{"aggregate type", "aggregate_type", fm.AggregateType},
+		{"aggregate ID", "aggregate_id", fm.AggregateID},
+		{"created since", "since", fm.Since},
+		{"created until", "until", fm.Until},
+		{"error contains", "error", fm.Error},
+	} {
+		if c.value != "" {
+			drop(c.label+" "+c.value, c.name, "")
+		}
+	}
+	return out
 }
 
 func cloneValues(v url.Values) url.Values {
@@ -466,7 +725,36 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		Payload     string
 		PayloadSize int
 		Headers     string
-	}{base: h.base(w, r, "event"), Row: row, PayloadSize: len(row.Payload)}
+		// BeforeReplay: the last error predates a replay (errorBeforeReplay).
+		BeforeReplay bool
+		// Prev and Next are the aggregate's events just before and after
+		// this one, by seq; nil when there is none (or no aggregate).
+		Prev, Next *outbox.Row
+		// HeldBack: an earlier event of the aggregate is not sent yet.
+		HeldBack bool
+	}{base: h.base(w, r, "event"), Row: row, PayloadSize: len(row.Payload),
+		BeforeReplay: errorBeforeReplay(row, h.now())}
+	if row.AggregateType != "" || row.AggregateID != "" {
+		agg := outbox.Filter{AggregateType: row.AggregateType, AggregateID: row.AggregateID}
+		db := h.db.WithContext(ctx)
+		prev, err := h.ob.List(db, outbox.ListParams{Filter: agg, BeforeSeq: row.Seq, Newest: true, Limit: 1})
+		if err != nil {
+			h.dbError(w, r, "read the aggregate's previous event", err)
+			return
+		}
+		next, err := h.ob.List(db, outbox.ListParams{Filter: agg, AfterSeq: row.Seq, Limit: 1})
+		if err != nil {
+			h.dbError(w, r, "read the aggregate's next event", err)
+			return
+		}
+		if len(prev) > 0 {
+			d.Prev = &prev[0]
+			d.HeldBack = row.Status == outbox.StatusPending && prev[0].Status != outbox.StatusSent
+		}
+		if len(next) > 0 {
+			d.Next = &next[0]
+		}
+	}
 	if h.opts.ShowPayloads {
 		d.Payload = pretty(row.Payload)
 	}
@@ -474,6 +762,22 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		d.Headers = pretty(*row.Headers)
 	}
 	h.render(w, r, http.StatusOK, "event.html", d)
+}
+
+// errorBeforeReplay tells whether row's last error is from before a
+// replay. The row keeps no replay mark, so this reads its columns: a
+// replay sets a failed row pending with attempts 0 and leaves last_error;
+// a failed attempt always leaves attempts at 1 or more (the claim counts
+// it before the handler runs), and a delivery clears last_error. So a
+// pending row with an error and 0 attempts was replayed since; so is one
+// with 1 attempt that is leased now (its first attempt since the replay in
+// flight, which has recorded nothing yet). A lease that expired without a
+// result (a relay that died) leaves attempts at 1 and is not recognised.
+func errorBeforeReplay(row outbox.Row, now time.Time) bool {
+	if row.LastError == nil || row.Status != outbox.StatusPending {
+		return false
+	}
+	return row.Attempts == 0 || (row.Attempts == 1 && row.LockedUntil != nil && row.LockedUntil.After(now))
 }
 
 // action runs a replay or purge POST: on one event (id) or on what a list
@@ -492,7 +796,19 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 		h.fail(w, r, http.StatusForbidden, err)
 		return
 	}
-	fm := readForm(r.PostForm)
+	ctx := r.Context()
+	db := h.db.WithContext(ctx)
+	// The list's forms carry the search resolved; a form of another's may
+	// carry the text, read here as the list reads it.
+	fm, _, err := h.resolve(db, readForm(r.PostForm))
+	if err != nil {
+		if isBadSearch(err) {
+			h.fail(w, r, http.StatusBadRequest, err)
+			return
+		}
+		h.dbError(w, r, "search", err)
+		return
+	}
 	f, err := fm.filter(h.now())
 	if err != nil {
 		h.fail(w, r, http.StatusBadRequest, err)
@@ -505,8 +821,6 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 		h.fail(w, r, http.StatusBadRequest, errors.New(refusal(verb, fm.Statuses)))
 		return
 	}
-	ctx := r.Context()
-	db := h.db.WithContext(ctx)
 	if r.PostForm.Get("confirm") != "yes" {
 		n, err := h.ob.Count(db.WithContext(ctx), f)
 		if err != nil {
@@ -629,7 +943,12 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, code int, err err
 
 func (h *handler) render(w http.ResponseWriter, r *http.Request, code int, page string, data any) {
 	var buf bytes.Buffer
-	if err := h.pages[page].ExecuteTemplate(&buf, "layout", data); err != nil {
+	// live=1 asks for the page's live fragment only: what live.js swaps in.
+	name := "layout"
+	if r.URL.Query().Get("live") == "1" && h.pages[page].Lookup("live") != nil {
+		name = "live"
+	}
+	if err := h.pages[page].ExecuteTemplate(&buf, name, data); err != nil {
 		h.logger.Error("outboxui: render", slog.String("page", page), slog.String("error", err.Error()))
 		http.Error(w, "outboxui: cannot render the page (see the server log)", http.StatusInternalServerError)
 		return
@@ -649,6 +968,7 @@ func parsePages() map[string]*template.Template {
 		"age":   ago,
 		"str":   func(s *string) string { return deref(s) },
 		"short": short,
+		"last":  func(rows []outbox.Row) int { return len(rows) - 1 },
 		"plural": func(n int64, one, many string) string {
 			return plural(int(n), one, many)
 		},

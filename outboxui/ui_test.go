@@ -496,14 +496,14 @@ func testEscaping(t *testing.T, b backend) {
 	for _, page := range []string{"", "events", "events?status=failed&type=" + url.QueryEscape("<script>alert(2)</script>"), "event?id=" + url.QueryEscape(id)} {
 		code, body := e.get(page)
 		require.Equal(t, http.StatusOK, code, page)
-		assert.NotContains(t, body, "<script", page)
+		assert.NotContains(t, withoutLiveJS(body), "<script", page)
 		assert.NotContains(t, body, "<img", page)
 		assert.Contains(t, body, "&lt;script&gt;alert(", page)
 	}
 	// The form echoes an unknown status back, ticked, next to the 400.
 	code, body := e.get("events?status=" + url.QueryEscape(`"><script>alert(6)</script>`))
 	require.Equal(t, http.StatusBadRequest, code, body)
-	assert.NotContains(t, body, "<script")
+	assert.NotContains(t, withoutLiveJS(body), "<script")
 	assert.Contains(t, body, `value="&#34;&gt;&lt;script&gt;alert(6)&lt;/script&gt;"`)
 	_, body = e.get("event?id=" + url.QueryEscape(id))
 	for i := range 6 {
@@ -516,6 +516,15 @@ func testEscaping(t *testing.T, b backend) {
 	assert.NotContains(t, body, "<script")
 	assert.Contains(t, body, `<span id="confirm-count">1</span>`)
 }
+
+// liveJS is the one script element the overview and the list carry: the
+// embedded live.js, which the Content-Security-Policy allows ('self', no
+// inline script).
+const liveJS = `<script src="live.js" defer></script>`
+
+// withoutLiveJS is body without its one live.js element (each page has at
+// most one), so that any other <script is a failure to escape.
+func withoutLiveJS(body string) string { return strings.Replace(body, liveJS, "", 1) }
 
 func testReadOnly(t *testing.T, b backend) {
 	e := setup(t, b, outboxui.Options{})
