@@ -30,4 +30,17 @@
 // (logged; default random). It needs the PostgreSQL server binaries
 // (/usr/lib/postgresql/15/bin or OUTBOX_TEST_PG_BINDIR), not
 // OUTBOX_TEST_POSTGRES_DSN, and skips without them except under CI.
+//
+// TestLogicalFailover is the same rig with wal_level=logical on every
+// node and the outbox in Logical mode: on PostgreSQL 15 the slot exists
+// only on the primary, so each promotion loses it. Per failover it
+// asserts that Publish fails with ErrNoSlot on the new primary until a
+// slot exists, that the relay logs the loss at Error and counts it in
+// Stats.SlotLost, that a new process's db.Use creates the slot and logs
+// that it replaces a lost one, and that the relay then streams it and
+// delivers; it measures the window (commits on the old primary that the
+// new one has and that were never delivered) and reports it in a
+// LOGICAL-FAILOVER-RESULT line. OUTBOX_LOGICAL_FAILOVER_ROUNDS failovers
+// per variant (default 2), the kill moments drawn from
+// OUTBOX_FAILOVER_SEED like TestPostgresFailover's.
 package reliability
