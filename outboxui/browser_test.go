@@ -146,7 +146,7 @@ func TestBrowser(t *testing.T) {
 	click("#f-apply")
 	loc, err := chromedp.Run(ctx, chromedp.Location())
 	require.NoError(t, err)
-	assert.Contains(t, loc, "/ops/outbox/events?status=failed")
+	assert.Contains(t, loc, "/ops/outbox/events?q=&status=failed") // the search box comes first, empty
 	assert.Equal(t, "failed,failed,failed",
 		eval(`Array.from(document.querySelectorAll("table.rows tbody .status")).map(s => s.textContent).join(",")`),
 		"only the failed events are listed")
@@ -203,4 +203,101 @@ func seedRealistic(e *env) {
 		outbox.Event{ID: "ord-1007", Type: "order.created", AggregateType: "order", AggregateID: "1007"},
 		outbox.Event{ID: "ship-1001", Type: "shipment.booked", AggregateType: "shipment", AggregateID: strings.Repeat("7", 6)},
 	)
+}
+
+// TestBrowserFind drives issue 25's first slice in headless Chromium: find
+// events with the search box, page forward and back, and watch the list
+// refresh in place while the operator is half-way through typing a new
+// search, scrolled down the page.
+func TestBrowserFind(t *testing.T) {
+	exe := chromium(t)
+	e := setup(t, backends(t)[0], outboxui.Options{AllowActions: true, Refresh: 200 * time.Millisecond})
+	seedRealistic(e)
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU,
+		chromedp.WindowSize(1280, 500), // short, so the list scrolls
+	)
+	actx, cancel := chromedp.NewExecAllocator(t.Context(), opts...)
+	defer cancel()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	ctx, cancel = context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	eval := func(js string) any {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[any](js))
+		require.NoError(t, err, js)
+		return v
+	}
+	click := func(sel string) {
+		t.Helper()
+		resp, err := chromedp.RunResponse(ctx, chromedp.Click(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		require.EqualValues(t, 200, resp.Status, sel)
+	}
+	rows := func() any {
+		t.Helper()
+		return eval(`Array.from(document.querySelectorAll("table.rows tbody td.id")).map(td => td.textContent).join(",")`)
+	}
+
+	// Search: the box takes an event type; the page says how it read it.
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(e.base+"events?limit=3"),
+		chromedp.WaitVisible(chromedp.CSS("#f-q")),
+		chromedp.SendKeys(chromedp.CSS("#f-q"), "order.created"),
+	))
+	click("#f-apply")
+	loc, err := chromedp.Run(ctx, chromedp.Location())
+	require.NoError(t, err)
+	assert.Contains(t, loc, "q=order.created")
+	assert.Contains(t, eval(`document.querySelector("#in-effect").textContent`), "search “order.created” as event type")
+	assert.Equal(t, "ord-1001,ord-1002,ord-1003", rows())
+	assert.Equal(t, "7", eval(`document.querySelector("#total").textContent`))
+
+	// Forward, forward, back, back.
+	click("#next")
+	assert.Equal(t, "ord-1004,ord-1005,ord-1006", rows())
+	click("#next")
+	assert.Equal(t, "ord-1007", rows())
+	assert.Equal(t, false, eval(`!!document.querySelector("#next")`), "the last page has no Next")
+	click("#prev")
+	assert.Equal(t, "ord-1004,ord-1005,ord-1006", rows())
+	click("#prev")
+	assert.Equal(t, "ord-1001,ord-1002,ord-1003", rows())
+	assert.Equal(t, false, eval(`!!document.querySelector("#prev")`), "back on the first page: no Previous")
+	assert.Equal(t, "order.created", eval(`document.querySelector("#f-q").value`), "the search box keeps the search")
+
+	// Live: the search's whole list, scrolled down, a new search half typed.
+	var more []outbox.Event
+	for i := range 20 {
+		more = append(more, outbox.Event{ID: "late-" + itoa(100+i), Type: "order.created"})
+	}
+	e.publish(more...)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(e.base+"events?q=order.created"),
+		chromedp.WaitVisible(chromedp.CSS("table.rows")),
+		chromedp.Poll[chromedp.Void](`/updated \d+s ago/.test(document.querySelector("#updated").textContent)`,
+			chromedp.WithPollingTimeout(10*time.Second)), // live.js runs
+	))
+	assert.Equal(t, "27", eval(`document.querySelector("#total").textContent`))
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Clear(chromedp.CSS("#f-q")),
+		chromedp.SendKeys(chromedp.CSS("#f-q"), "pay-10"), // typed, not submitted
+	))
+	scrolled := eval(`window.scrollTo(0, 250); document.querySelector("#total").dataset.old = "1"; window.scrollY`)
+	require.EqualValues(t, 250, scrolled, "the page scrolls")
+	e.publish(outbox.Event{ID: "live-1", Type: "order.created"})
+	_, err = chromedp.Run(ctx, chromedp.Poll[chromedp.Void](
+		`document.querySelector("#total").textContent === "28" && !document.querySelector("#total").dataset.old`,
+		chromedp.WithPollingTimeout(15*time.Second)))
+	require.NoError(t, err, "the new event arrives without a reload")
+	assert.Equal(t, "pay-10", eval(`document.querySelector("#f-q").value`), "the half-typed search is kept")
+	assert.Equal(t, "f-q", eval(`document.activeElement.id`), "and so is the focus")
+	assert.EqualValues(t, 250, eval(`window.scrollY`), "and the scroll position")
+	loc, err = chromedp.Run(ctx, chromedp.Location())
+	require.NoError(t, err)
+	assert.True(t, strings.HasSuffix(loc, "events?q=order.created"), "and the filter: %s", loc)
+	assert.Regexp(t, `^updated \d+s ago$`, eval(`document.querySelector("#updated").textContent`))
+	assert.Contains(t, rows(), "live-1")
 }
