@@ -3,7 +3,8 @@
 // [data-live] regions) every data-refresh milliseconds and swaps each
 // region for its new copy, so the filter (the URL), the scroll position and
 // anything typed in a form outside the regions are kept. A region holding
-// the keyboard focus is left alone until the focus leaves it. Without this
+// the keyboard focus is left alone until the focus leaves it, and one
+// whose content is unchanged is not touched. Without this
 // script the pages are plain links and forms that say when they were
 // rendered.
 (function () {
@@ -17,6 +18,19 @@
   if (how) {
     how.textContent = "(refreshes every " + Math.round(every / 1000 * 10) / 10 + "s)";
   }
+  // sig is a region's content without its title attributes (relative
+  // ages such as "3s ago" that change on every render): a region whose
+  // sig is unchanged is left alone, so a text selection, a hover or a
+  // click on it survives the refresh.
+  function sig(el) {
+    var c = el.cloneNode(true);
+    var titled = c.querySelectorAll("[title]");
+    for (var i = 0; i < titled.length; i++) {
+      titled[i].removeAttribute("title");
+    }
+    return c.outerHTML;
+  }
+
   var last = Date.now();
   var failed = "";
   var busy = false;
@@ -46,7 +60,7 @@
         for (var i = 0; i < regions.length; i++) {
           var old = regions[i];
           var fresh = doc.getElementById(old.id);
-          if (!fresh || old.contains(document.activeElement)) {
+          if (!fresh || old.contains(document.activeElement) || sig(fresh) === sig(old)) {
             continue;
           }
           old.replaceWith(document.importNode(fresh, true));
