@@ -4,12 +4,17 @@
 //
 //	mux.Handle("/outbox/", outboxui.Handler(db, ob, outboxui.Options{AllowActions: true}))
 //
-// It renders plain HTML on the server (html/template, no JavaScript, no
-// front-end build): the counts by status with the age of the oldest
-// pending event, a list with the same filters as the outbox command
-// (status, type, aggregate, created since/until, error text) paged by
-// seq, an event's detail with its last error and attempts, and replay and
-// purge actions on one event or on everything a filter matches.
+// It renders plain HTML on the server (html/template, no front-end build;
+// one small embedded script refreshes the overview and the list in place,
+// and the pages work without it): the counts by status with the age of the
+// oldest pending event, a list with one search box (an event ID, an
+// idempotency key, an aggregate as type:id, or an event type) and the
+// same filters as the outbox command (status, type, aggregate, created
+// since/until, error text), shown as they are in effect and paged both
+// ways by seq, an event's detail with its last error (marked when it
+// predates a replay), attempts and the aggregate's previous and next
+// events, and replay and purge actions on one event or on everything a
+// filter matches.
 //
 // # Safety
 //
@@ -20,7 +25,8 @@
 // and by a double-submit token, and a bulk action shows how many events it
 // would touch before it runs. Every value is HTML-escaped by html/template
 // (event types, aggregates, errors and payloads are user data), and the
-// pages forbid scripts and framing with a Content-Security-Policy.
+// pages forbid framing and every script but the embedded live.js (no
+// inline script) with a Content-Security-Policy.
 //
 // # Mounting
 //

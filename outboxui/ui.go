@@ -61,11 +61,13 @@ const defaultRefresh = 5 * time.Second
 // Handler returns the dashboard of the outbox ob installed on db. ob may be
 // nil: then the outbox installed on db (db.Use(outbox.Plugin(...))) is
 // used, and every request fails with [outbox.ErrNotInstalled] when there
-// is none. The handler reads the table with ob's exported functions only
+// is none. The handler reads the table with ob's exported functions
 // ([outbox.Outbox.List], [outbox.Outbox.Count], [outbox.Outbox.Get],
-// [outbox.Outbox.Stats]) and acts with [outbox.Outbox.Replay] and
-// [outbox.Outbox.Purge], as the outbox command does. Each request's
-// context governs its database calls.
+// [outbox.Outbox.Stats]) and one query of its own, the search box's
+// lookup of an idempotency key through [outbox.Outbox.IDColumn] and
+// [outbox.Outbox.Table] ([outbox.Filter] has no key field), and acts with
+// [outbox.Outbox.Replay] and [outbox.Outbox.Purge], as the outbox command
+// does. Each request's context governs its database calls.
 //
 // Mount it at a path ending in a slash, behind the service's
 // authentication:
