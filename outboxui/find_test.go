@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -229,7 +230,7 @@ func testPagingWithInserts(t *testing.T, b backend) {
 }
 
 func testLiveFragment(t *testing.T, b backend) {
-	e := setup(t, b, outboxui.Options{Refresh: 1500 * 1e6})
+	e := setup(t, b, outboxui.Options{Refresh: 1500 * time.Millisecond})
 	seed(e)
 	code, body := e.get("events?status=pending")
 	require.Equal(t, http.StatusOK, code)
@@ -316,6 +317,24 @@ func testReplayMarker(t *testing.T, b backend) {
 	assert.Contains(t, body, `<h2 id="last-error-heading">Last error, from before the replay</h2>`)
 	assert.Contains(t, body, `id="replay-note"`)
 	assert.Contains(t, body, `class="err before-replay" id="last-error">permanent: webhook: 503<`)
+
+	// Its first attempt since the replay in flight (claimed: attempts 1,
+	// leased): still from before. The lease expired with no result: the
+	// columns cannot tell any more (the documented limit of the rule).
+	lease := func(until time.Time) {
+		res := e.db.Exec("UPDATE "+e.ob.Table()+" SET attempts = 1, locked_until = ? WHERE named_id = ?", e.b.timeArg(until), "r-1")
+		require.NoError(t, res.Error)
+		require.EqualValues(t, 1, res.RowsAffected)
+	}
+	lease(time.Now().Add(time.Minute))
+	_, body = e.get("event?id=r-1")
+	assert.Contains(t, body, "its first attempt since in flight")
+	assert.Contains(t, body, `Last error, from before the replay`)
+	lease(time.Now().Add(-time.Minute))
+	_, body = e.get("event?id=r-1")
+	assert.Contains(t, body, `<h2 id="last-error-heading">Last error</h2>`)
+	res := e.db.Exec("UPDATE "+e.ob.Table()+" SET attempts = 0, locked_until = NULL WHERE named_id = ?", "r-1")
+	require.NoError(t, res.Error)
 
 	// It fails again: the error is current again.
 	e.failWith = "webhook: 410 gone"
