@@ -190,3 +190,30 @@ func listenAsRelay(t *testing.T, ob *Outbox, db *gorm.DB) (next func() string) {
 		return n.Payload
 	}
 }
+
+// TestWakeAcrossPools: an app that writes through one pool and runs its
+// relay on another pool of the same database, one Outbox installed on
+// both: a commit still wakes the relay at once, on SQLite too (no NOTIFY).
+func TestWakeAcrossPools(t *testing.T) {
+	t.Parallel()
+	writes := openSQLite(t, cgoSQLite, &gorm.Config{Logger: logger.Discard})
+	dsn, _ := dsns.Load(writes)
+	relayDB, err := gorm.Open(cgoSQLite.open(dsn.(string)), &gorm.Config{Logger: logger.Discard})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if sqlDB, err := relayDB.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	ob := Plugin(Config{Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, writes.Use(ob))
+	require.NoError(t, relayDB.Use(ob))
+	got := make(chan string, 1)
+	ob.Handle(AnyEvent, func(_ context.Context, e Event) error { got <- e.ID; return nil })
+	r, err := ob.Relay(relayDB, RelayConfig{PollInterval: time.Hour})
+	require.NoError(t, err)
+	runRelay(t, r)
+	require.Eventually(t, func() bool { return len(ob.wakersSnapshot()) == 1 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, writes.Transaction(func(tx *gorm.DB) error { return Publish(tx, Event{ID: "across", Type: "x"}) }))
+	require.Equal(t, "across", receive(t, got))
+}

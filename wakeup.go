@@ -11,8 +11,9 @@ import (
 // A committed event should reach a relay in milliseconds, not a poll
 // interval. Three paths carry the news, all of them hints (the poll stays):
 //
-//   - in-process: the commit wakes every relay of its database running in
-//     the same process;
+//   - in-process: the commit wakes every relay of its database's pool
+//     running in the same process, or, when there is none, every relay of
+//     the Outbox (one may serve that database through another pool);
 //   - PostgreSQL: the writing process sends NOTIFY after the commit,
 //     debounced, and relays LISTEN on a dedicated connection. The NOTIFY is
 //     deliberately not part of the business transaction: PostgreSQL
@@ -83,12 +84,14 @@ func (ws *wakers) remove(w *waker) {
 	ws.mu.Unlock()
 }
 
-func (ws *wakers) wakeAll() {
+// wakeAll pokes every relay in the set and returns how many there are.
+func (ws *wakers) wakeAll() int {
 	ws.mu.Lock()
+	defer ws.mu.Unlock()
 	for w := range ws.set {
 		w.poke()
 	}
-	ws.mu.Unlock()
+	return len(ws.set)
 }
 
 func (w *waker) poke() {
@@ -107,7 +110,16 @@ func (o *Outbox) published(s *site, ids []int64) {
 		default: // the relay is busy; its regular claim will find them
 		}
 	}
-	s.wakers.wakeAll()
+	if s.wakers.wakeAll() == 0 {
+		// No relay of this process runs on that pool, but one may serve
+		// the same database through a pool of its own (an app that opens
+		// one for writes and one for its relay): a spurious claim is
+		// cheaper than a poll interval's wait.
+		o.sites.Range(func(_, other any) bool {
+			other.(*site).wakers.wakeAll()
+			return true
+		})
+	}
 	if s.notifier != nil {
 		s.notifier.signal()
 	}
