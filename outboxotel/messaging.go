@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -120,13 +119,7 @@ func (ms *messaging) StartSend(ctx context.Context, op wire.Operation, e outbox.
 	spanAttrs = append(spanAttrs, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("send"))
 	ctx, span := ms.tracer.Start(ctx, "send "+op.Destination, producerKind, trace.WithAttributes(spanAttrs...))
 
-	h := make(map[string]string, len(e.Headers)+2)
-	maps.Copy(h, e.Headers)
-	for _, f := range ms.fields {
-		deleteHeader(h, f)
-	}
-	ms.prop.Inject(ctx, propagation.MapCarrier(h))
-	e.Headers = h
+	e.Headers = withTraceContext(ctx, ms.prop, ms.fields, e.Headers)
 
 	start := time.Now()
 	return ctx, e, func(err error) {

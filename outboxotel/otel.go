@@ -315,15 +315,9 @@ func (in *instrumentation) deliver(next outbox.Handler) outbox.Handler {
 		ctx, span := in.tracer.Start(parent, "process "+e.Type, opts...)
 		defer span.End()
 
-		// The adapters copy the event's headers into the messages they
-		// send: make them carry this span, so consumers continue from it.
-		h := make(map[string]string, len(e.Headers)+2)
-		maps.Copy(h, e.Headers)
-		for _, f := range in.fields {
-			deleteHeader(h, f)
-		}
-		in.cfg.prop.Inject(ctx, propagation.MapCarrier(h))
-		e.Headers = h
+		// A handler that copies the event's headers into a message makes
+		// it carry this span, so consumers continue from it.
+		e.Headers = withTraceContext(ctx, in.cfg.prop, in.fields, e.Headers)
 
 		err := next(wire.ContextWithTelemetry(ctx, in.messaging), e)
 		if err != nil {
@@ -377,6 +371,19 @@ func (c headerCarrier) Keys() []string {
 		keys = append(keys, k)
 	}
 	return keys
+}
+
+// withTraceContext returns a copy of headers whose trace context (the
+// propagator's fields, in any case) is ctx's span: the event of a
+// delivery, or of a message an adapter sends.
+func withTraceContext(ctx context.Context, prop propagation.TextMapPropagator, fields []string, headers map[string]string) map[string]string {
+	h := make(map[string]string, len(headers)+2)
+	maps.Copy(h, headers)
+	for _, f := range fields {
+		deleteHeader(h, f)
+	}
+	prop.Inject(ctx, propagation.MapCarrier(h))
+	return h
 }
 
 func hasHeader(h map[string]string, name string) bool {

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -170,7 +171,7 @@ func Attributes(e outbox.Event, o CloudEventOptions) []Attribute {
 	}
 	add("specversion", SpecVersion)
 	add("id", e.ID)
-	add("source", cmpOr(o.Source, DefaultSource))
+	add("source", cmp.Or(o.Source, DefaultSource))
 	add("type", e.Type)
 	add("subject", Subject(e))
 	if !e.OccurredAt.IsZero() {
@@ -186,13 +187,6 @@ func Attributes(e outbox.Event, o CloudEventOptions) []Attribute {
 	add(ExtTraceState, header(e.Headers, "tracestate"))
 	add(ExtPartitionKey, o.PartitionKey)
 	return a
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // header returns h's value for name, matched ignoring case: the exact
@@ -488,7 +482,9 @@ func DecodeStructured(doc []byte) (outbox.Event, error) {
 				b, err = base64.StdEncoding.DecodeString(s)
 			}
 			if err != nil {
-				firstErr = cmpErr(firstErr, fmt.Errorf("wire: CloudEvents JSON: data_base64: %w", err))
+				if firstErr == nil {
+					firstErr = fmt.Errorf("wire: CloudEvents JSON: data_base64: %w", err)
+				}
 				continue
 			}
 			e.Payload = b
@@ -498,21 +494,14 @@ func DecodeStructured(doc []byte) (outbox.Event, error) {
 		if err == nil {
 			err = fromAttribute(&e, k, v)
 		}
-		if err != nil {
-			firstErr = cmpErr(firstErr, fmt.Errorf("wire: CloudEvents JSON: %s: %w", k, err))
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("wire: CloudEvents JSON: %s: %w", k, err)
 		}
 	}
 	if e.IdempotencyKey == "" {
 		e.IdempotencyKey = e.ID
 	}
 	return e, firstErr
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // attributeString is an attribute's canonical string: a JSON string as it
