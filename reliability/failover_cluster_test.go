@@ -33,24 +33,31 @@ var failoverNodeSettings = []string{"wal_level=replica", "max_wal_senders=10", "
 // ALTER SYSTEM (not on the command line, which would win over it), so
 // that each new primary can name its standby.
 type pgCluster struct {
-	sync    bool
-	nodes   [2]*pgtest.Server
-	names   [2]string // application_name of each slot's node
-	primary int       // the slot of the primary
-	gen     int       // nodes made so far
+	sync     bool
+	settings []string // every node's
+	nodes    [2]*pgtest.Server
+	names    [2]string // application_name of each slot's node
+	primary  int       // the slot of the primary
+	gen      int       // nodes made so far
 }
 
 // startPgCluster starts a primary and a standby made with pg_basebackup
-// -R; with sync, the primary waits for the standby's flush at every
-// commit. Without the server binaries it skips, except under CI.
+// -R, every node with failoverNodeSettings; with sync, the primary waits
+// for the standby's flush at every commit. Without the server binaries it
+// skips, except under CI.
 func startPgCluster(t *testing.T, sync bool) *pgCluster {
+	return startPgClusterWith(t, sync, failoverNodeSettings)
+}
+
+// startPgClusterWith is startPgCluster with settings for every node.
+func startPgClusterWith(t *testing.T, sync bool, settings []string) *pgCluster {
 	t.Helper()
-	primary, err := pgtest.Start(failoverNodeSettings...)
+	primary, err := pgtest.Start(settings...)
 	if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
 		t.Skipf("the failover tests need a PostgreSQL installation: %v", err)
 	}
 	require.NoError(t, err)
-	c := &pgCluster{sync: sync}
+	c := &pgCluster{sync: sync, settings: settings}
 	c.nodes[0], c.names[0], c.gen = primary, "node0", 1
 	t.Cleanup(func() {
 		for _, n := range c.nodes {
@@ -83,7 +90,7 @@ func (c *pgCluster) addStandby(t *testing.T, slot, port int) {
 	t.Helper()
 	name := fmt.Sprintf("node%d", c.gen)
 	c.gen++
-	st, err := c.nodes[c.primary].Standby(name, port, failoverNodeSettings...)
+	st, err := c.nodes[c.primary].Standby(name, port, c.settings...)
 	require.NoError(t, err)
 	c.nodes[slot], c.names[slot] = st, name
 	if c.sync {

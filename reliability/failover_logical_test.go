@@ -265,7 +265,7 @@ func testLogicalFailover(t *testing.T, syncRep, explicitIDs bool, rounds int, se
 		assert.Equal(t, "ERROR", streaming.level.String(), "failover %d: streaming a new slot is logged at Error", i+1)
 
 		began := time.Now()
-		cl.rebuildLogical(t)
+		cl.rebuild(t)
 		r.rebuild = time.Since(began)
 		rs = append(rs, r)
 	}
