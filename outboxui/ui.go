@@ -97,7 +97,7 @@ func Handler(db *gorm.DB, ob *outbox.Outbox, opts Options) http.Handler {
 	return securityHeaders(cop.Handler(h))
 }
 
-//go:embed templates/*.html static/style.css static/live.js
+//go:embed templates/*.html static/*
 var files embed.FS
 
 // securityHeaders forbids inline and foreign scripts, plugins and framing
@@ -148,10 +148,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, http.StatusMethodNotAllowed, errors.New("method not allowed"))
 			return
 		}
-	case "style.css", "live.js":
+	case "style.css", "live.js", "overview.css":
 		body, _ := files.ReadFile("static/" + page)
 		ct := "text/css; charset=utf-8"
-		if page == "live.js" {
+		if strings.HasSuffix(page, ".js") {
 			ct = "text/javascript; charset=utf-8"
 		}
 		w.Header().Set("Content-Type", ct)
@@ -249,28 +249,6 @@ func (h *handler) checkCSRF(r *http.Request) error {
 		return errors.New("missing or wrong form token: reload the page and try again")
 	}
 	return nil
-}
-
-func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
-	ctx := r.Context()
-	st, err := h.ob.Stats(h.db.WithContext(ctx).WithContext(ctx))
-	if err != nil {
-		h.dbError(w, r, "stats", err)
-		return
-	}
-	failed, err := h.ob.List(h.db.WithContext(ctx).WithContext(ctx), outbox.ListParams{
-		Filter: outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}}, Limit: 10,
-	})
-
-	if err != nil {
-		h.dbError(w, r, "list failed events", err)
-		return
-	}
-	h.render(w, r, http.StatusOK, "overview.html", struct {
-		base
-		Stats  outbox.Stats
-		Failed []outbox.Row
-	}{h.live(h.base(w, r, "overview")), st, failed})
 }
 
 // listPage is the list's template data.
