@@ -287,6 +287,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.retain(bgCtx) }()
 	}
+	bg.Add(1)
+	go func() { defer bg.Done(); r.rollLoop(bgCtx) }()
 	if r.stream != nil {
 		// The stream delivers new events; the loop below retries those
 		// the stream wrote to the table.

@@ -75,6 +75,9 @@ func runSuite(t *testing.T, b backend) {
 	for name, fn := range inboxTests {
 		tests[name] = fn
 	}
+	for name, fn := range overviewTests {
+		tests[name] = fn
+	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -226,6 +226,40 @@ type Admin interface {
 	IDExpr() string
 }
 
+// DelayBounds are the upper bounds, in milliseconds, of the bins of the
+// delivery delay (created to sent) the rollup counts; the last bin, past
+// the last bound, has none.
+var DelayBounds = []float64{1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 1800000}
+
+// RollRow is what one rollup pass adds to one minute of one event type:
+// the sent events created in the minute, the events sent in it, and the
+// latter's delays by bin (len(DelayBounds)+1).
+type RollRow struct {
+	Minute               int64 // whole minutes since the Unix epoch
+	Type                 string
+	Published, Delivered int64
+	Delay                []int64
+}
+
+// Overviewer is the overview's statements: a rollup of the sent rows per
+// minute and type, kept by the relays and by Overview itself, and the
+// pending and failed rows read through their indexes. None is on the
+// write path.
+type Overviewer interface {
+	RollLock() Query               // affects the state row, 0 rows when there is none
+	RollInit(from time.Time) Query // the state row, unless there is one
+	RollState() Query              // rolled_until, low_seq, low_checked
+	RollSet(until time.Time, low int64, checked time.Time) Query
+	FirstSent() Query                         // the oldest sent_at, NULL when none
+	SentBins(from, to time.Time) Query        // type, minute sent, minute created, delay bin, count
+	RollAdd(rows []RollRow) Query             //
+	RollTrim(beforeMinute int64) Query        //
+	LowScan(from int64) Query                 // lowest new pending seq >= from, highest seq
+	PendingGroups(low int64) Query            // type, minute created, count, oldest creation
+	FailedGroups() Query                      // type, minute failed, minute created, count
+	RollupRead(sinceMinute, step int64) Query // interval, type, published, delivered, delay bins
+}
+
 // Inbox is the consumer side's table: the (consumer, message ID) pairs
 // consumed, each recorded in the transaction of its effect. Its table is
 // named apart from the outbox table's, so every method takes it (unquoted).
@@ -255,6 +289,7 @@ type Store interface {
 	Claimer
 	Admin
 	Inbox
+	Overviewer
 	// Name is the database's name as SchemaSQL takes it.
 	Name() string
 	Limits() Limits

@@ -72,6 +72,23 @@ func New(table string) *Store {
 			" HEX(SUBSTR(id, 9, 2)), HEX(SUBSTR(id, 11, 6)))))",
 		IDArg:     func(u uuid.UUID) any { return u[:] },
 		StatusArg: func(ph string) string { return ph },
+		Dialect: sqlbuild.Dialect{
+			MinuteOf:      func(col string) string { return "TIMESTAMPDIFF(MINUTE, '1970-01-01 00:00:00', " + col + ")" },
+			MillisBetween: func(a, b string) string { return "TIMESTAMPDIFF(MICROSECOND, " + a + ", " + b + ") / 1000.0" },
+			IntDiv:        "DIV",
+			// MarkSent sets available_at to sent_at, so that the pending
+			// index (status, available_at, seq) finds the rows sent in a
+			// time range: there is no partial index of sent rows.
+			SentRange: "available_at",
+			AddOnConflict: func(_ string, _, cols []string) string {
+				set := make([]string, len(cols))
+				for i, c := range cols {
+					set[i] = c + " = " + c + " + VALUES(" + c + ")"
+				}
+				return " ON DUPLICATE KEY UPDATE " + strings.Join(set, ", ")
+			},
+			InsertIgnore: [2]string{"INSERT IGNORE INTO", ""},
+		},
 	}}
 }
 

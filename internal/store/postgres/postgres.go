@@ -63,6 +63,13 @@ func New(table string) *Store {
 		StatusArg:   func(ph string) string { return ph + `::"` + table + `_status"` },
 		Fresh:       true,
 		Opaque:      sqlbuild.OpaqueSubquery,
+		Dialect: sqlbuild.Dialect{
+			MinuteOf:      func(col string) string { return "floor(extract(epoch FROM " + col + ") / 60)::bigint" },
+			MillisBetween: func(a, b string) string { return "extract(epoch FROM " + b + " - " + a + ") * 1000" },
+			IntDiv:        "/",
+			AddOnConflict: sqlbuild.OnConflictAdd,
+			InsertIgnore:  [2]string{"INSERT INTO", " ON CONFLICT DO NOTHING"},
+		},
 	}}
 	s.Walking = sqlbuild.Walking{S: &s.Syntax, Lock: sqlbuild.SkipLocked}
 	return s

@@ -45,6 +45,8 @@ type Syntax struct {
 	// now) of SQL type typ so that the planner does not see its value; nil
 	// leaves it as it is. See opaque.
 	Opaque func(ph, typ string) string
+	// Dialect is the overview's arithmetic.
+	Dialect
 }
 
 // opaque is ph through Opaque. PostgreSQL keeps one generic plan for a
@@ -372,8 +374,12 @@ func (w Walking) LowOpen(now time.Time) store.Query {
 // MarkSent implements store.Claimer.
 func (s *Syntax) MarkSent(seqs []int64, now, lease time.Time) store.Query {
 	b := s.Build()
-	return b.W("UPDATE ", s.Table, " SET status = 'sent', sent_at = ", b.Time(now), ", updated_at = ", b.Time(now),
-		", locked_until = NULL, last_error = NULL WHERE ", b.Seqs("seq", seqs),
+	b.W("UPDATE ", s.Table, " SET status = 'sent', sent_at = ", b.Time(now), ", updated_at = ", b.Time(now))
+	if s.SentRange != "" {
+		// The column the overview's range of sent rows reads.
+		b.W(", ", s.SentRange, " = ", b.Time(now))
+	}
+	return b.W(", locked_until = NULL, last_error = NULL WHERE ", b.Seqs("seq", seqs),
 		" AND locked_until = ", b.Time(lease), " AND status = 'pending'").Query()
 }
 

@@ -60,6 +60,13 @@ func New(table string) *Store {
 		IDArg:       func(u uuid.UUID) any { return u.String() },
 		StatusArg:   func(ph string) string { return ph },
 		Fresh:       true,
+		Dialect: sqlbuild.Dialect{
+			MinuteOf:      func(col string) string { return "(CAST(strftime('%s', " + col + ") AS INTEGER) / 60)" },
+			MillisBetween: func(a, b string) string { return "(julianday(" + b + ") - julianday(" + a + ")) * 86400000.0" },
+			IntDiv:        "/",
+			AddOnConflict: sqlbuild.OnConflictAdd,
+			InsertIgnore:  [2]string{"INSERT INTO", " ON CONFLICT DO NOTHING"},
+		},
 	}}
 	s.Walking = sqlbuild.Walking{S: &s.Syntax}
 	return s

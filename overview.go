@@ -1,0 +1,603 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/engine"
+	"github.com/gorm-outbox/outbox/internal/store"
+	"gorm.io/gorm"
+)
+
+// The rollup: the sent rows counted per minute and event type in a table
+// beside the outbox table, so that a chart over a week reads ten thousand
+// minutes, not a million rows. Relays roll up every rollEvery (Run), and
+// Overview rolls up itself when they lag; neither is on the write path.
+// A pass counts the rows sent before now-rollMargin that the last one had
+// not counted, by their sent_at: a row marked sent with a sent_at further
+// in the past than rollMargin (a relay's clock that far behind, or a mark
+// statement that took longer) is never counted, which rollMargin, three
+// times the relay's default statement timeout, makes rare.
+const (
+	rollEvery  = 15 * time.Second
+	rollMargin = 30 * time.Second
+	// rollChunk bounds the sent_at range one transaction rolls up, so that
+	// the first pass over a table with history takes its lock briefly,
+	// many times.
+	rollChunk = time.Hour
+	// RollupRetention is how long the rollup keeps its minutes: the
+	// longest window [Outbox.Overview] can chart.
+	RollupRetention = 8 * 24 * time.Hour
+	// lowRecheck is how often a pass scans the whole table for the lowest
+	// pending row, for the rows of transactions that committed long after
+	// they took their seq (below the low mark the counts read from).
+	lowRecheck  = 5 * time.Minute
+	lowLookback = 1000
+)
+
+// OverviewParams selects the window of [Outbox.Overview].
+type OverviewParams struct {
+	// Window is how far back the intervals reach from now. Defaults to an
+	// hour; at most [RollupRetention].
+	Window time.Duration
+	// Step is each interval's length, rounded up to whole minutes.
+	// Defaults to Window/60, at least a minute; there are at most 1000
+	// intervals (a shorter Step is lengthened).
+	Step time.Duration
+}
+
+// Overview is what an operator looks at first: the counts by status and
+// event type, and the window's published, delivered and failed events,
+// backlog and delivery delay per interval. It reads the pending and failed
+// rows through their indexes and the sent ones from the rollup, so it costs
+// the same with a million sent rows as with none.
+//
+// Counting rules: a sent event counts as published in the minute it was
+// created and as delivered in the minute it was sent, and stays counted
+// after retention or a purge deletes its row (the rollup keeps
+// [RollupRetention]); pending and failed events count as they are now, so
+// a failed event that was replayed and delivered counts as delivered, not
+// as failed, and a purged failed event not at all.
+type Overview struct {
+	// Now is when it was read; Since is the start of the first interval
+	// (Now-Window, down to a whole minute); Step is each interval's length.
+	Now, Since time.Time
+	Step       time.Duration
+	// Pending and Failed count the rows with those statuses now.
+	Pending, Failed int64
+	// OldestPending is the age of the oldest pending event, 0 when none is.
+	OldestPending time.Duration
+	// Published, Delivered and FailedInWindow sum the intervals.
+	Published, Delivered, FailedInWindow int64
+	// Delay is the delivery delay (created to sent) of the events
+	// delivered in the window.
+	Delay Delay
+	// Types are the counts per event type, by type; a type appears when
+	// it has a pending or failed event now, or was published or delivered
+	// in the window.
+	Types []TypeCount
+	// Intervals are the window's intervals, oldest first; the last one
+	// holds Now.
+	Intervals []Interval
+	// RolledUntil is how far the rollup reached: the rows sent before it
+	// were counted from the rollup, the later ones from the table.
+	RolledUntil time.Time
+
+	// Logical mode only, as in [Stats].
+	SlotLagBytes int64
+	SlotActive   bool
+}
+
+// TypeCount is [Overview]'s counts of one event type.
+type TypeCount struct {
+	Type string
+	// Pending and Failed count the rows now; Published and Delivered count
+	// the window's events, as [Overview] says.
+	Pending, Failed, Published, Delivered int64
+}
+
+// Interval is one interval of [Overview]'s window.
+type Interval struct {
+	Start time.Time
+	// Published counts the events created in it, Delivered those sent in
+	// it, Failed those that failed in it and are failed now.
+	Published, Delivered, Failed int64
+	// Backlog is the number of events pending at the interval's end,
+	// worked back from the pending count now: the pending count minus
+	// what the later intervals published plus what they delivered or
+	// failed.
+	Backlog int64
+	// Delay is the delivery delay of the events delivered in it.
+	Delay Delay
+}
+
+// Delay is a distribution of delivery delays (from an event's creation to
+// its delivery), from a histogram with bins from 1 ms to 30 min: each
+// percentile is interpolated within its bin, so it is exact to the bin's
+// width (a value past 30 min reads as 30 min). All are 0 when N is.
+type Delay struct {
+	N             int64
+	P50, P90, P99 time.Duration
+}
+
+// Overview reads the outbox table's counts and charts for the window p
+// selects. It errs with [ErrMemoryMode] in Memory mode. In Logical mode the
+// table holds no events: the counts are those of the rows it holds (none),
+// and the slot's lag is read as [Outbox.Stats] does.
+//
+// It first brings the rollup up to date when the relays have not (none
+// runs, or the rollup table was created just now: the first call on a
+// table with history rolls it up once, about a second per million sent
+// rows); a failure there is logged and the rows not rolled up are read from
+// the table instead.
+func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
+	ctx := dbContext(db)
+	var ov Overview
+	if o.noTable != nil {
+		return ov, o.noTable
+	}
+	if err := o.usable(db); err != nil {
+		return ov, err
+	}
+	sqlDB, err := rawDB(db)
+	if err != nil {
+		return ov, err
+	}
+	now := o.now()
+	window := min(cmp.Or(p.Window, time.Hour), RollupRetention)
+	step := max(cmp.Or(p.Step, window/60), time.Minute, window/1000)
+	step = (step + time.Minute - 1).Truncate(time.Minute)
+	stepMin := int64(step / time.Minute)
+	nowMin := minuteOf(now)
+	sinceMin := minuteOf(now.Add(-window))
+	n := int((nowMin-sinceMin)/stepMin) + 1
+	ov.Now, ov.Since, ov.Step = now, time.Unix(sinceMin*60, 0).UTC(), step
+	ov.Intervals = make([]Interval, n)
+	for i := range ov.Intervals {
+		ov.Intervals[i].Start = ov.Since.Add(time.Duration(i) * step)
+	}
+	at := func(minute int64) int { // the interval of a minute, -1 outside
+		if minute < sinceMin {
+			return -1
+		}
+		return min(int((minute-sinceMin)/stepMin), n-1)
+	}
+
+	st, err := o.rollState(ctx, sqlDB)
+	if err != nil || st.until.Before(now.Add(-2*rollEvery)) {
+		if err := o.rollup(ctx, sqlDB, defaultStatementTimeout); err != nil {
+			o.logger.WarnContext(ctx, "outbox: overview: rolling up the sent events failed; reading them from the table", "error", err)
+		}
+		if st, err = o.rollState(ctx, sqlDB); err != nil {
+			return ov, fmt.Errorf("outbox: overview: %w", err)
+		}
+	}
+	ov.RolledUntil = st.until
+
+	types := map[string]*TypeCount{}
+	typ := func(name string) *TypeCount {
+		t := types[name]
+		if t == nil {
+			t = &TypeCount{Type: name}
+			types[name] = t
+		}
+		return t
+	}
+	hists := make([][]int64, n)
+	for i := range hists {
+		hists[i] = make([]int64, len(store.DelayBounds)+1)
+	}
+
+	// One snapshot for the reads, so that a row the relay moves between
+	// them is counted once (SQLite's read transaction is a snapshot too).
+	var opts *sql.TxOptions
+	if o.store.Name() != "sqlite" {
+		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+	}
+	tx, err := sqlDB.BeginTx(ctx, opts)
+	if err != nil {
+		return ov, fmt.Errorf("outbox: overview: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+
+	q := o.store.RollupRead(sinceMin, stepMin)
+	if err := eachRow(ctx, tx, q, func(rows *sql.Rows) error {
+		var (
+			i        int
+			name     string
+			pub, del int64
+		)
+		bins := make([]int64, len(store.DelayBounds)+1)
+		dest := []any{&i, &name, &pub, &del}
+		for j := range bins {
+			dest = append(dest, &bins[j])
+		}
+		if err := rows.Scan(dest...); err != nil {
+			return err
+		}
+		i = min(i, n-1)
+		t := typ(name)
+		t.Published += pub
+		t.Delivered += del
+		ov.Intervals[i].Published += pub
+		ov.Intervals[i].Delivered += del
+		for j, c := range bins {
+			hists[i][j] += c
+		}
+		return nil
+	}); err != nil {
+		return ov, fmt.Errorf("outbox: overview: read the rollup: %w", err)
+	}
+
+	// The rows sent since the rollup's end, from the table.
+	q = o.store.SentBins(st.until, now.Add(time.Minute))
+	if err := eachRow(ctx, tx, q, func(rows *sql.Rows) error {
+		var (
+			name             string
+			sent, created, c int64
+			bin              int
+		)
+		if err := rows.Scan(&name, &sent, &created, &bin, &c); err != nil {
+			return err
+		}
+		if i := at(sent); i >= 0 {
+			typ(name).Delivered += c
+			ov.Intervals[i].Delivered += c
+			hists[i][bin] += c
+		}
+		if i := at(created); i >= 0 {
+			typ(name).Published += c
+			ov.Intervals[i].Published += c
+		}
+		return nil
+	}); err != nil {
+		return ov, fmt.Errorf("outbox: overview: read the sent events: %w", err)
+	}
+
+	var oldest time.Time
+	q = o.store.PendingGroups(st.low)
+	if err := eachRow(ctx, tx, q, func(rows *sql.Rows) error {
+		var (
+			name       string
+			created, c int64
+			first      store.DBTime
+		)
+		if err := rows.Scan(&name, &created, &c, &first); err != nil {
+			return err
+		}
+		ov.Pending += c
+		typ(name).Pending += c
+		if i := at(created); i >= 0 {
+			typ(name).Published += c
+			ov.Intervals[i].Published += c
+		}
+		if oldest.IsZero() || first.T.Before(oldest) {
+			oldest = first.T
+		}
+		return nil
+	}); err != nil {
+		return ov, fmt.Errorf("outbox: overview: count the pending events: %w", err)
+	}
+	if !oldest.IsZero() {
+		ov.OldestPending = max(now.Sub(oldest), 0)
+	}
+
+	q = o.store.FailedGroups()
+	if err := eachRow(ctx, tx, q, func(rows *sql.Rows) error {
+		var (
+			name                 string
+			failedAt, created, c int64
+		)
+		if err := rows.Scan(&name, &failedAt, &created, &c); err != nil {
+			return err
+		}
+		ov.Failed += c
+		typ(name).Failed += c
+		if i := at(failedAt); i >= 0 {
+			ov.Intervals[i].Failed += c
+		}
+		if i := at(created); i >= 0 {
+			typ(name).Published += c
+			ov.Intervals[i].Published += c
+		}
+		return nil
+	}); err != nil {
+		return ov, fmt.Errorf("outbox: overview: count the failed events: %w", err)
+	}
+
+	if o.wal != nil {
+		q := o.wal.SlotStats(o.slot)
+		switch err := tx.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&ov.SlotActive, &ov.SlotLagBytes); {
+		case err == sql.ErrNoRows:
+			return ov, fmt.Errorf("outbox: overview: %w: slot %s", ErrNoSlot, o.slot)
+		case err != nil:
+			return ov, fmt.Errorf("outbox: overview: stats of slot %s: %w", o.slot, err)
+		}
+	}
+
+	total := make([]int64, len(store.DelayBounds)+1)
+	backlog := ov.Pending
+	for i := n - 1; i >= 0; i-- {
+		iv := &ov.Intervals[i]
+		iv.Backlog = max(backlog, 0)
+		backlog += -iv.Published + iv.Delivered + iv.Failed
+		iv.Delay = delayOf(hists[i])
+		for j, c := range hists[i] {
+			total[j] += c
+		}
+		ov.Published += iv.Published
+		ov.Delivered += iv.Delivered
+		ov.FailedInWindow += iv.Failed
+	}
+	ov.Delay = delayOf(total)
+	for _, t := range types {
+		ov.Types = append(ov.Types, *t)
+	}
+	slices.SortFunc(ov.Types, func(a, b TypeCount) int { return cmp.Compare(a.Type, b.Type) })
+	return ov, nil
+}
+
+func minuteOf(t time.Time) int64 { return t.Unix() / 60 }
+
+// delayOf reads the percentiles off a histogram of store.DelayBounds' bins.
+func delayOf(bins []int64) Delay {
+	var d Delay
+	for _, c := range bins {
+		d.N += c
+	}
+	if d.N == 0 {
+		return d
+	}
+	pct := func(q float64) time.Duration {
+		rank := q * float64(d.N)
+		var seen float64
+		for j, c := range bins {
+			if c == 0 || seen+float64(c) < rank {
+				seen += float64(c)
+				continue
+			}
+			lo, hi := 0.0, 0.0
+			if j > 0 {
+				lo = store.DelayBounds[j-1]
+			}
+			if j < len(store.DelayBounds) {
+				hi = store.DelayBounds[j]
+			} else {
+				hi = lo
+			}
+			ms := lo + (hi-lo)*(rank-seen)/float64(c)
+			return time.Duration(ms * float64(time.Millisecond))
+		}
+		return time.Duration(store.DelayBounds[len(store.DelayBounds)-1] * float64(time.Millisecond))
+	}
+	d.P50, d.P90, d.P99 = pct(0.50), pct(0.90), pct(0.99)
+	return d
+}
+
+func eachRow(ctx context.Context, q store.Querier, qq store.Query, fn func(*sql.Rows) error) error {
+	rows, err := q.QueryContext(ctx, qq.SQL, qq.Args...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+type rollState struct {
+	until, checked time.Time
+	low            int64
+}
+
+// rollState reads the rollup's state; a zero state when there is none yet.
+func (o *Outbox) rollState(ctx context.Context, q store.Querier) (rollState, error) {
+	var (
+		st             rollState
+		until, checked store.DBTime
+	)
+	qq := o.store.RollState()
+	err := q.QueryRowContext(ctx, qq.SQL, qq.Args...).Scan(&until, &st.low, &checked)
+	if err == sql.ErrNoRows {
+		return st, nil
+	}
+	st.until, st.checked = until.T, checked.T
+	return st, err
+}
+
+// rollLoop keeps the rollup up to date while the relay runs. The relays of
+// one table take turns through the rollup's state row: each pass finds
+// what the others left.
+func (r *Relay) rollLoop(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var failing engine.Episode
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sqlDB, err := rawDB(r.db)
+		if err == nil {
+			err = r.o.rollup(ctx, sqlDB, r.cfg.StatementTimeout)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err != nil && failing.Begin():
+			r.o.logger.WarnContext(ctx, "outbox: rolling up the sent events for the overview failed; will retry (no event is at stake)", slog.Any("error", err))
+		case err == nil:
+			failing.End()
+		}
+		t.Reset(rollEvery)
+	}
+}
+
+// rollup brings the rollup up to date, one chunk a transaction.
+func (o *Outbox) rollup(ctx context.Context, db *sql.DB, stmtTimeout time.Duration) error {
+	for ctx.Err() == nil {
+		done, err := o.rollOnce(ctx, db, stmtTimeout)
+		if err != nil || done {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout time.Duration) (done bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, stmtTimeout)
+	defer cancel()
+	now := o.now()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("outbox: roll up the sent events: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	exec := func(q store.Query) (int64, error) {
+		res, err := tx.ExecContext(ctx, q.SQL, q.Args...)
+		if err != nil {
+			return 0, err
+		}
+		return res.RowsAffected()
+	}
+	fail := func(err error) (bool, error) { return false, fmt.Errorf("outbox: roll up the sent events: %w", err) }
+
+	locked, err := exec(o.store.RollLock())
+	if err != nil {
+		return fail(err)
+	}
+	if locked == 0 {
+		// The first pass: from the oldest sent row on.
+		var first store.DBTime
+		q := o.store.FirstSent()
+		if err := tx.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&first); err != nil {
+			return fail(err)
+		}
+		from := cmp.Or(first.T, now.Add(-rollMargin))
+		if _, err := exec(o.store.RollInit(from)); err != nil {
+			return fail(err)
+		}
+		if _, err := exec(o.store.RollLock()); err != nil {
+			return fail(err)
+		}
+	}
+	st, err := o.rollState(ctx, tx)
+	if err != nil {
+		return fail(err)
+	}
+	to := now.Add(-rollMargin)
+	done = true
+	if to.After(st.until.Add(rollChunk)) {
+		to, done = st.until.Add(rollChunk), false
+	}
+	if to.After(st.until) {
+		if err := o.rollRange(ctx, tx, st.until, to); err != nil {
+			return fail(err)
+		}
+	} else {
+		to = st.until
+	}
+
+	low, checked := st.low, st.checked
+	if _, fresh := o.store.(store.Walker); fresh {
+		full := now.Sub(checked) > lowRecheck || low == 0
+		from := low
+		if full {
+			from = 0
+		}
+		var lowest, highest sql.NullInt64
+		q := o.store.LowScan(from)
+		if err := tx.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&lowest, &highest); err != nil {
+			return fail(err)
+		}
+		switch {
+		case !highest.Valid:
+			low = 0 // an empty table
+		case lowest.Valid:
+			low = lowest.Int64
+		case highest.Int64 < low:
+			// The table was emptied and its seqs started again: scan it
+			// all next time.
+			low, checked = 0, time.Time{}
+		default:
+			// Nothing pending from low on: move up, leaving room for the
+			// transactions that took seqs and have not committed.
+			low = max(low, highest.Int64-lowLookback, 1)
+		}
+		if full && low != 0 {
+			checked = now
+		}
+	}
+	if _, err := exec(o.store.RollTrim(minuteOf(now.Add(-RollupRetention)))); err != nil {
+		return fail(err)
+	}
+	if _, err := exec(o.store.RollSet(to, low, checked)); err != nil {
+		return fail(err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fail(err)
+	}
+	return done, nil
+}
+
+// rollRange adds the rows sent in [from, to) to the rollup.
+func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) error {
+	type key struct {
+		minute int64
+		typ    string
+	}
+	acc := map[key]*store.RollRow{}
+	row := func(minute int64, typ string) *store.RollRow {
+		k := key{minute, typ}
+		r := acc[k]
+		if r == nil {
+			r = &store.RollRow{Minute: minute, Type: typ, Delay: make([]int64, len(store.DelayBounds)+1)}
+			acc[k] = r
+		}
+		return r
+	}
+	if err := eachRow(ctx, tx, o.store.SentBins(from, to), func(rows *sql.Rows) error {
+		var (
+			name             string
+			sent, created, c int64
+			bin              int
+		)
+		if err := rows.Scan(&name, &sent, &created, &bin, &c); err != nil {
+			return err
+		}
+		r := row(sent, name)
+		r.Delivered += c
+		r.Delay[bin] += c
+		row(created, name).Published += c
+		return nil
+	}); err != nil {
+		return err
+	}
+	rows := make([]store.RollRow, 0, len(acc))
+	for _, r := range acc {
+		rows = append(rows, *r)
+	}
+	// A fixed order: two passes adding to the same minutes lock them in
+	// the same order (they cannot overlap today: the state row serialises
+	// them; MySQL's gap locks make the order matter all the same).
+	slices.SortFunc(rows, func(a, b store.RollRow) int {
+		return cmp.Or(cmp.Compare(a.Minute, b.Minute), cmp.Compare(a.Type, b.Type))
+	})
+	for chunk := range slices.Chunk(rows, 500) {
+		q := o.store.RollAdd(chunk)
+		if _, err := tx.ExecContext(ctx, q.SQL, q.Args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
