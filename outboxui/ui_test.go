@@ -102,7 +102,7 @@ func testOverview(t *testing.T, b backend) {
 	// The oldest pending age reads the table (created_at of new-1), not a
 	// hard-coded text: 1h30m, give or take the test's own duration.
 	assert.Regexp(t, `id="oldest-pending">1h3\dm old<`, body)
-	assert.Contains(t, body, `id="failed-last-hour">2<`)
+	assert.Contains(t, body, `id="failed-window">2<`, "failed in the last hour, the default window")
 	assert.Equal(t, []string{"bad-1", "bad-2"}, ids(body), "the overview lists the failed events")
 	assert.Contains(t, body, "card declined: insufficient funds")
 }
@@ -209,7 +209,7 @@ func testFormRoundTrip(t *testing.T, b backend) {
 		require.Equal(t, http.StatusOK, code, "%s → %s: %s", q, sub.Encode(), again)
 		assert.Equal(t, ids(body), ids(again), "%s → %s: the same page of events", q, sub.Encode())
 		assert.Equal(t, total(t, body), total(t, again), "%s → %s: the same count", q, sub.Encode())
-		assert.Equal(t, between(body, `<div class="bulk">`, `</div>`), between(again, `<div class="bulk">`, `</div>`),
+		assert.Equal(t, between(body, `<div class="act-group bulk">`, `</div>`), between(again, `<div class="act-group bulk">`, `</div>`),
 			"%s → %s: the same bulk actions", q, sub.Encode())
 		assert.Equal(t, sub, submitted(t, again, `class="filter"`), "%s: the form shows the same filter again", q)
 	}
@@ -544,7 +544,7 @@ func testCrossOrigin(t *testing.T, b backend) {
 	e := setup(t, b, outboxui.Options{AllowActions: true})
 	seed(e)
 	tok := e.token()
-	form := url.Values{"csrf": {tok}, "id": {"bad-1"}, "confirm": {"yes"}}
+	form := url.Values{"csrf": {tok}, "id": {"bad-1"}, "confirm": {"yes"}, "expect": {"failed:1"}}
 	// A browser's cross-site form POST, with a valid token even.
 	resp := e.post("replay", form, "Sec-Fetch-Site", "cross-site")
 	assert.Equal(t, http.StatusForbidden, resp.StatusCode)
@@ -575,10 +575,10 @@ func testReplayOne(t *testing.T, b backend) {
 	seed(e)
 	_, body := e.get("event?id=bad-1")
 	require.Contains(t, body, `id="replay"`)
-	resp := e.post("replay", url.Values{"csrf": {e.token()}, "id": {"bad-1"}, "confirm": {"yes"}})
+	resp := e.post("replay", submitted(t, body, `id="replay"`)) // the page's button, as a browser sends it
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
 	loc := resp.Header.Get("Location")
-	assert.Equal(t, "event?done=replay&id=bad-1&n=1", loc, "relative, so the mount prefix stays")
+	assert.Equal(t, "event?id=bad-1", loc, "relative, so the mount prefix stays")
 	r := e.row("bad-1")
 	assert.Equal(t, outbox.StatusPending, r.Status)
 	assert.Equal(t, 0, r.Attempts)
@@ -586,19 +586,29 @@ func testReplayOne(t *testing.T, b backend) {
 
 	code, body := e.get(loc)
 	require.Equal(t, http.StatusOK, code)
-	assert.Contains(t, body, "Replayed 1 event: pending again, due now.")
+	assert.Contains(t, body, `<p class="flash" role="status" id="flash">Replayed 1 event by 127.0.0.1:`)
+	assert.Contains(t, body, `: pending again, due now.</p>`)
 	assert.Contains(t, body, `id="status">pending<`)
+	_, body = e.get(loc)
+	assert.NotContains(t, body, `id="flash"`, "the outcome is shown once")
 
 	e.failWith = "" // the destination is back
 	e.drain()
 	_, body = e.get("event?id=bad-1")
 	assert.Contains(t, body, `id="status">sent<`)
 
-	// Replaying a row that is not failed changes nothing.
-	resp = e.post("replay", url.Values{"csrf": {e.token()}, "id": {"ok-1"}, "confirm": {"yes"}})
-	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	assert.Contains(t, resp.Header.Get("Location"), "n=0")
+	// Replaying a row that is not failed changes nothing: the counts the
+	// form expects (one failed event) are not there, so it asks again.
+	resp = e.post("replay", url.Values{"csrf": {e.token()}, "id": {"ok-1"}, "confirm": {"yes"}, "expect": {"failed:1"}})
+	body = readBody(t, resp)
+	require.Equal(t, http.StatusConflict, resp.StatusCode, body)
+	assert.Contains(t, body, `id="confirm-nothing">Nothing to do.<`)
 	assert.Equal(t, outbox.StatusSent, e.row("ok-1").Status)
+
+	// A link cannot make a page claim an action: the outcome comes from
+	// the server's cookie, not the URL.
+	_, body = e.get("events?done=purge&n=1000&by=boss")
+	assert.NotContains(t, body, "Purged")
 }
 
 func testBulkReplay(t *testing.T, b backend) {
@@ -623,15 +633,15 @@ func testBulkReplay(t *testing.T, b backend) {
 	assert.Contains(t, body, `<input type="hidden" name="confirm" value="yes">`)
 	assert.Equal(t, outbox.StatusFailed, e.row("bad-1").Status, "nothing done before the confirmation")
 
-	form.Set("confirm", "yes")
-	resp = e.post("replay", form)
+	resp = e.post("replay", submitted(t, body, `class="confirm"`))
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
-	assert.Equal(t, "events?done=replay&error=declined&n=2", resp.Header.Get("Location"))
+	assert.Equal(t, "events?error=declined", resp.Header.Get("Location"))
 	assert.Equal(t, outbox.StatusPending, e.row("bad-1").Status)
 	assert.Equal(t, outbox.StatusPending, e.row("bad-3").Status)
 	assert.Equal(t, outbox.StatusFailed, e.row("bad-2").Status, "not matched")
 	assert.Equal(t, outbox.StatusSent, e.row("ok-1").Status)
-	assert.Contains(t, logs.String(), `msg="outboxui: replay" events=2 filter="error contains=declined"`, "one record per action")
+	assert.Contains(t, logs.String(), `msg="outboxui: replay" who=127.0.0.1:`, "one record per action, saying who")
+	assert.Regexp(t, `msg="outboxui: replay" who=127\.0\.0\.1:\d+ action=replay scope=filter filter="error contains=declined" events=2 remote_addr=`, logs.String())
 	assert.NotContains(t, logs.String(), "4242", "never payloads")
 
 	// A filter for sent events only has nothing to replay.
@@ -655,9 +665,11 @@ func testPurge(t *testing.T, b backend) {
 	body := readBody(t, resp)
 	require.Equal(t, http.StatusOK, resp.StatusCode, body)
 	assert.Contains(t, body, `Purge <span id="confirm-count">1</span> sent or failed event where ID is bad-2?`)
-	resp = e.post("purge", url.Values{"csrf": {tok}, "id": {"bad-2"}, "confirm": {"yes"}})
+	resp = e.post("purge", submitted(t, body, `class="confirm"`))
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	assert.Equal(t, "events?done=purge&n=1", resp.Header.Get("Location"))
+	assert.Equal(t, "events", resp.Header.Get("Location"))
+	_, flash := e.follow(resp)
+	assert.Contains(t, flash, `>Purged 1 event by 127.0.0.1:`)
 	_, err := e.ob.Get(e.db.WithContext(t.Context()), "bad-2")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 
@@ -674,9 +686,10 @@ func testPurge(t *testing.T, b backend) {
 	until, err := time.Parse(time.RFC3339Nano, m[1])
 	require.NoError(t, err)
 	assert.WithinDuration(t, time.Now().Add(-time.Hour), until, time.Minute)
-	resp = e.post("purge", url.Values{"csrf": {tok}, "status": {"sent"}, "until": {"1h"}, "confirm": {"yes"}})
+	resp = e.post("purge", submitted(t, body, `class="confirm"`))
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	assert.Contains(t, resp.Header.Get("Location"), "n=1")
+	_, flash = e.follow(resp)
+	assert.Contains(t, flash, `>Purged 1 event by `)
 	_, err = e.ob.Get(e.db.WithContext(t.Context()), "ok-1")
 	require.ErrorIs(t, err, outbox.ErrNotFound)
 	for _, id := range []string{"ok-2", "bad-1", "new-1", "new-2"} {
@@ -685,9 +698,10 @@ func testPurge(t *testing.T, b backend) {
 	}
 
 	// No status: both sent and failed, pending untouched.
-	resp = e.post("purge", url.Values{"csrf": {tok}, "confirm": {"yes"}})
-	require.Equal(t, http.StatusSeeOther, resp.StatusCode)
-	assert.Contains(t, resp.Header.Get("Location"), "n=2")
+	resp = e.post("purge", url.Values{"csrf": {tok}, "confirm": {"yes"}, "expect": {"sent:1", "failed:1"}})
+	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
+	_, flash = e.follow(resp)
+	assert.Contains(t, flash, `>Purged 2 events by `)
 	n, err := e.ob.Count(e.db.WithContext(t.Context()), outbox.Filter{})
 	require.NoError(t, err)
 	assert.EqualValues(t, 2, n)
@@ -740,11 +754,11 @@ func testBulkScope(t *testing.T, b backend) {
 			assert.Equal(t, w.why != "", disabled, "%s: the %s button is disabled", c.query, verb)
 			assert.Equal(t, w.why, why, "%s: why %s is disabled", c.query, verb)
 			if disabled {
-				assert.NotContains(t, body, `action="`+verb+`"`, "%s: no %s form to submit", c.query, verb)
+				assert.NotContains(t, body, `id="bulk-`+verb+`-form"`, "%s: no %s form to submit", c.query, verb)
 				continue
 			}
 			// Its form, sent as the browser would, asks to confirm exactly that.
-			resp := e.post(verb, submitted(t, body, `action="`+verb+`"`))
+			resp := e.post(verb, submitted(t, body, `id="bulk-`+verb+`-form"`))
 			confirm := readBody(t, resp)
 			require.Equal(t, http.StatusOK, resp.StatusCode, confirm)
 			heading := textOf(between(confirm, `<h1 id="confirm-scope">`, `</h1>`))
@@ -758,29 +772,30 @@ func testBulkScope(t *testing.T, b backend) {
 
 	// The issue's list: the confirmations say which statuses are left alone.
 	_, body := e.get("events?status=failed,pending&limit=8")
-	resp := e.post("replay", submitted(t, body, `action="replay"`))
+	resp := e.post("replay", submitted(t, body, `id="bulk-replay-form"`))
 	confirm := readBody(t, resp)
 	assert.Equal(t, "The filter also asks for pending events: only failed events can be replayed, so they are left alone.",
 		textOf(between(confirm, `<p class="note" id="confirm-left">`, `</p>`)))
 	assert.Contains(t, confirm, `<dt>status</dt><dd>failed</dd>`, "the status it touches, not the filter's")
 	assert.Contains(t, confirm, `No other filter: every failed event in the table.`)
-	resp = e.post("purge", submitted(t, body, `action="purge"`))
+	resp = e.post("purge", submitted(t, body, `id="bulk-purge-form"`))
 	confirm = readBody(t, resp)
 	assert.Equal(t, "The filter also asks for pending events: pending events are never purged, so they are left alone.",
 		textOf(between(confirm, `<p class="note" id="confirm-left">`, `</p>`)))
 
 	// Acting through the forms touches what the button said and no more:
 	// replay from the issue's list, then its purge has nothing left.
-	resp = e.post("replay", submitted(t, body, `action="replay"`))
+	resp = e.post("replay", submitted(t, body, `id="bulk-replay-form"`))
 	confirm = readBody(t, resp)
-	resp = e.post("replay", submitted(t, confirm, `action="replay"`))
+	resp = e.post("replay", submitted(t, confirm, `class="confirm"`))
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
-	assert.Contains(t, resp.Header.Get("Location"), "n=2")
+	assert.Equal(t, "events?limit=8&status=pending%2Cfailed", resp.Header.Get("Location"), "back to the list it came from")
 	for id, st := range map[string]outbox.Status{"bad-1": outbox.StatusPending, "bad-2": outbox.StatusPending,
 		"ok-1": outbox.StatusSent, "ok-2": outbox.StatusSent, "new-1": outbox.StatusPending, "new-2": outbox.StatusPending} {
 		assert.Equal(t, st, e.row(id).Status, id)
 	}
-	_, body = e.get(strings.ReplaceAll(resp.Header.Get("Location"), "&amp;", "&"))
+	_, body = e.follow(resp)
+	assert.Contains(t, body, `>Replayed 2 events by `)
 	text, disabled, why := bulkButton(t, body, "purge")
 	assert.Equal(t, "Purge 0 failed events", text)
 	assert.True(t, disabled)
@@ -789,11 +804,12 @@ func testBulkScope(t *testing.T, b backend) {
 	_, body = e.get("events?status=sent")
 	text, _, _ = bulkButton(t, body, "purge")
 	require.Equal(t, "Purge 2 sent events…", text)
-	resp = e.post("purge", submitted(t, body, `action="purge"`))
+	resp = e.post("purge", submitted(t, body, `id="bulk-purge-form"`))
 	confirm = readBody(t, resp)
-	resp = e.post("purge", submitted(t, confirm, `action="purge"`))
+	resp = e.post("purge", submitted(t, confirm, `class="confirm"`))
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
-	assert.Contains(t, resp.Header.Get("Location"), "n=2")
+	_, body = e.follow(resp)
+	assert.Contains(t, body, `>Purged 2 events by `)
 	n, err := e.ob.Count(e.db.WithContext(t.Context()), outbox.Filter{})
 	require.NoError(t, err)
 	assert.EqualValues(t, 4, n, "the pending four stay")
