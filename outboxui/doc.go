@@ -13,8 +13,8 @@
 // since/until, error text), shown as they are in effect and paged both
 // ways by seq, an event's detail with its last error (marked when it
 // predates a replay), attempts and the aggregate's previous and next
-// events, and replay and purge actions on one event or on everything a
-// filter matches.
+// events, and replay and purge actions on one event, on the events ticked
+// in the list, or on everything a filter matches.
 //
 // # Safety
 //
@@ -22,8 +22,11 @@
 // service's. It is read-only unless [Options.AllowActions] is set, and
 // hides payloads (personal data) unless [Options.ShowPayloads] is set.
 // Actions are POSTs, refused cross-origin by [http.CrossOriginProtection]
-// and by a double-submit token, and a bulk action shows how many events it
-// would touch before it runs. Every value is HTML-escaped by html/template
+// and by a double-submit token. An action first shows a confirmation:
+// how many events it will touch, by status, and the filter or selection in
+// effect; its button runs it only if those counts still hold, and asks
+// again otherwise. Each action is logged with who did it
+// ([Options.Identity]). Every value is HTML-escaped by html/template
 // (event types, aggregates, errors and payloads are user data), and the
 // pages forbid framing and every script but the embedded live.js (no
 // inline script) with a Content-Security-Policy.

@@ -85,8 +85,8 @@ func testSearch(t *testing.T, b backend) {
 		// The search box shows the text, to edit it.
 		assert.Contains(t, body, `name="q" id="f-q" value="`+strings.TrimSpace(q.Get("q"))+`"`, c.query)
 		// The bulk actions act on the resolved filter: the same events.
-		if len(c.want) > 0 && strings.Contains(body, `action="purge"`) {
-			sub := submitted(t, body, `action="purge"`)
+		if len(c.want) > 0 && strings.Contains(body, `id="bulk-purge-form"`) {
+			sub := submitted(t, body, `id="bulk-purge-form"`)
 			assert.Empty(t, sub.Get("q"), "%s: the bulk form carries the resolved filter, not the text", c.query)
 		}
 	}
@@ -239,7 +239,8 @@ func testLiveFragment(t *testing.T, b backend) {
 	assert.Contains(t, body, `id="updated"`, "and says when it was updated")
 	code, frag := e.get("events?status=pending&live=1")
 	require.Equal(t, http.StatusOK, code)
-	assert.True(t, strings.HasPrefix(strings.TrimSpace(frag), `<div id="live-list" data-live>`), frag)
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(frag), `<p class="summary" id="live-summary" data-live aria-live="polite"`), frag)
+	assert.Contains(t, frag, `<div id="live-list" data-live>`)
 	assert.NotContains(t, frag, "<html", "only the fragment")
 	assert.NotContains(t, frag, `class="filter"`, "not the form: what is typed there stays")
 	assert.Contains(t, frag, `<span id="total">2</span>`)
@@ -307,7 +308,7 @@ func testReplayMarker(t *testing.T, b backend) {
 	assert.Contains(t, body, `<h2 id="last-error-heading">Last error</h2>`)
 	assert.NotContains(t, body, "before the replay")
 
-	resp := e.post("replay", url.Values{"csrf": {e.token()}, "id": {"r-1"}, "confirm": {"yes"}})
+	resp := e.post("replay", submitted(t, body, `id="replay"`)) // the event page's button
 	require.Equal(t, http.StatusSeeOther, resp.StatusCode, readBody(t, resp))
 	r := e.row("r-1")
 	require.Equal(t, outbox.StatusPending, r.Status)

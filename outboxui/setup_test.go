@@ -213,6 +213,14 @@ func (e *env) post(path string, form url.Values, header ...string) *http.Respons
 	return resp
 }
 
+// follow GETs the page a redirect sends the browser to.
+func (e *env) follow(resp *http.Response) (int, string) {
+	e.t.Helper()
+	loc := resp.Header.Get("Location")
+	require.NotEmpty(e.t, loc, "no redirect")
+	return e.get(loc)
+}
+
 var csrfRE = regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`)
 
 // token loads a page and returns the form token it carries.

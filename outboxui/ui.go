@@ -54,6 +54,14 @@ type Options struct {
 	// to 5 s; negative turns it off. Without JavaScript the pages work as
 	// plain links and forms, and say when they were rendered.
 	Refresh time.Duration
+
+	// Identity is the embedding service's hook that returns who is acting
+	// on a request, for example the user name its authentication
+	// middleware put in the request's context. Every replay and purge is
+	// logged with it, and the page after the action says "by <who>".
+	// Defaults to nil: the request's RemoteAddr (the client's address, or
+	// a proxy's) stands for who; so it does when the hook returns "".
+	Identity func(*http.Request) string
 }
 
 const defaultRefresh = 5 * time.Second
@@ -199,20 +207,10 @@ func (h *handler) base(w http.ResponseWriter, r *http.Request, page string) base
 	if h.opts.AllowActions {
 		b.CSRF = h.csrfToken(w, r)
 	}
-	q := r.URL.Query()
-	if n, err := strconv.Atoi(q.Get("n")); err == nil && n >= 0 {
-		switch q.Get("done") {
-		case "replay":
-			b.Flash = fmt.Sprintf("Replayed %d %s: pending again, due now.", n, plural(n, "event", "events"))
-		case "purge":
-			b.Flash = fmt.Sprintf("Purged %d %s.", n, plural(n, "event", "events"))
-		}
-	}
+	b.Flash = h.takeFlash(w, r)
 	return b
 }
 
-// csrfToken returns the browser's token, setting a new one when it has
-// none. A cross-site form cannot read the cookie, so cannot echo it.
 // live makes b a page that refreshes in place.
 func (h *handler) live(b base) base {
 	if h.refresh > 0 {
@@ -221,6 +219,8 @@ func (h *handler) live(b base) base {
 	return b
 }
 
+// csrfToken returns the browser's token, setting a new one when it has
+// none. A cross-site form cannot read the cookie, so cannot echo it.
 func (h *handler) csrfToken(w http.ResponseWriter, r *http.Request) string {
 	if c, err := r.Cookie(csrfCookie); err == nil && len(c.Value) == 64 {
 		if _, err := hex.DecodeString(c.Value); err == nil {
@@ -268,6 +268,11 @@ type listPage struct {
 	Hidden  []field
 	Choices []choice
 	Bulk    []bulkAction
+	// Here is this page's URL, cursor included: where an action started
+	// here sends the browser back to.
+	Here string
+	// Pick: the rows have checkboxes, for an action on the ticked ones.
+	Pick bool
 }
 
 // bulkAction is one of the list's bulk buttons.
@@ -500,6 +505,16 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	if cursor > 0 {
 		p.First = "events?" + vals.Encode()
 	}
+	here := cloneValues(vals)
+	if after > 0 {
+		here.Set("after", strconv.FormatInt(after, 10))
+	} else if before > 0 {
+		here.Set("before", strconv.FormatInt(before, 10))
+	}
+	p.Here = "events"
+	if len(here) > 0 {
+		p.Here += "?" + here.Encode()
+	}
 	p.Rows = rows
 	p.From = cursor
 	p.Back = back
@@ -512,6 +527,7 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 			p.Hidden = append(p.Hidden, field{name, v})
 		}
 	}
+	p.Pick = h.opts.AllowActions && len(rows) > 0
 	if h.opts.AllowActions && p.Total > 0 {
 		for _, verb := range []string{"replay", "purge"} {
 			a, err := h.bulk(ctx, db, verb, fm, f, p.Total)
@@ -760,148 +776,6 @@ func errorBeforeReplay(row outbox.Row, now time.Time) bool {
 	return row.Attempts == 0 || (row.Attempts == 1 && row.LockedUntil != nil && row.LockedUntil.After(now))
 }
 
-// action runs a replay or purge POST: on one event (id) or on what a list
-// filter matches. Without confirm=yes it only shows what it would touch.
-func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
-	if !h.opts.AllowActions {
-		h.fail(w, r, http.StatusForbidden, errors.New("this dashboard is read-only (outboxui.Options.AllowActions is false)"))
-		return
-	}
-	if err := r.ParseForm(); err != nil {
-		h.fail(w, r, http.StatusBadRequest, err)
-		return
-	}
-	if err := h.checkCSRF(r); err != nil {
-		h.logger.Warn("outboxui: action refused", slog.String("action", verb), slog.String("reason", "form token"), slog.String("remote_addr", r.RemoteAddr))
-		h.fail(w, r, http.StatusForbidden, err)
-		return
-	}
-	ctx := r.Context()
-	db := h.db.WithContext(ctx)
-	// The list's forms carry the search resolved; a form of another's may
-	// carry the text, read here as the list reads it.
-	fm, _, err := h.resolve(db, readForm(r.PostForm))
-	if err != nil {
-		if isBadSearch(err) {
-			h.fail(w, r, http.StatusBadRequest, err)
-			return
-		}
-		h.dbError(w, r, "search", err)
-		return
-	}
-	f, err := fm.filter(h.now())
-	if err != nil {
-		h.fail(w, r, http.StatusBadRequest, err)
-		return
-	}
-	// Narrow the statuses to those the action can touch, so the count shown
-	// is what it will do.
-	f, ok := restrict(f, actionStatuses(verb))
-	if !ok {
-		h.fail(w, r, http.StatusBadRequest, errors.New(refusal(verb, fm.Statuses)))
-		return
-	}
-	if r.PostForm.Get("confirm") != "yes" {
-		n, err := h.ob.Count(db.WithContext(ctx), f)
-		if err != nil {
-			h.dbError(w, r, "count events", err)
-			return
-		}
-		sample, err := h.ob.List(db.WithContext(ctx), outbox.ListParams{Filter: f, Limit: 20})
-		if err != nil {
-			h.dbError(w, r, "list events", err)
-			return
-		}
-		// The confirmed action runs with the times counted here: "1h ago"
-		// read again at the confirmation would move.
-		frozen := fm
-		if !f.CreatedSince.IsZero() {
-			frozen.Since = f.CreatedSince.Format(time.RFC3339Nano)
-		}
-		if !f.CreatedUntil.IsZero() {
-			frozen.Until = f.CreatedUntil.Format(time.RFC3339Nano)
-		}
-		var hidden []field
-		vals := frozen.values()
-		for _, name := range formFields {
-			for _, v := range vals[name] {
-				hidden = append(hidden, field{name, v})
-			}
-		}
-		// The criteria say which statuses it touches, not which the filter
-		// asked for; Left names those it leaves alone.
-		criteria := []field{{"status", statusWords(f.Statuses, 2)}}
-		for _, c := range frozen.describe() {
-			if c.Name != "status" {
-				criteria = append(criteria, c)
-			}
-		}
-		var left []string
-		for _, s := range fm.Statuses {
-			if !slices.Contains(f.Statuses, outbox.Status(s)) {
-				left = append(left, s)
-			}
-		}
-		h.render(w, r, http.StatusOK, "confirm.html", struct {
-			base
-			scope
-			Sample   []outbox.Row
-			Criteria []field
-			Left     string
-			Hidden   []field
-			Cancel   string
-		}{h.base(w, r, "events"), scope{verb, n, f.Statuses, frozen.where()}, sample, criteria,
-			strings.Join(left, ", "), hidden, "events?" + fm.values().Encode()})
-		return
-	}
-	var n int
-	if verb == "replay" {
-		n, err = h.ob.Replay(db.WithContext(ctx), f)
-	} else {
-		n, err = h.ob.Purge(db.WithContext(ctx), f)
-	}
-	if err != nil {
-		if errors.Is(err, outbox.ErrInvalidFilter) {
-			h.fail(w, r, http.StatusBadRequest, err)
-			return
-		}
-		h.dbError(w, r, verb, fmt.Errorf("%w (%d events done before the error)", err, n))
-		return
-	}
-	h.logger.Info("outboxui: "+verb, slog.Int("events", n), slog.String("filter", fm.String()), slog.String("remote_addr", r.RemoteAddr))
-	done := url.Values{"done": {verb}, "n": {strconv.Itoa(n)}}
-	// A relative Location resolves against the URL the browser sent, which
-	// keeps the mount prefix that http.Redirect would lose after StripPrefix.
-	loc := "events?"
-	if verb == "replay" && len(fm.IDs) == 1 && fm.isOnlyIDs() {
-		done.Set("id", fm.IDs[0])
-		loc = "event?"
-	} else if !fm.isOnlyIDs() {
-		for k, vs := range fm.values() {
-			done[k] = vs
-		}
-	}
-	w.Header().Set("Location", loc+done.Encode())
-	w.WriteHeader(http.StatusSeeOther)
-}
-
-// restrict narrows f's statuses to allowed (all of allowed when f has
-// none); false when nothing is left.
-func restrict(f outbox.Filter, allowed []outbox.Status) (outbox.Filter, bool) {
-	if len(f.Statuses) == 0 {
-		f.Statuses = allowed
-		return f, true
-	}
-	var keep []outbox.Status
-	for _, s := range f.Statuses {
-		if slices.Contains(allowed, s) && !slices.Contains(keep, s) {
-			keep = append(keep, s)
-		}
-	}
-	f.Statuses = keep
-	return f, len(keep) > 0
-}
-
 func (h *handler) dbError(w http.ResponseWriter, r *http.Request, what string, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return // the client went away
@@ -949,6 +823,7 @@ func parsePages() map[string]*template.Template {
 		"str":   func(s *string) string { return deref(s) },
 		"short": short,
 		"last":  func(rows []outbox.Row) int { return len(rows) - 1 },
+		"num":   thousands,
 		"plural": func(n int64, one, many string) string {
 			return plural(int(n), one, many)
 		},

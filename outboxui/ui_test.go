@@ -535,7 +535,7 @@ func testReadOnly(t *testing.T, b backend) {
 	for _, verb := range []string{"replay", "purge"} {
 		resp := e.post(verb, url.Values{"id": {"bad-1"}, "confirm": {"yes"}})
 		assert.Equal(t, http.StatusForbidden, resp.StatusCode, verb)
-		assert.Contains(t, readBody(t, resp), "read-only")
+		assert.Contains(t, readBody(t, resp), "this dashboard is read-only")
 	}
 	assert.Equal(t, outbox.StatusFailed, e.row("bad-1").Status, "nothing changed")
 }

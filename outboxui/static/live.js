@@ -3,8 +3,11 @@
 // [data-live] regions) every data-refresh milliseconds and swaps each
 // region for its new copy, so the filter (the URL), the scroll position and
 // anything typed in a form outside the regions are kept. A region holding
-// the keyboard focus is left alone until the focus leaves it, and one
-// whose content is unchanged is not touched. Without this
+// the keyboard focus is left alone until the focus leaves it, so is one
+// with events ticked (an action's selection: it would be lost), and one
+// whose content is unchanged is not touched. A region's content is
+// swapped inside the element, which stays, so that a screen reader
+// announces a region marked aria-live when it changes. Without this
 // script the pages are plain links and forms that say when they were
 // rendered.
 (function () {
@@ -35,9 +38,19 @@
   var failed = "";
   var busy = false;
 
+  function ticked(el) {
+    return !!el.querySelector("input[type=checkbox]:checked");
+  }
+
   function tick() {
     var s = Math.floor((Date.now() - last) / 1000);
-    stamp.textContent = (failed ? "update failed (" + failed + "); last updated " : "updated ") + s + "s ago";
+    var paused = false;
+    var regions = document.querySelectorAll("[data-live]");
+    for (var i = 0; i < regions.length; i++) {
+      paused = paused || ticked(regions[i]);
+    }
+    stamp.textContent = (failed ? "update failed (" + failed + "); last updated " : "updated ") + s + "s ago" +
+      (paused ? "; the table is held while events are ticked" : "");
   }
 
   function refresh() {
@@ -60,10 +73,11 @@
         for (var i = 0; i < regions.length; i++) {
           var old = regions[i];
           var fresh = doc.getElementById(old.id);
-          if (!fresh || old.contains(document.activeElement) || sig(fresh) === sig(old)) {
+          if (!fresh || old.contains(document.activeElement) || ticked(old) || sig(fresh) === sig(old)) {
             continue;
           }
-          old.replaceWith(document.importNode(fresh, true));
+          var copy = document.importNode(fresh, true);
+          old.replaceChildren.apply(old, Array.prototype.slice.call(copy.childNodes));
         }
         last = Date.now();
         failed = "";
