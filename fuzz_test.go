@@ -771,6 +771,8 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 	if valid {
 		defer dropTable(t, fdb, want)
 		defer dropTable(t, fdb, outbox.DefaultInboxTable)
+		defer dropTable(t, fdb, want+"_rollup")
+		defer dropTable(t, fdb, want+"_rollup_state")
 	}
 	switch {
 	case !valid:
@@ -788,8 +790,10 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 	}
 	tables := listTables(t, fdb)
 	// sqlite_sequence: SQLite's own, for the AUTOINCREMENT seq.
-	// The inbox table: db.Use creates it beside the outbox table.
-	extra := slicesWithout(tables, "fuzz_sentinel", "sqlite_sequence", want, strings.ToLower(want), outbox.DefaultInboxTable)
+	// The inbox table and the overview's rollup: db.Use creates them
+	// beside the outbox table, the rollup's named after it.
+	extra := slicesWithout(tables, "fuzz_sentinel", "sqlite_sequence", want, strings.ToLower(want), outbox.DefaultInboxTable,
+		want+"_rollup", strings.ToLower(want)+"_rollup", want+"_rollup_state", strings.ToLower(want)+"_rollup_state")
 	require.Empty(t, extra, "%s: unexpected tables after %q", fdb.name, name)
 	var n int64
 	require.NoError(t, fdb.sqlDB.Raw("SELECT count(*) FROM fuzz_sentinel").Scan(&n).Error, "%s: the sentinel table is gone after %q", fdb.name, name)

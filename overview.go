@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -38,6 +39,8 @@ const (
 	// they took their seq (below the low mark the counts read from).
 	lowRecheck  = 5 * time.Minute
 	lowLookback = 1000
+	// overviewRollBudget bounds the rollup an Overview call runs itself.
+	overviewRollBudget = 3 * time.Second
 )
 
 // OverviewParams selects the window of [Outbox.Overview].
@@ -45,9 +48,12 @@ type OverviewParams struct {
 	// Window is how far back the intervals reach from now. Defaults to an
 	// hour; at most [RollupRetention].
 	Window time.Duration
-	// Step is each interval's length, rounded up to whole minutes.
-	// Defaults to Window/60, at least a minute; there are at most 1000
-	// intervals (a shorter Step is lengthened).
+	// Step is each interval's length, rounded up to whole minutes (to
+	// tens of minutes for a window over a day). Defaults to about
+	// Window/60: a minute for an hour, 30 minutes for a day, 3 hours for a
+	// week. There are at most 1000 intervals (a shorter Step is
+	// lengthened). Intervals start at multiples of Step since the Unix
+	// epoch, so the first may start before Now-Window.
 	Step time.Duration
 }
 
@@ -65,7 +71,7 @@ type OverviewParams struct {
 // as failed, and a purged failed event not at all.
 type Overview struct {
 	// Now is when it was read; Since is the start of the first interval
-	// (Now-Window, down to a whole minute); Step is each interval's length.
+	// (at or before Now-Window); Step is each interval's length.
 	Now, Since time.Time
 	Step       time.Duration
 	// Pending and Failed count the rows with those statuses now.
@@ -131,10 +137,10 @@ type Delay struct {
 // and the slot's lag is read as [Outbox.Stats] does.
 //
 // It first brings the rollup up to date when the relays have not (none
-// runs, or the rollup table was created just now: the first call on a
-// table with history rolls it up once, about a second per million sent
-// rows); a failure there is logged and the rows not rolled up are read from
-// the table instead.
+// runs, or the rollup table was created just now), for up to 3 s: the first
+// pass over a table's history (a few seconds per million sent rows) is the
+// relays' to finish. A failure there is logged; the rows sent after the
+// rollup's end are read from the table, which is slower but exact.
 func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 	ctx := dbContext(db)
 	var ov Overview
@@ -150,11 +156,12 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 	}
 	now := o.now()
 	window := min(cmp.Or(p.Window, time.Hour), RollupRetention)
-	step := max(cmp.Or(p.Step, window/60), time.Minute, window/1000)
-	step = (step + time.Minute - 1).Truncate(time.Minute)
-	stepMin := int64(step / time.Minute)
+	stepMin, span := overviewStep(window, p.Step)
+	step := time.Duration(stepMin) * time.Minute
 	nowMin := minuteOf(now)
-	sinceMin := minuteOf(now.Add(-window))
+	// Intervals start at multiples of the step since the epoch, so that
+	// each of the rollup's spans falls in one.
+	sinceMin := (minuteOf(now.Add(-window)) / stepMin) * stepMin
 	n := int((nowMin-sinceMin)/stepMin) + 1
 	ov.Now, ov.Since, ov.Step = now, time.Unix(sinceMin*60, 0).UTC(), step
 	ov.Intervals = make([]Interval, n)
@@ -169,8 +176,16 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 	}
 
 	st, err := o.rollState(ctx, sqlDB)
-	if err != nil || st.until.Before(now.Add(-2*rollEvery)) {
-		if err := o.rollup(ctx, sqlDB, defaultStatementTimeout); err != nil {
+	// The relays keep the rollup within rollMargin+rollEvery of now: roll
+	// up here only when they lag (none runs, or none has reached this
+	// table yet).
+	if err != nil || st.until.Before(now.Add(-rollMargin-2*rollEvery)) {
+		// Bounded: a first pass over a long history is the relays' to
+		// finish; what it leaves is read from the table.
+		rctx, cancel := context.WithTimeout(ctx, overviewRollBudget)
+		err := o.rollup(rctx, sqlDB, defaultStatementTimeout)
+		cancel()
+		if err != nil && ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) {
 			o.logger.WarnContext(ctx, "outbox: overview: rolling up the sent events failed; reading them from the table", "error", err)
 		}
 		if st, err = o.rollState(ctx, sqlDB); err != nil {
@@ -205,7 +220,7 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 	}
 	defer func() { _ = tx.Rollback() }()
 
-	q := o.store.RollupRead(sinceMin, stepMin)
+	q := o.store.RollupRead(span, sinceMin, stepMin)
 	if err := eachRow(ctx, tx, q, func(rows *sql.Rows) error {
 		var (
 			i        int
@@ -343,6 +358,34 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 }
 
 func minuteOf(t time.Time) int64 { return t.Unix() / 60 }
+
+// overviewStep is the step of a window, in minutes, and the rollup span
+// it reads: by default about 60 intervals, of whole minutes up to 10, of
+// tens of minutes up to an hour, of whole hours beyond; a window longer
+// than the minute rows are kept (a day) reads at least 10-minute rows.
+func overviewStep(window, asked time.Duration) (step, span int64) {
+	min1 := func(d time.Duration) int64 { return int64((d + time.Minute - 1) / time.Minute) }
+	step = max(min1(cmp.Or(asked, window/60)), min1(window/1000), 1)
+	roundUp := func(n, m int64) int64 { return (n + m - 1) / m * m }
+	if asked == 0 {
+		switch {
+		case step > 60:
+			step = roundUp(step, 60)
+		case step > 10:
+			step = roundUp(step, 10)
+		}
+	}
+	if window > store.RollSpans[0].Keep-time.Hour {
+		step = roundUp(step, 10)
+	}
+	span = 1
+	for _, s := range store.RollSpans {
+		if step%s.Minutes == 0 {
+			span = s.Minutes
+		}
+	}
+	return step, span
+}
 
 // delayOf reads the percentiles off a histogram of store.DelayBounds' bins.
 func delayOf(bins []int64) Delay {
@@ -538,8 +581,10 @@ func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout time.Dura
 			checked = now
 		}
 	}
-	if _, err := exec(o.store.RollTrim(minuteOf(now.Add(-RollupRetention)))); err != nil {
-		return fail(err)
+	for _, s := range store.RollSpans {
+		if _, err := exec(o.store.RollTrim(s.Minutes, minuteOf(now.Add(-s.Keep)))); err != nil {
+			return fail(err)
+		}
 	}
 	if _, err := exec(o.store.RollSet(to, low, checked)); err != nil {
 		return fail(err)
@@ -553,18 +598,21 @@ func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout time.Dura
 // rollRange adds the rows sent in [from, to) to the rollup.
 func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) error {
 	type key struct {
-		minute int64
-		typ    string
+		span, minute int64
+		typ          string
 	}
 	acc := map[key]*store.RollRow{}
-	row := func(minute int64, typ string) *store.RollRow {
-		k := key{minute, typ}
-		r := acc[k]
-		if r == nil {
-			r = &store.RollRow{Minute: minute, Type: typ, Delay: make([]int64, len(store.DelayBounds)+1)}
-			acc[k] = r
+	// add adds to the row of each span that holds minute.
+	add := func(minute int64, typ string, fn func(*store.RollRow)) {
+		for _, s := range store.RollSpans {
+			k := key{s.Minutes, minute / s.Minutes * s.Minutes, typ}
+			r := acc[k]
+			if r == nil {
+				r = &store.RollRow{Span: k.span, Minute: k.minute, Type: typ, Delay: make([]int64, len(store.DelayBounds)+1)}
+				acc[k] = r
+			}
+			fn(r)
 		}
-		return r
 	}
 	if err := eachRow(ctx, tx, o.store.SentBins(from, to), func(rows *sql.Rows) error {
 		var (
@@ -575,10 +623,8 @@ func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) 
 		if err := rows.Scan(&name, &sent, &created, &bin, &c); err != nil {
 			return err
 		}
-		r := row(sent, name)
-		r.Delivered += c
-		r.Delay[bin] += c
-		row(created, name).Published += c
+		add(sent, name, func(r *store.RollRow) { r.Delivered += c; r.Delay[bin] += c })
+		add(created, name, func(r *store.RollRow) { r.Published += c })
 		return nil
 	}); err != nil {
 		return err
@@ -591,7 +637,7 @@ func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) 
 	// the same order (they cannot overlap today: the state row serialises
 	// them; MySQL's gap locks make the order matter all the same).
 	slices.SortFunc(rows, func(a, b store.RollRow) int {
-		return cmp.Or(cmp.Compare(a.Minute, b.Minute), cmp.Compare(a.Type, b.Type))
+		return cmp.Or(cmp.Compare(a.Span, b.Span), cmp.Compare(a.Minute, b.Minute), cmp.Compare(a.Type, b.Type))
 	})
 	for chunk := range slices.Chunk(rows, 500) {
 		q := o.store.RollAdd(chunk)

@@ -131,7 +131,7 @@ func testOverview(t *testing.T, b backend) {
 	ov, err = e.ob.Overview(e.db.WithContext(t.Context()), OverviewParams{Window: 24 * time.Hour})
 	require.NoError(t, err)
 	check(ov)
-	assert.Equal(t, 24*time.Minute, ov.Step, "a day in 60 steps")
+	assert.Equal(t, 30*time.Minute, ov.Step, "a day in steps of whole tens of minutes")
 
 	// Retention deletes the sent rows; the rollup keeps their counts.
 	_, err = e.ob.Purge(e.db.WithContext(t.Context()), Filter{Statuses: []Status{StatusSent}})
@@ -214,4 +214,23 @@ func TestDelayOf(t *testing.T) {
 	d = delayOf(bins)
 	assert.Equal(t, 10*time.Millisecond, d.P50, "the median at the first bin's top")
 	assert.Equal(t, 30*time.Minute, d.P99, "past the last bound reads as the last bound")
+}
+
+func TestOverviewStep(t *testing.T) {
+	for _, c := range []struct {
+		window, asked time.Duration
+		step, span    int64
+	}{
+		{time.Hour, 0, 1, 1},
+		{6 * time.Hour, 0, 6, 1},
+		{24 * time.Hour, 0, 30, 10},
+		{7 * 24 * time.Hour, 0, 180, 60},
+		{time.Hour, 90 * time.Second, 2, 1},
+		{24 * time.Hour, time.Hour, 60, 60},
+		{2 * 24 * time.Hour, 7 * time.Minute, 10, 10}, // minute rows are kept a day
+		{7 * 24 * time.Hour, time.Minute, 20, 10},     // at most 1000 intervals
+	} {
+		step, span := overviewStep(c.window, c.asked)
+		assert.Equal(t, []int64{c.step, c.span}, []int64{step, span}, "%v by %v", c.window, c.asked)
+	}
 }

@@ -64,11 +64,14 @@ CREATE INDEX IF NOT EXISTS "outbox_events_sent_idx"
 -- the relays every few seconds (and by Overview itself when they lag), so
 -- that a chart over a week reads minutes, not a million rows. Nothing on
 -- the write path touches these tables. minute counts whole minutes since
--- the Unix epoch (UTC); published counts the sent events created in the
--- minute, delivered those sent in it, and d0..d17 the latter by delivery
+-- the Unix epoch (UTC) and starts a span of 1, 10 or 60 minutes (the
+-- three are kept, for charts by the minute, by 10 minutes and by the hour;
+-- minutes for a day, the others 8 days); published counts the sent events
+-- created in the span, delivered those sent in it, and d0..d17 the latter by delivery
 -- delay (created to sent): under 1, 2.5, 5, 10, 25, 50, 100, 250, 500 ms,
 -- 1, 2.5, 5, 10, 30 s, 1, 5, 30 min, and longer.
 CREATE TABLE IF NOT EXISTS "outbox_events_rollup" (
+    span            smallint     NOT NULL,
     minute          bigint       NOT NULL,
     event_type      varchar(255) NOT NULL,
     published       bigint       NOT NULL DEFAULT 0,
@@ -91,7 +94,7 @@ CREATE TABLE IF NOT EXISTS "outbox_events_rollup" (
     d15             bigint       NOT NULL DEFAULT 0,
     d16             bigint       NOT NULL DEFAULT 0,
     d17             bigint       NOT NULL DEFAULT 0,
-    PRIMARY KEY (minute, event_type)
+    PRIMARY KEY (span, minute, event_type)
 );
 
 -- One row: the rows sent before rolled_until are in the rollup; below

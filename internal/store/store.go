@@ -231,11 +231,20 @@ type Admin interface {
 // the last bound, has none.
 var DelayBounds = []float64{1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000, 1800000}
 
-// RollRow is what one rollup pass adds to one minute of one event type:
+// RollSpans are the rollup's spans, in minutes, each with how long its
+// rows are kept: charts over an hour read minutes, over a day ten minutes,
+// over a week hours, so that none reads more than a few thousand rows.
+var RollSpans = []struct {
+	Minutes int64
+	Keep    time.Duration
+}{{1, 25 * time.Hour}, {10, 8 * 24 * time.Hour}, {60, 8 * 24 * time.Hour}}
+
+// RollRow is what one rollup pass adds to one span of one event type:
 // the sent events created in the minute, the events sent in it, and the
 // latter's delays by bin (len(DelayBounds)+1).
 type RollRow struct {
-	Minute               int64 // whole minutes since the Unix epoch
+	Span                 int64 // minutes: one of RollSpans
+	Minute               int64 // whole minutes since the Unix epoch, a multiple of Span
 	Type                 string
 	Published, Delivered int64
 	Delay                []int64
@@ -250,14 +259,14 @@ type Overviewer interface {
 	RollInit(from time.Time) Query // the state row, unless there is one
 	RollState() Query              // rolled_until, low_seq, low_checked
 	RollSet(until time.Time, low int64, checked time.Time) Query
-	FirstSent() Query                         // the oldest sent_at, NULL when none
-	SentBins(from, to time.Time) Query        // type, minute sent, minute created, delay bin, count
-	RollAdd(rows []RollRow) Query             //
-	RollTrim(beforeMinute int64) Query        //
-	LowScan(from int64) Query                 // lowest new pending seq >= from, highest seq
-	PendingGroups(low int64) Query            // type, minute created, count, oldest creation
-	FailedGroups() Query                      // type, minute failed, minute created, count
-	RollupRead(sinceMinute, step int64) Query // interval, type, published, delivered, delay bins
+	FirstSent() Query                               // the oldest sent_at, NULL when none
+	SentBins(from, to time.Time) Query              // type, minute sent, minute created, delay bin, count
+	RollAdd(rows []RollRow) Query                   //
+	RollTrim(span, beforeMinute int64) Query        //
+	LowScan(from int64) Query                       // lowest new pending seq >= from, highest seq
+	PendingGroups(low int64) Query                  // type, minute created, count, oldest creation
+	FailedGroups() Query                            // type, minute failed, minute created, count
+	RollupRead(span, sinceMinute, step int64) Query // interval, type, published, delivered, delay bins
 }
 
 // Inbox is the consumer side's table: the (consumer, message ID) pairs

@@ -120,24 +120,24 @@ func rollupCols() []string {
 func (s *Syntax) RollAdd(rows []store.RollRow) store.Query {
 	b := s.Build()
 	cols := rollupCols()
-	b.W("INSERT INTO ", s.rollupTable(), " (minute, event_type, ", strings.Join(cols, ", "), ") VALUES ")
+	b.W("INSERT INTO ", s.rollupTable(), " (span, minute, event_type, ", strings.Join(cols, ", "), ") VALUES ")
 	for i, r := range rows {
 		if i > 0 {
 			b.W(", ")
 		}
-		b.W("(", b.Arg(r.Minute), ", ", b.Arg(r.Type), ", ", b.Arg(r.Published), ", ", b.Arg(r.Delivered))
+		b.W("(", b.Arg(r.Span), ", ", b.Arg(r.Minute), ", ", b.Arg(r.Type), ", ", b.Arg(r.Published), ", ", b.Arg(r.Delivered))
 		for _, n := range r.Delay {
 			b.W(", ", b.Arg(n))
 		}
 		b.W(")")
 	}
-	return b.W(s.AddOnConflict(s.rollupTable(), []string{"minute", "event_type"}, cols)).Query()
+	return b.W(s.AddOnConflict(s.rollupTable(), []string{"span", "minute", "event_type"}, cols)).Query()
 }
 
 // RollTrim implements store.Overviewer.
-func (s *Syntax) RollTrim(beforeMinute int64) store.Query {
+func (s *Syntax) RollTrim(span, beforeMinute int64) store.Query {
 	b := s.Build()
-	return b.W("DELETE FROM ", s.rollupTable(), " WHERE minute < ", b.Arg(beforeMinute)).Query()
+	return b.W("DELETE FROM ", s.rollupTable(), " WHERE span = ", b.Arg(span), " AND minute < ", b.Arg(beforeMinute)).Query()
 }
 
 // LowScan implements store.Overviewer: the lowest seq at or above from of
@@ -175,10 +175,10 @@ func (s *Syntax) FailedGroups() store.Query {
 		" WHERE status = 'failed' GROUP BY 1, 2, 3"}
 }
 
-// RollupRead implements store.Overviewer: the rollup's minutes from
+// RollupRead implements store.Overviewer: the rollup's rows of span from
 // sinceMinute on, summed per interval of step minutes (its index from
 // sinceMinute) and type.
-func (s *Syntax) RollupRead(sinceMinute, step int64) store.Query {
+func (s *Syntax) RollupRead(span, sinceMinute, step int64) store.Query {
 	b := s.Build()
 	cols := rollupCols()
 	sums := make([]string, len(cols))
@@ -186,5 +186,5 @@ func (s *Syntax) RollupRead(sinceMinute, step int64) store.Query {
 		sums[i] = "SUM(" + c + ")"
 	}
 	return b.W("SELECT (minute - ", b.Arg(sinceMinute), ") ", s.IntDiv, " ", b.Arg(step), ", event_type, ", strings.Join(sums, ", "),
-		" FROM ", s.rollupTable(), " WHERE minute >= ", b.Arg(sinceMinute), " GROUP BY 1, 2").Query()
+		" FROM ", s.rollupTable(), " WHERE span = ", b.Arg(span), " AND minute >= ", b.Arg(sinceMinute), " GROUP BY 1, 2").Query()
 }
