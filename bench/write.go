@@ -95,6 +95,22 @@ func writeOn(ctx context.Context, d database, opts options, t *table) error {
 		{name: "+ hand-written INSERT (floor)", db: plain, extra: floorInsert(d)},
 	}
 	tables := []string{"bench_orders", outbox.DefaultTable, "floor_events"}
+	if _, ok := d.(*mysqlServer); !ok {
+		// The failed index the overview counts through (PostgreSQL and
+		// SQLite; MySQL's pending index serves it): ours beside ours
+		// without it is what the index costs the write path.
+		const bare = "outbox_nofailidx"
+		noIdx, err := withPlugin(outbox.Config{Table: bare})
+		if err != nil {
+			return err
+		}
+		defer closeDB(noIdx)
+		if err := noIdx.WithContext(ctx).Exec(`DROP INDEX "` + bare + `_failed_idx"`).Error; err != nil {
+			return fmt.Errorf("drop the failed index: %w", err)
+		}
+		contenders = append(contenders, writeContender{name: "+ outbox.Publish, no failed index (ours)", db: noIdx, extra: publishOurs})
+		tables = append(tables, bare)
+	}
 	if _, ok := d.(*pgServer); ok {
 		quiet, err := withPlugin(outbox.Config{DisableNotify: true})
 		if err != nil {
