@@ -235,11 +235,20 @@ func (o *Outbox) Replay(db *gorm.DB, f Filter) (int, error) {
 			return total, fmt.Errorf("outbox: replay events: %w", err)
 		}
 		for batch := range slices.Chunk(ids, lim.AdminBatch) {
-			n, err := execCount(ctx, pool, o.store.ReplayUpdate(sf, batch, o.now()))
+			now := o.now()
+			n, err := execCount(ctx, pool, o.store.ReplayUpdate(sf, batch, now))
 			if err != nil {
 				return total, fmt.Errorf("outbox: replay %d events: %w", len(batch), err)
 			}
 			total += n
+			if n > 0 {
+				// In the replay's transaction when db is one; on its own
+				// otherwise, after the replay (the entry, not the event,
+				// is what a failure here loses: it is reported).
+				if _, err := execCount(ctx, pool, o.store.RecordReplays(batch, now, actorFrom(ctx))); err != nil {
+					return total, fmt.Errorf("outbox: replayed %d events but could not record it in their history: %w", n, err)
+				}
+			}
 		}
 		if len(ids) < lim.AdminScan {
 			return total, nil
@@ -291,6 +300,11 @@ func (o *Outbox) Purge(db *gorm.DB, f Filter) (int, error) {
 				return total, fmt.Errorf("outbox: purge %d events: %w", len(batch), err)
 			}
 			deleted += n
+			if n > 0 {
+				if _, err := execCount(ctx, pool, o.store.PurgeAttempts(batch)); err != nil {
+					return total + deleted, fmt.Errorf("outbox: purged %d events but not their history: %w", n, err)
+				}
+			}
 		}
 		total += deleted
 		// deleted == 0: every row selected changed under us; stop rather

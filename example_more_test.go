@@ -255,6 +255,11 @@ func ExampleSchemaSQL() {
 	// CREATE UNIQUE INDEX IF NOT EXISTS "shop_outbox_idempotency_key_idx"
 	// CREATE INDEX IF NOT EXISTS "shop_outbox_retry_idx"
 	// CREATE INDEX IF NOT EXISTS "shop_outbox_sent_idx"
+	// CREATE TABLE IF NOT EXISTS "shop_outbox_rollup" (
+	// CREATE TABLE IF NOT EXISTS "shop_outbox_rollup_state" (
+	// CREATE INDEX IF NOT EXISTS "shop_outbox_failed_idx"
+	// CREATE TABLE IF NOT EXISTS "shop_outbox_attempts" (
+	// CREATE INDEX IF NOT EXISTS "shop_outbox_attempts_at_idx"
 	// CREATE TABLE IF NOT EXISTS "outbox_inbox" (
 	// CREATE INDEX IF NOT EXISTS "outbox_inbox_consumed_idx"
 	// oracle: true

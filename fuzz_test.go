@@ -773,6 +773,7 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 		defer dropTable(t, fdb, outbox.DefaultInboxTable)
 		defer dropTable(t, fdb, want+"_rollup")
 		defer dropTable(t, fdb, want+"_rollup_state")
+		defer dropTable(t, fdb, want+"_attempts")
 	}
 	switch {
 	case !valid:
@@ -793,7 +794,8 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 	// The inbox table and the overview's rollup: db.Use creates them
 	// beside the outbox table, the rollup's named after it.
 	extra := slicesWithout(tables, "fuzz_sentinel", "sqlite_sequence", want, strings.ToLower(want), outbox.DefaultInboxTable,
-		want+"_rollup", strings.ToLower(want)+"_rollup", want+"_rollup_state", strings.ToLower(want)+"_rollup_state")
+		want+"_rollup", strings.ToLower(want)+"_rollup", want+"_rollup_state", strings.ToLower(want)+"_rollup_state",
+		want+"_attempts", strings.ToLower(want)+"_attempts")
 	require.Empty(t, extra, "%s: unexpected tables after %q", fdb.name, name)
 	var n int64
 	require.NoError(t, fdb.sqlDB.Raw("SELECT count(*) FROM fuzz_sentinel").Scan(&n).Error, "%s: the sentinel table is gone after %q", fdb.name, name)

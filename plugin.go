@@ -169,8 +169,11 @@ type Outbox struct {
 
 	// The mode's parts, wired once (Plugin, Initialize): the rest of the
 	// package asks these, never the mode.
-	noTable error         // ErrMemoryMode in Memory mode: no table, no relay
-	wal     store.Logical // Logical mode: the WAL carries new events
+	noTable error // ErrMemoryMode in Memory mode: no table, no relay
+	// noHistory turns the event history off: for the benchmark that
+	// measures what it costs the failure path.
+	noHistory bool
+	wal       store.Logical // Logical mode: the WAL carries new events
 
 	handlers atomic.Pointer[[]route] // copy-on-write, read without locks
 	hooks    atomic.Pointer[hookSet] // copy-on-write; nil until AddHooks

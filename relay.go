@@ -186,6 +186,7 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 		Store: o.store, DB: sqlDB, Now: o.now, Lease: r.cfg.Lease,
 		StatementTimeout: r.cfg.StatementTimeout, Ordered: r.cfg.OrderByAggregate,
 		WalkEvery: engine.WalkEvery,
+		History:   !o.noHistory, HistoryFailed: o.historyFailed(),
 	}
 	if o.wal != nil {
 		r.stream = &wal.Relay{

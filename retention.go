@@ -28,6 +28,10 @@ func (r *Relay) retain(ctx context.Context) {
 		case <-t.C:
 		}
 		_, err := r.o.deleteSent(ctx, r.db, r.cfg.RetainSent, r.cfg.StatementTimeout)
+		if err == nil {
+			// The history is kept as long as the sent rows.
+			err = r.o.forgetAttempts(ctx, r.db, r.cfg.RetainSent, r.cfg.StatementTimeout)
+		}
 		if ctx.Err() != nil {
 			return
 		}

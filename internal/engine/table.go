@@ -27,6 +27,12 @@ type Table struct {
 	// WalkEvery spaces the watermark's walks while claims are not full
 	// (WalkEvery for a relay); zero walks before every claim.
 	WalkEvery time.Duration
+	// History records each failed attempt in the store's history table,
+	// after the mark that records it on the row. It is best effort: an
+	// entry that cannot be written is reported to HistoryFailed (no event
+	// is at stake) and not retried.
+	History       bool
+	HistoryFailed func(error)
 
 	wm watermark
 }
@@ -152,7 +158,20 @@ func (t *Table) Release(ctx context.Context, seqs []int64, lease time.Time) erro
 // MarkFailed records failed attempts.
 func (t *Table) MarkFailed(ctx context.Context, outs []store.Outcome, lease time.Time) error {
 	now := t.Now()
-	return t.execChunks(ctx, len(outs), func(i, j int) store.Query { return t.Store.MarkFailed(outs[i:j], now, lease) })
+	if err := t.execChunks(ctx, len(outs), func(i, j int) store.Query { return t.Store.MarkFailed(outs[i:j], now, lease) }); err != nil {
+		return err
+	}
+	if t.History {
+		seqs := make([]int64, len(outs))
+		for i, o := range outs {
+			seqs[i] = o.Seq
+		}
+		err := t.execChunks(ctx, len(seqs), func(i, j int) store.Query { return t.Store.RecordAttempts(seqs[i:j], now) })
+		if err != nil && t.HistoryFailed != nil {
+			t.HistoryFailed(err)
+		}
+	}
+	return nil
 }
 
 // execChunks runs the statements build returns for n rows, as many rows

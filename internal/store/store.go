@@ -269,6 +269,17 @@ type Overviewer interface {
 	RollupRead(span, sinceMinute, step int64) Query // interval, type, published, delivered, delay bins
 }
 
+// Historian is the event history's statements: an entry per failed
+// attempt and per replay, in a table beside the outbox table, written only
+// on those paths.
+type Historian interface {
+	RecordAttempts(seqs []int64, now time.Time) Query
+	RecordReplays(seqs []int64, now time.Time, actor string) Query
+	Attempts(id string) Query // at, attempt, outcome, error, actor; oldest first
+	ForgetAttempts(before time.Time, limit int) Query
+	PurgeAttempts(seqs []int64) Query
+}
+
 // Inbox is the consumer side's table: the (consumer, message ID) pairs
 // consumed, each recorded in the transaction of its effect. Its table is
 // named apart from the outbox table's, so every method takes it (unquoted).
@@ -299,6 +310,7 @@ type Store interface {
 	Admin
 	Inbox
 	Overviewer
+	Historian
 	// Name is the database's name as SchemaSQL takes it.
 	Name() string
 	Limits() Limits

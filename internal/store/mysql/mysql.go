@@ -87,7 +87,8 @@ func New(table string) *Store {
 				}
 				return " ON DUPLICATE KEY UPDATE " + strings.Join(set, ", ")
 			},
-			InsertIgnore: [2]string{"INSERT IGNORE INTO", ""},
+			InsertIgnore:  [2]string{"INSERT IGNORE INTO", ""},
+			LimitedDelete: true,
 		},
 	}}
 }

@@ -96,3 +96,20 @@ CREATE TABLE IF NOT EXISTS `outbox_events_rollup_state` (
     low_seq         BIGINT       NOT NULL,
     low_checked     DATETIME(6)  NOT NULL
 ) ENGINE=InnoDB;
+
+-- Each event's failed attempts and replays (outbox.Outbox.History, the
+-- dashboard's event page): written only when a delivery fails or an
+-- operator replays, never by Publish or a delivery that succeeds; deleted
+-- by age with the sent rows (RelayConfig.RetainSent) and with a purged row.
+-- outcome is retry (failed, to be tried again), failed (gave up) or
+-- replayed (error is then the error the replay cleared the way past).
+CREATE TABLE IF NOT EXISTS `outbox_events_attempts` (
+    seq             BIGINT       NOT NULL,
+    at              DATETIME(6)  NOT NULL,
+    attempt         INT          NOT NULL,
+    outcome         VARCHAR(16)  NOT NULL,
+    error           TEXT         NULL,
+    actor           VARCHAR(255) NULL,
+    PRIMARY KEY (seq, at),
+    INDEX `outbox_events_attempts_at_idx` (at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;

@@ -26,6 +26,9 @@ type Dialect struct {
 	// InsertIgnore is the INSERT of a row that does nothing when its key
 	// is already there: before and after the INSERT INTO ... VALUES.
 	InsertIgnore [2]string
+	// LimitedDelete: DELETE takes ORDER BY and LIMIT (MySQL), where the
+	// others take a LIMIT only in a subquery.
+	LimitedDelete bool
 }
 
 // Derived quotes the name of a table derived from the outbox table's.
@@ -187,4 +190,51 @@ func (s *Syntax) RollupRead(span, sinceMinute, step int64) store.Query {
 	}
 	return b.W("SELECT (minute - ", b.Arg(sinceMinute), ") ", s.IntDiv, " ", b.Arg(step), ", event_type, ", strings.Join(sums, ", "),
 		" FROM ", s.rollupTable(), " WHERE span = ", b.Arg(span), " AND minute >= ", b.Arg(sinceMinute), " GROUP BY 1, 2").Query()
+}
+
+func (s *Syntax) attemptsTable() string { return s.Derived("_attempts") }
+
+// RecordAttempts implements store.Historian: the rows at seqs a failure
+// mark at now just updated (updated_at = now: a row whose lease another
+// relay holds was not updated, and is not recorded).
+func (s *Syntax) RecordAttempts(seqs []int64, now time.Time) store.Query {
+	b := s.Build()
+	return b.W("INSERT INTO ", s.attemptsTable(), " (seq, at, attempt, outcome, error) SELECT seq, updated_at, attempts,",
+		" CASE WHEN status = 'failed' THEN 'failed' ELSE 'retry' END, last_error FROM ", s.Table,
+		" WHERE ", b.Seqs("seq", seqs), " AND updated_at = ", b.Time(now)).Query()
+}
+
+// RecordReplays implements store.Historian: the rows at seqs a replay at
+// now just set pending, with the error they had and who replayed them.
+func (s *Syntax) RecordReplays(seqs []int64, now time.Time, actor string) store.Query {
+	b := s.Build()
+	return b.W("INSERT INTO ", s.attemptsTable(), " (seq, at, attempt, outcome, error, actor) SELECT seq, updated_at, 0, 'replayed', last_error, NULLIF(",
+		b.Arg(actor), ", '') FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs), " AND updated_at = ", b.Time(now), " AND status = 'pending'").Query()
+}
+
+// Attempts implements store.Historian.
+func (s *Syntax) Attempts(id string) store.Query {
+	b := s.Build()
+	b.W("SELECT ", s.TimeCol("at"), ", attempt, outcome, error, actor FROM ", s.attemptsTable(), " WHERE seq IN (SELECT seq FROM ", s.Table, " WHERE ")
+	return b.W(s.MatchIDs(b, []string{id}), ") ORDER BY at").Query()
+}
+
+// ForgetAttempts implements store.Historian: up to limit entries older
+// than before, through the at index.
+func (s *Syntax) ForgetAttempts(before time.Time, limit int) store.Query {
+	b := s.Build()
+	if s.LimitedDelete {
+		return b.W("DELETE FROM ", s.attemptsTable(), " WHERE at < ", b.Time(before), " ORDER BY at LIMIT ", b.Limit(limit)).Query()
+	}
+	return b.W("DELETE FROM ", s.attemptsTable(), " WHERE (seq, at) IN (SELECT seq, at FROM ", s.attemptsTable(),
+		" WHERE at < ", b.Time(before), " ORDER BY at LIMIT ", b.Limit(limit), ")").Query()
+}
+
+// PurgeAttempts implements store.Historian: the entries of the rows at
+// seqs that are gone (a purge deleted them; one replayed meanwhile stays,
+// and so does its history).
+func (s *Syntax) PurgeAttempts(seqs []int64) store.Query {
+	b := s.Build()
+	a := s.attemptsTable()
+	return b.W("DELETE FROM ", a, " WHERE ", b.Seqs("seq", seqs), " AND NOT EXISTS (SELECT 1 FROM ", s.Table, " o WHERE o.seq = ", a, ".seq)").Query()
 }

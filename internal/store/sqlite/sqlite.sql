@@ -112,3 +112,21 @@ CREATE TABLE IF NOT EXISTS "outbox_events_rollup_state" (
 -- enter it only when they fail, so business inserts do not pay for it.
 CREATE INDEX IF NOT EXISTS "outbox_events_failed_idx"
     ON "outbox_events" (updated_at) WHERE status = 'failed';
+
+-- Each event's failed attempts and replays (outbox.Outbox.History, the
+-- dashboard's event page): written only when a delivery fails or an
+-- operator replays, never by Publish or a delivery that succeeds; deleted
+-- by age with the sent rows (RelayConfig.RetainSent) and with a purged row.
+-- outcome is retry (failed, to be tried again), failed (gave up) or
+-- replayed (error is then the error the replay cleared the way past).
+CREATE TABLE IF NOT EXISTS "outbox_events_attempts" (
+    seq             INTEGER      NOT NULL,
+    at              DATETIME     NOT NULL,
+    attempt         INTEGER      NOT NULL,
+    outcome         TEXT         NOT NULL,
+    error           TEXT,
+    actor           TEXT,
+    PRIMARY KEY (seq, at)
+);
+CREATE INDEX IF NOT EXISTS "outbox_events_attempts_at_idx"
+    ON "outbox_events_attempts" (at);

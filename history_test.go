@@ -1,0 +1,90 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func init() {
+	overviewTests["History"] = testHistory
+}
+
+// testHistory: each failed attempt and each replay is an entry of the
+// event's history, with its error and who replayed; deliveries that
+// succeed add none; a purge and retention delete entries.
+func testHistory(t *testing.T, b backend) {
+	mem := b.setup(t, withConfig(Config{Mode: Memory}))
+	_, err := mem.ob.History(mem.db.WithContext(t.Context()), "x")
+	require.ErrorIs(t, err, ErrMemoryMode)
+
+	e := b.setup(t)
+	fails := map[int]error{1: errors.New("first: broker busy"), 2: Permanent(errors.New("second: 422"))}
+	e.ob.Handle("h", func(ctx context.Context, _ Event) error { return fails[Attempt(ctx)] })
+	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
+	publishN(t, e.db, "h", 1)
+	publishN(t, e.db, "ok", 1)
+	r := e.relay(RelayConfig{Backoff: func(int) time.Duration { return time.Second }})
+	for range 2 {
+		_, err := r.ProcessOnce(t.Context())
+		require.NoError(t, err)
+		e.clock.Advance(2 * time.Second)
+	}
+	db := e.db.WithContext(t.Context())
+	row, err := e.ob.Get(db, "h-00000")
+	require.NoError(t, err)
+	require.Equal(t, StatusFailed, row.Status)
+
+	h, err := e.ob.History(db, "h-00000")
+	require.NoError(t, err)
+	require.Len(t, h, 2)
+	assert.Equal(t, []string{HistoryRetry, HistoryFailed}, []string{h[0].Outcome, h[1].Outcome})
+	assert.Equal(t, []int{1, 2}, []int{h[0].Attempt, h[1].Attempt})
+	assert.Contains(t, h[0].Error, "first: broker busy")
+	assert.Contains(t, h[1].Error, "second: 422")
+	assert.True(t, h[0].At.Before(h[1].At))
+	none, err := e.ob.History(db, "ok-00000")
+	require.NoError(t, err)
+	assert.Empty(t, none, "a delivery that succeeds leaves no entry")
+
+	n, err := e.ob.Replay(e.db.WithContext(WithActor(t.Context(), "alice@ops")), Filter{IDs: []string{"h-00000"}})
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	fails = map[int]error{}
+	_, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	h, err = e.ob.History(db, "h-00000")
+	require.NoError(t, err)
+	require.Len(t, h, 3, "the replay is an entry; the delivery after it none")
+	assert.Equal(t, HistoryReplayed, h[2].Outcome)
+	assert.Equal(t, "alice@ops", h[2].Actor)
+	assert.Contains(t, h[2].Error, "second: 422", "the error the replay went past")
+	row, err = e.ob.Get(db, "h-00000")
+	require.NoError(t, err)
+	assert.Equal(t, StatusSent, row.Status)
+
+	// Retention deletes entries as old as the sent rows it deletes.
+	e.clock.Advance(time.Hour)
+	publishN(t, e.db, "p", 1)
+	e.ob.Handle("p", func(context.Context, Event) error { return Permanent(errors.New("no")) })
+	_, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	require.NoError(t, e.ob.forgetAttempts(t.Context(), e.db, 30*time.Minute, time.Minute))
+	h, err = e.ob.History(db, "h-00000")
+	require.NoError(t, err)
+	assert.Empty(t, h, "older than the retention window")
+	h, err = e.ob.History(db, "p-00000")
+	require.NoError(t, err)
+	require.Len(t, h, 1, "newer: kept")
+
+	// A purge deletes the history with the row.
+	_, err = e.ob.Purge(db, Filter{IDs: []string{"p-00000"}})
+	require.NoError(t, err)
+	var left int64
+	require.NoError(t, e.db.Table(e.ob.Table()+"_attempts").Count(&left).Error)
+	assert.Zero(t, left)
+}
