@@ -476,7 +476,8 @@ func (h *handler) fillConfirm(db *gorm.DB, p *confirmPage, verb string, fm form,
 // run does a confirmed action, logs it with who did it, and sends the
 // browser back where the action came from with the outcome to show.
 func (h *handler) run(w http.ResponseWriter, r *http.Request, verb, who string, fm form, rf outbox.Filter, selected bool, back string) {
-	db := h.db.WithContext(r.Context())
+	// The replay writes who into each event's history.
+	db := h.db.WithContext(outbox.WithActor(r.Context(), who))
 	var n int
 	var err error
 	if verb == "replay" {

@@ -33,6 +33,8 @@ type overviewPage struct {
 	Failed  []outbox.Row
 	Charts  []chart
 	Logical bool
+	// Delay is the window's delivery delay percentiles, as text.
+	Delay string
 }
 
 type windowLink struct {
@@ -66,6 +68,9 @@ func (h *handler) overview(w http.ResponseWriter, r *http.Request) {
 		p.Windows = append(p.Windows, windowLink{c.Key, c.Label, c.Key == win.Key})
 	}
 	p.Charts = charts(ov)
+	if ov.Delay.N > 0 {
+		p.Delay = fmt.Sprintf("p50 %s, p90 %s, p99 %s (%d delivered)", delayText(ov.Delay.P50), delayText(ov.Delay.P90), delayText(ov.Delay.P99), ov.Delay.N)
+	}
 	if h.ob.Mode() == outbox.Logical {
 		p.Logical = true
 		lag := lagOf(h)
@@ -167,16 +172,37 @@ func newChart(id, title, unit string, ov outbox.Overview, names []string, values
 		}
 		c.Rows = append(c.Rows, row)
 	}
+	if unit == "ms" {
+		c.Unit = "" // the values are durations that say their unit
+	}
 	return c
 }
 
-// number formats a chart value: counts whole, milliseconds to three
-// significant digits.
+// number formats a chart value: counts whole, delays as a duration to
+// three significant digits.
 func number(x float64, unit string) string {
 	if unit == "ms" {
-		return strconv.FormatFloat(x, 'g', 3, 64)
+		return delayText(time.Duration(x * float64(time.Millisecond)))
 	}
 	return strconv.FormatFloat(x, 'f', 0, 64)
+}
+
+// delayText is a delay to about three significant digits: 0.4ms, 12.5ms,
+// 2.31s, 16m20s.
+func delayText(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "0"
+	case d < time.Second:
+		return strconv.FormatFloat(float64(d)/float64(time.Millisecond), 'g', 3, 64) + "ms"
+	case d < time.Minute:
+		return strconv.FormatFloat(d.Seconds(), 'g', 3, 64) + "s"
+	}
+	s := d.Round(10 * time.Second).String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	return s
 }
 
 // lagSamples keeps the Logical mode slot's lag as the overview reads it,

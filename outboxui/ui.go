@@ -721,8 +721,12 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		Payload     string
 		PayloadSize int
 		Headers     string
-		// BeforeReplay: the last error predates a replay (errorBeforeReplay).
+		// BeforeReplay: the last error predates a replay; Replayed is that
+		// replay's history entry, when the history has it.
 		BeforeReplay bool
+		Replayed     *outbox.HistoryEntry
+		// History is the event's failed attempts and replays.
+		History []outbox.HistoryEntry
 		// Prev and Next are the aggregate's events just before and after
 		// this one, by seq; nil when there is none (or no aggregate).
 		Prev, Next *outbox.Row
@@ -730,6 +734,21 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		HeldBack bool
 	}{base: h.base(w, r, "event"), Row: row, PayloadSize: len(row.Payload),
 		BeforeReplay: errorBeforeReplay(row, h.now())}
+	hist, err := h.ob.History(h.db.WithContext(ctx), id)
+	if err != nil {
+		h.dbError(w, r, "read the event's history", err)
+		return
+	}
+	d.History = hist
+	if n := len(hist); n > 0 && row.LastError != nil && row.Status == outbox.StatusPending {
+		// Exact where the history has the replay: the row's error is the
+		// one the last entry, a replay, went past.
+		last := hist[n-1]
+		d.BeforeReplay = last.Outcome == outbox.HistoryReplayed && last.Error == *row.LastError
+		if d.BeforeReplay {
+			d.Replayed = &last
+		}
+	}
 	if row.AggregateType != "" || row.AggregateID != "" {
 		agg := outbox.Filter{AggregateType: row.AggregateType, AggregateID: row.AggregateID}
 		db := h.db.WithContext(ctx)
