@@ -88,3 +88,49 @@ func testHistory(t *testing.T, b backend) {
 	require.NoError(t, e.db.Table(e.ob.Table()+"_attempts").Count(&left).Error)
 	assert.Zero(t, left)
 }
+
+// BenchmarkFailurePath measures what the event history costs the one path
+// that writes it: a relay cycle whose every delivery fails and is
+// retried, with the history and without it, alternating by sub-benchmark
+// (run with -count to interleave them):
+//
+//	go test -run '^$' -bench FailurePath -benchtime 200x -count 5 .
+func BenchmarkFailurePath(b *testing.B) {
+	for _, backend := range []string{"sqlite", "postgres", "mysql"} {
+		for _, history := range []bool{true, false} {
+			name := backend + "/history"
+			if !history {
+				name = backend + "/nohistory"
+			}
+			b.Run(name, func(b *testing.B) {
+				db, ob := benchOutbox(b, backend, Config{DisableNotify: true})
+				ob.noHistory = !history
+				ob.Handle("order.created", func(context.Context, Event) error { return errors.New("503 from the broker") })
+				relay, err := ob.Relay(db, RelayConfig{BatchSize: relayCycleBatch, RetainSent: RetainForever,
+					Backoff: func(int) time.Duration { return 0 }, MaxAttempts: 1 << 30})
+				if err != nil {
+					b.Fatal(err)
+				}
+				events := make([]Event, relayCycleBatch)
+				for j := range events {
+					events[j] = Event{Type: "order.created", Payload: j}
+				}
+				if err := Publish(db, events...); err != nil {
+					b.Fatal(err)
+				}
+				ctx := context.Background()
+				b.ResetTimer()
+				for b.Loop() {
+					n, err := relay.ProcessOnce(ctx)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if n != relayCycleBatch {
+						b.Fatalf("claimed %d, want %d", n, relayCycleBatch)
+					}
+				}
+				b.ReportMetric(float64(relayCycleBatch), "failures/op")
+			})
+		}
+	}
+}
