@@ -6,11 +6,9 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"time"
 
-	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
 )
@@ -250,16 +248,7 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 	}
 
 	// The rows sent since the rollup's end, from the table.
-	q = o.store.SentBins(st.until, now.Add(time.Minute))
-	if err := eachRow(ctx, tx, q, func(rows *sql.Rows) error {
-		var (
-			name             string
-			sent, created, c int64
-			bin              int
-		)
-		if err := rows.Scan(&name, &sent, &created, &bin, &c); err != nil {
-			return err
-		}
+	if err := o.eachSentBin(ctx, tx, st.until, now.Add(time.Minute), func(name string, sent, created int64, bin int, c int64) {
 		if i := at(sent); i >= 0 {
 			typ(name).Delivered += c
 			ov.Intervals[i].Delivered += c
@@ -269,7 +258,6 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 			typ(name).Published += c
 			ov.Intervals[i].Published += c
 		}
-		return nil
 	}); err != nil {
 		return ov, fmt.Errorf("outbox: overview: read the sent events: %w", err)
 	}
@@ -460,30 +448,13 @@ func (o *Outbox) rollState(ctx context.Context, q store.Querier) (rollState, err
 // one table take turns through the rollup's state row: each pass finds
 // what the others left.
 func (r *Relay) rollLoop(ctx context.Context) {
-	t := time.NewTimer(0)
-	defer t.Stop()
-	var failing engine.Episode
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	r.periodically(ctx, rollEvery, "outbox: rolling up the sent events for the overview failed; will retry (no event is at stake)", func(ctx context.Context) error {
 		sqlDB, err := rawDB(r.db)
-		if err == nil {
-			err = r.o.rollup(ctx, sqlDB, r.cfg.StatementTimeout)
+		if err != nil {
+			return err
 		}
-		if ctx.Err() != nil {
-			return
-		}
-		switch {
-		case err != nil && failing.Begin():
-			r.o.logger.WarnContext(ctx, "outbox: rolling up the sent events for the overview failed; will retry (no event is at stake)", slog.Any("error", err))
-		case err == nil:
-			failing.End()
-		}
-		t.Reset(rollEvery)
-	}
+		return r.o.rollup(ctx, sqlDB, r.cfg.StatementTimeout)
+	})
 }
 
 // rollup brings the rollup up to date, one chunk a transaction.
@@ -595,6 +566,23 @@ func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout time.Dura
 	return done, nil
 }
 
+// eachSentBin calls fn with each count of the rows sent in [from, to) by
+// type, minute sent, minute created and delay bin.
+func (o *Outbox) eachSentBin(ctx context.Context, q store.Querier, from, to time.Time, fn func(typ string, sent, created int64, bin int, n int64)) error {
+	return eachRow(ctx, q, o.store.SentBins(from, to), func(rows *sql.Rows) error {
+		var (
+			name             string
+			sent, created, c int64
+			bin              int
+		)
+		if err := rows.Scan(&name, &sent, &created, &bin, &c); err != nil {
+			return err
+		}
+		fn(name, sent, created, bin, c)
+		return nil
+	})
+}
+
 // rollRange adds the rows sent in [from, to) to the rollup.
 func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) error {
 	type key struct {
@@ -614,18 +602,9 @@ func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) 
 			fn(r)
 		}
 	}
-	if err := eachRow(ctx, tx, o.store.SentBins(from, to), func(rows *sql.Rows) error {
-		var (
-			name             string
-			sent, created, c int64
-			bin              int
-		)
-		if err := rows.Scan(&name, &sent, &created, &bin, &c); err != nil {
-			return err
-		}
+	if err := o.eachSentBin(ctx, tx, from, to, func(name string, sent, created int64, bin int, c int64) {
 		add(sent, name, func(r *store.RollRow) { r.Delivered += c; r.Delay[bin] += c })
 		add(created, name, func(r *store.RollRow) { r.Published += c })
-		return nil
 	}); err != nil {
 		return err
 	}

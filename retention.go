@@ -17,7 +17,18 @@ const RetainForever time.Duration = -1
 // retain deletes sent rows older than RetainSent, in small batches, until
 // ctx is done. Failed rows are never deleted.
 func (r *Relay) retain(ctx context.Context) {
-	every := min(r.cfg.RetainSent/10, time.Minute)
+	r.periodically(ctx, min(r.cfg.RetainSent/10, time.Minute), "outbox: deleting old sent events failed; will retry", func(ctx context.Context) error {
+		if _, err := r.o.deleteSent(ctx, r.db, r.cfg.RetainSent, r.cfg.StatementTimeout); err != nil {
+			return err
+		}
+		// The history is kept as long as the sent rows.
+		return r.o.forgetAttempts(ctx, r.db, r.cfg.RetainSent, r.cfg.StatementTimeout)
+	})
+}
+
+// periodically runs fn at once and then every interval until ctx is done,
+// logging a failure once per episode (warn says what failed).
+func (r *Relay) periodically(ctx context.Context, every time.Duration, warn string, fn func(context.Context) error) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var failing engine.Episode
@@ -27,17 +38,13 @@ func (r *Relay) retain(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		_, err := r.o.deleteSent(ctx, r.db, r.cfg.RetainSent, r.cfg.StatementTimeout)
-		if err == nil {
-			// The history is kept as long as the sent rows.
-			err = r.o.forgetAttempts(ctx, r.db, r.cfg.RetainSent, r.cfg.StatementTimeout)
-		}
+		err := fn(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		switch {
 		case err != nil && failing.Begin():
-			r.o.logger.WarnContext(ctx, "outbox: deleting old sent events failed; will retry", slog.Any("error", err))
+			r.o.logger.WarnContext(ctx, warn, slog.Any("error", err))
 		case err == nil:
 			failing.End()
 		}
