@@ -67,6 +67,15 @@ func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent in
 	if err != nil || b == nil {
 		return 0, 0, err
 	}
+	if r.cfg.AwaitReplicas > 0 {
+		if err := r.awaitReplicas(ctx); err != nil {
+			// Undelivered and no attempt counted: due again at once.
+			for i := range b.Items() {
+				b.Record(i, engine.Result{Kind: engine.Deferred})
+			}
+			return len(b.Items()), 0, errors.Join(err, b.Close(ctx, err))
+		}
+	}
 	down, err := r.fanout().Process(ctx, b)
 	if down != nil {
 		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
@@ -141,4 +150,50 @@ func (r *Relay) ensureOrdering(ctx context.Context) error {
 	}
 	r.orderingDone = true
 	return nil
+}
+
+// replicas is the store's standby positions, nil where it has none.
+func (o *Outbox) replicas() store.Replicas {
+	s, _ := o.store.(store.Replicas)
+	return s
+}
+
+// awaitReplicas waits until AwaitReplicas standbys have flushed the WAL
+// up to where it is now, which holds every event the batch just claimed
+// (each committed before the claim's snapshot): polling every few
+// milliseconds, for up to StatementTimeout.
+func (r *Relay) awaitReplicas(ctx context.Context) error {
+	s := r.o.replicas()
+	sqlDB, err := rawDB(r.db)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
+	defer cancel()
+	var lsn string
+	q := s.WALInsertPosition()
+	if err := sqlDB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&lsn); err != nil {
+		return fmt.Errorf("outbox: read the WAL position to await the standbys: %w", err)
+	}
+	wait := time.Millisecond
+	for {
+		var n int
+		q := s.ReplicasFlushed(lsn)
+		err := sqlDB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&n)
+		switch {
+		case err == nil && n >= r.cfg.AwaitReplicas:
+			return nil
+		case err != nil && ctx.Err() == nil:
+			return fmt.Errorf("outbox: read the standbys' positions: %w", err)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: %d of the %d standbys RelayConfig.AwaitReplicas asks for flushed WAL position %s within %v; the batch is handed back undelivered",
+				ErrReplicasBehind, n, r.cfg.AwaitReplicas, lsn, r.cfg.StatementTimeout)
+		case <-t.C:
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
 }

@@ -71,6 +71,11 @@ var (
 	// registered for. Such events are retried, not marked sent, so a handler
 	// registered later still gets them.
 	ErrNoHandler = errors.New("outbox: no handler registered for event type")
+
+	// ErrReplicasBehind: with RelayConfig.AwaitReplicas, fewer standbys
+	// than it asks for flushed a batch's WAL in time; the batch was handed
+	// back undelivered, to be claimed again.
+	ErrReplicasBehind = errors.New("outbox: the standbys have not flushed the batch's WAL")
 )
 
 // Permanent wraps err to tell the relay that retrying cannot help: the event

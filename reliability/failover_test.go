@@ -86,12 +86,12 @@ func TestPostgresFailover(t *testing.T) {
 	rounds := envInt(t, failoverRoundsEnv, 2)
 	seed := uint64(envInt(t, failoverSeedEnv, int(rand.Int32())))
 	for _, v := range []struct {
-		name string
-		sync bool
-	}{{"sync", true}, {"async", false}} {
+		name        string
+		sync, await bool
+	}{{"sync", true, false}, {"async", false, false}, {"async-await", false, true}} {
 		t.Run(v.name, func(t *testing.T) {
 			t.Parallel()
-			testFailover(t, v.sync, rounds, seed)
+			testFailover(t, v.sync, v.await, rounds, seed)
 		})
 	}
 }
@@ -109,9 +109,12 @@ type foClaim struct {
 	lockedUntil time.Time
 }
 
-func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
+// await runs the relay with RelayConfig.AwaitReplicas 1 (asynchronous
+// replication): no event may then be delivered whose business row the
+// final primary lacks.
+func testFailover(t *testing.T, syncRep, await bool, rounds int, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, seed))
-	t.Logf("failover test (sync=%v): %d rounds, seed %d (%s=%d reproduces the kill moments)", syncRep, rounds, seed, failoverSeedEnv, seed)
+	t.Logf("failover test (sync=%v, await=%v): %d rounds, seed %d (%s=%d reproduces the kill moments)", syncRep, await, rounds, seed, failoverSeedEnv, seed)
 	start := time.Now()
 	relayLog := &timedLog{}
 	cl := startPgCluster(t, syncRep)
@@ -124,7 +127,11 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 	ob := install(t, relayDB, outbox.Config{Logger: relayLog.logger()})
 	rec := newFoRecorder()
 	ob.Handle("order.created", rec.handle)
-	relay, err := ob.Relay(relayDB, failoverRelayConfig())
+	rcfg := failoverRelayConfig()
+	if await {
+		rcfg.AwaitReplicas = 1
+	}
+	relay, err := ob.Relay(relayDB, rcfg)
 	require.NoError(t, err)
 	relayCtx, cancelRelay := context.WithCancel(context.Background())
 	relayDone := make(chan error, 1)
@@ -249,7 +256,7 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 	assert.Zero(t, undelivered, "a business row on the final primary has its event undelivered")
 	phantom := count(delivered, func(id string) bool { return !business[id] })
 	assert.Zero(t, count(delivered, func(id string) bool { return strings.HasPrefix(id, "rb-") }), "an event of a rolled-back transaction was delivered")
-	if syncRep {
+	if syncRep || await {
 		assert.Zero(t, phantom, "an event was delivered whose business row is absent from the final primary")
 	} else {
 		// Asynchronous replication: the relay reads the primary, which
@@ -366,6 +373,11 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 	listenLost := relayLog.count("LISTEN connection lost")
 	assert.LessOrEqual(t, cannotReach, rounds, "the relay logged an outage more than once per failover")
 	assert.Empty(t, relayLog.errors("relay cannot reach the outbox table"), "the relay logged errors other than the outages")
+	if await {
+		// Until the old primary is rebuilt as the new standby, the new
+		// primary has none: delivery waits, and says so once per failover.
+		assert.LessOrEqual(t, relayLog.count("delivery paused until the standbys"), rounds+1)
+	}
 
 	if t.Failed() {
 		// The timeline, for a failure seen once in a long run.
@@ -382,6 +394,8 @@ func testFailover(t *testing.T, syncRep bool, rounds int, seed uint64) {
 	variant := "async"
 	if syncRep {
 		variant = "sync"
+	} else if await {
+		variant = "async-await"
 	}
 	t.Logf("FAILOVER-RESULT variant=%s rounds=%d acked=%d unknown_outcome=%d unknown_committed=%d business_rows=%d delivered=%d lost=%d phantom=%d undelivered=%d lost_together=%d duplicated=%d kill_to_promoted=%v promoted_to_first_delivery=%v kill_to_first_delivery=%v promoted_to_listen=%v rebuild=%v caught_up_after=%v claims_handed_over=%v claims_marked_on_new_primary=%d claims_found_by_sweep=%d max_past_lease=%v push_p50=%v push_max=%v cannot_reach_logs=%d recovered_logs=%d listen_lost_logs=%d lease=%v poll=%v total=%v",
 		variant, rounds, len(acked), len(unknown), unknownCommitted, len(business), len(delivered), lost, phantom, undelivered, absent, dup,

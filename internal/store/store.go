@@ -333,6 +333,17 @@ type Walker interface {
 	LowOpen(now time.Time) Query
 }
 
+// Replicas is implemented by a store whose database streams its WAL to
+// standbys it can list (PostgreSQL).
+type Replicas interface {
+	// WALInsertPosition reads the server's current WAL write position,
+	// as text.
+	WALInsertPosition() Query
+	// ReplicasFlushed counts the standbys that have flushed the WAL up to
+	// the position lsn (text) to disk.
+	ReplicasFlushed(lsn string) Query
+}
+
 // Notifier is implemented by a store whose database can wake relays in
 // other processes (PostgreSQL's LISTEN/NOTIFY).
 type Notifier interface {

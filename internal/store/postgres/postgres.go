@@ -80,7 +80,19 @@ var (
 	_ store.Notifier = (*Store)(nil)
 	_ store.Logical  = (*Store)(nil)
 	_ store.Walker   = (*Store)(nil)
+	_ store.Replicas = (*Store)(nil)
 )
+
+// WALInsertPosition implements store.Replicas.
+func (s *Store) WALInsertPosition() store.Query {
+	return store.Query{SQL: "SELECT pg_current_wal_lsn()::text"}
+}
+
+// ReplicasFlushed implements store.Replicas: flush_lsn, the standby's
+// disk, which a promotion replays in full.
+func (s *Store) ReplicasFlushed(lsn string) store.Query {
+	return store.Query{SQL: "SELECT count(*) FROM pg_stat_replication WHERE flush_lsn >= $1::pg_lsn", Args: []any{lsn}}
+}
 
 // Name implements store.Store.
 func (s *Store) Name() string { return "postgres" }

@@ -1,0 +1,48 @@
+package outbox
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// TestAwaitReplicas: with RelayConfig.AwaitReplicas, a batch whose WAL no
+// standby has flushed is handed back undelivered, no attempt counted; the
+// option needs PostgreSQL. That it delivers once a standby has flushed,
+// and that it keeps phantom deliveries out of a failover, is
+// reliability's TestPostgresFailover/async-await.
+func TestAwaitReplicas(t *testing.T) {
+	t.Parallel()
+	lite := sqliteBackend.setup(t)
+	_, err := lite.ob.Relay(lite.db, RelayConfig{AwaitReplicas: 1})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	_, err = lite.ob.Relay(lite.db, RelayConfig{AwaitReplicas: -1})
+	require.ErrorIs(t, err, ErrInvalidConfig)
+
+	e := postgresBackend(t).setup(t) // a server without standbys
+	called := false
+	e.ob.Handle("x", func(context.Context, Event) error { called = true; return nil })
+	publishN(t, e.db, "x", 3)
+	r := e.relay(RelayConfig{AwaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
+	start := time.Now()
+	n, err := r.ProcessOnce(t.Context())
+	require.ErrorIs(t, err, ErrReplicasBehind)
+	assert.Equal(t, 3, n, "claimed, then handed back")
+	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "it waited StatementTimeout")
+	assert.False(t, called, "nothing delivered")
+	rows, err := e.ob.List(e.db.WithContext(t.Context()), ListParams{})
+	require.NoError(t, err)
+	for _, row := range rows {
+		assert.Equal(t, StatusPending, row.Status)
+		assert.Zero(t, row.Attempts, "no attempt counted")
+		assert.Nil(t, row.LockedUntil, "the lease is given up")
+	}
+	// Without the option the same relay settings deliver.
+	r = e.relay(RelayConfig{StatementTimeout: 100 * time.Millisecond})
+	_, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.True(t, called)
+}
