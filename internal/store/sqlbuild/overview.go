@@ -154,9 +154,9 @@ func (s *Syntax) LowScan(from int64) store.Query {
 
 // PendingGroups implements store.Overviewer: the pending rows by type and
 // minute created, with the oldest creation time of each group. Where new
-// rows are found by seq (Fresh), a pending row is either at or above low
-// or waits in the retry index, and the two ranges are read apart;
-// elsewhere the pending index holds them all.
+// rows are found by seq (Fresh), a pending row is either new (available_at
+// NULL), at or above low, or waits in the retry index, and the two are
+// read apart; elsewhere the pending index holds them all.
 func (s *Syntax) PendingGroups(low int64) store.Query {
 	b := s.Build()
 	cols := "event_type, " + s.MinuteOf(s.CreatedCol()) + " AS m, " + s.CreatedCol() + " AS c"
@@ -164,9 +164,12 @@ func (s *Syntax) PendingGroups(low int64) store.Query {
 		return b.W("SELECT event_type, ", s.MinuteOf(s.CreatedCol()), ", COUNT(*), ", s.TimeCol("MIN("+s.CreatedCol()+")"),
 			" FROM ", s.Table, " WHERE status = 'pending' GROUP BY 1, 2").Query()
 	}
+	// The two ranges are told apart by available_at, not by low: a bound
+	// on seq in the second would let SQLite read it as a range of the
+	// primary key (everything below low) instead of the retry index.
 	b.W("SELECT event_type, m, COUNT(*), ", s.TimeCol("MIN(c)"), " FROM (SELECT ", cols, " FROM ", s.Table,
-		" WHERE seq >= ", b.Arg(low), " AND status = 'pending'")
-	return b.W(" UNION ALL SELECT ", cols, " FROM ", s.Table, " WHERE status = 'pending' AND available_at IS NOT NULL AND seq < ", b.Arg(low),
+		" WHERE seq >= ", b.Arg(low), " AND status = 'pending' AND available_at IS NULL")
+	return b.W(" UNION ALL SELECT ", cols, " FROM ", s.Table, " WHERE status = 'pending' AND available_at IS NOT NULL",
 		") p GROUP BY 1, 2").Query()
 }
 
