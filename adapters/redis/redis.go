@@ -22,9 +22,9 @@
 // Outages: an XADD that fails because Redis cannot be reached or cannot take
 // writes (connection refused, reset or closed, a timeout, DNS, the client
 // or its pool closed or exhausted, LOADING, READONLY, MASTERDOWN,
-// CLUSTERDOWN, BUSY, OOM, max clients, authentication) is reported as
-// [outbox.Unavailable]: the relay hands the event back without counting an
-// attempt and pauses delivery until Redis answers again.
+// CLUSTERDOWN, BUSY, OOM, NOREPLICAS, max clients, authentication) is
+// reported as [outbox.Unavailable]: the relay hands the event back without
+// counting an attempt and pauses delivery until Redis answers again.
 //
 // The package shares its name with go-redis; import it under another name,
 // for example outboxredis.
@@ -305,7 +305,7 @@ func unavailable(err error) bool {
 	}
 	return goredis.IsLoadingError(err) || goredis.IsReadOnlyError(err) || goredis.IsMasterDownError(err) ||
 		goredis.IsClusterDownError(err) || goredis.IsMaxClientsError(err) || goredis.IsOOMError(err) ||
-		goredis.IsAuthError(err) || strings.HasPrefix(err.Error(), "BUSY ")
+		goredis.IsAuthError(err) || strings.HasPrefix(err.Error(), "BUSY ") || strings.HasPrefix(err.Error(), "NOREPLICAS ")
 }
 
 // entry returns the fields of e's entry in the configured format.

@@ -238,6 +238,7 @@ func TestErrorClassification(t *testing.T) {
 		"loading":             {errors.New("LOADING Redis is loading the dataset in memory"), true},
 		"read-only replica":   {errors.New("READONLY You can't write against a read only replica."), true},
 		"master down":         {errors.New("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), true},
+		"too few replicas":    {errors.New("NOREPLICAS Not enough good replicas to write."), true},
 		"cluster down":        {errors.New("CLUSTERDOWN The cluster is down"), true},
 		"busy script":         {errors.New("BUSY Redis is busy running a script."), true},
 		"out of memory":       {errors.New("OOM command not allowed when used memory > 'maxmemory'."), true},
