@@ -25,10 +25,13 @@ import (
 const (
 	rollEvery  = 15 * time.Second
 	rollMargin = 30 * time.Second
-	// rollChunk bounds the sent_at range one transaction rolls up, so that
-	// the first pass over a table with history takes its lock briefly,
-	// many times.
-	rollChunk = time.Hour
+	// rollChunk is the first sent_at range one transaction rolls up, so
+	// that the first pass over a table with history takes its lock
+	// briefly, many times; a range that held fewer than rollChunkRows rows
+	// doubles, up to rollChunkMax, one that held more halves.
+	rollChunk     = time.Hour
+	rollChunkMax  = 24 * time.Hour
+	rollChunkRows = 20000
 	// RollupRetention is how long the rollup keeps its minutes: the
 	// longest window [Outbox.Overview] can chart.
 	RollupRetention = 8 * 24 * time.Hour
@@ -459,22 +462,31 @@ func (r *Relay) rollLoop(ctx context.Context) {
 
 // rollup brings the rollup up to date, one chunk a transaction.
 func (o *Outbox) rollup(ctx context.Context, db *sql.DB, stmtTimeout time.Duration) error {
+	chunk := rollChunk
 	for ctx.Err() == nil {
-		done, err := o.rollOnce(ctx, db, stmtTimeout)
+		done, n, err := o.rollOnce(ctx, db, stmtTimeout, chunk)
 		if err != nil || done {
 			return err
+		}
+		switch {
+		case n < rollChunkRows/2:
+			chunk = min(2*chunk, rollChunkMax)
+		case n > 2*rollChunkRows:
+			chunk = max(chunk/2, time.Minute)
 		}
 	}
 	return ctx.Err()
 }
 
-func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout time.Duration) (done bool, err error) {
+// rollOnce rolls up at most chunk of sent_at in one transaction: done when
+// it reached the margin, n the rows it counted.
+func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout, chunk time.Duration) (done bool, n int64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, stmtTimeout)
 	defer cancel()
 	now := o.now()
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return false, fmt.Errorf("outbox: roll up the sent events: %w", err)
+		return false, 0, fmt.Errorf("outbox: roll up the sent events: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	exec := func(q store.Query) (int64, error) {
@@ -484,7 +496,9 @@ func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout time.Dura
 		}
 		return res.RowsAffected()
 	}
-	fail := func(err error) (bool, error) { return false, fmt.Errorf("outbox: roll up the sent events: %w", err) }
+	fail := func(err error) (bool, int64, error) {
+		return false, 0, fmt.Errorf("outbox: roll up the sent events: %w", err)
+	}
 
 	locked, err := exec(o.store.RollLock())
 	if err != nil {
@@ -511,11 +525,11 @@ func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout time.Dura
 	}
 	to := now.Add(-rollMargin)
 	done = true
-	if to.After(st.until.Add(rollChunk)) {
-		to, done = st.until.Add(rollChunk), false
+	if to.After(st.until.Add(chunk)) {
+		to, done = st.until.Add(chunk), false
 	}
 	if to.After(st.until) {
-		if err := o.rollRange(ctx, tx, st.until, to); err != nil {
+		if n, err = o.rollRange(ctx, tx, st.until, to); err != nil {
 			return fail(err)
 		}
 	} else {
@@ -563,7 +577,7 @@ func (o *Outbox) rollOnce(ctx context.Context, db *sql.DB, stmtTimeout time.Dura
 	if err := tx.Commit(); err != nil {
 		return fail(err)
 	}
-	return done, nil
+	return done, n, nil
 }
 
 // eachSentBin calls fn with each count of the rows sent in [from, to) by
@@ -583,8 +597,10 @@ func (o *Outbox) eachSentBin(ctx context.Context, q store.Querier, from, to time
 	})
 }
 
-// rollRange adds the rows sent in [from, to) to the rollup.
-func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) error {
+// rollRange adds the rows sent in [from, to) to the rollup and returns
+// how many it counted.
+func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) (int64, error) {
+	var total int64
 	type key struct {
 		span, minute int64
 		typ          string
@@ -603,10 +619,11 @@ func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) 
 		}
 	}
 	if err := o.eachSentBin(ctx, tx, from, to, func(name string, sent, created int64, bin int, c int64) {
+		total += c
 		add(sent, name, func(r *store.RollRow) { r.Delivered += c; r.Delay[bin] += c })
 		add(created, name, func(r *store.RollRow) { r.Published += c })
 	}); err != nil {
-		return err
+		return 0, err
 	}
 	rows := make([]store.RollRow, 0, len(acc))
 	for _, r := range acc {
@@ -621,8 +638,8 @@ func (o *Outbox) rollRange(ctx context.Context, tx *sql.Tx, from, to time.Time) 
 	for chunk := range slices.Chunk(rows, 500) {
 		q := o.store.RollAdd(chunk)
 		if _, err := tx.ExecContext(ctx, q.SQL, q.Args...); err != nil {
-			return err
+			return 0, err
 		}
 	}
-	return nil
+	return total, nil
 }
