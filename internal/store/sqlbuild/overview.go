@@ -89,9 +89,8 @@ func cmpOr(a, b string) string {
 	return b
 }
 
-// delayBin is the SQL of the delay histogram's bin of a row.
-func (s *Syntax) delayBin() string {
-	d := s.MillisBetween(s.CreatedCol(), "sent_at")
+// delayBin is the SQL of the delay histogram's bin of the delay d, in ms.
+func delayBin(d string) string {
 	var b strings.Builder
 	b.WriteString("CASE")
 	for i, bound := range store.DelayBounds {
@@ -106,8 +105,11 @@ func (s *Syntax) delayBin() string {
 func (s *Syntax) SentBins(from, to time.Time) store.Query {
 	b := s.Build()
 	col := cmpOr(s.SentRange, "sent_at")
-	return b.W("SELECT event_type, ", s.MinuteOf("sent_at"), ", ", s.MinuteOf(s.CreatedCol()), ", ", s.delayBin(), ", COUNT(*) FROM ", s.Table,
-		" WHERE status = 'sent' AND ", col, " >= ", b.Time(from), " AND ", col, " < ", b.Time(to), " GROUP BY 1, 2, 3, 4").Query()
+	// The delay is computed once a row, in the subquery: the bin's CASE
+	// reads it once a bound.
+	return b.W("SELECT event_type, ms, mc, ", delayBin("d"), ", COUNT(*) FROM (SELECT event_type, ", s.MinuteOf("sent_at"), " AS ms, ",
+		s.MinuteOf(s.CreatedCol()), " AS mc, ", s.MillisBetween(s.CreatedCol(), "sent_at"), " AS d FROM ", s.Table,
+		" WHERE status = 'sent' AND ", col, " >= ", b.Time(from), " AND ", col, " < ", b.Time(to), ") s GROUP BY 1, 2, 3, 4").Query()
 }
 
 // rollupCols are the rollup's counting columns.
