@@ -94,4 +94,21 @@ func TestOverviewLogical(t *testing.T) {
 	require.GreaterOrEqual(t, i, 0)
 	lag := body[i : i+strings.Index(body[i:], "</figure>")]
 	assert.GreaterOrEqual(t, strings.Count(lag, "<tr><th scope=\"row\">"), 2, "a row of values per sample: %s", lag)
+
+	// The pages in Chromium, on a phone too: the overview with the slot
+	// and its lag chart, the list and the parked event's page.
+	b := newTab(t, 1280, 900)
+	base := s.URL + "/ops/outbox/"
+	b.open(base, "#chart-lag svg")
+	b.a11y("the Logical mode overview")
+	assert.Contains(t, b.text("#slot"), "streaming to a relay")
+	assert.Equal(t, "1", b.text("#count-failed"))
+	b.open(base+"events?status=failed", "table.rows")
+	assert.Contains(t, b.text("table.rows"), "l-2")
+	b.open(base+"event?id=l-2", "#status")
+	assert.Equal(t, "failed", b.text("#status"))
+	assert.Contains(t, b.text("#history"), "failed, gave up", "the parked failure's history")
+	b.phone()
+	b.open(base, "#chart-lag svg")
+	b.fitsWidth("the Logical mode overview at 390 px", 390)
 }
