@@ -29,7 +29,7 @@ const (
 
 // brokerMissing fails the test: a CI without its broker must go red, not
 // green with every test skipped. OUTBOX_SKIP_BROKERS=1 opts out locally.
-func brokerMissing(t *testing.T, format string, args ...any) {
+func brokerMissing(t testing.TB, format string, args ...any) {
 	t.Helper()
 	if os.Getenv(skipEnv) == "1" {
 		t.Skipf(format+" (skipped: %s=1)", append(args, skipEnv)...)
@@ -84,7 +84,7 @@ func record(t *testing.T, db *gorm.DB, id string) outbox.Row {
 // without disturbing the others. It keeps an append-only file in its own
 // directory so that a stopped server comes back with its streams.
 type server struct {
-	t    *testing.T
+	t    testing.TB
 	bin  string
 	port int
 	dir  string
@@ -92,7 +92,7 @@ type server struct {
 	done chan struct{}
 }
 
-func newServer(t *testing.T) *server {
+func newServer(t testing.TB) *server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -152,7 +152,7 @@ func (s *server) stop() {
 	s.cmd = nil
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

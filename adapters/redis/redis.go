@@ -24,7 +24,9 @@
 // or its pool closed or exhausted, LOADING, READONLY, MASTERDOWN,
 // CLUSTERDOWN, BUSY, OOM, NOREPLICAS, max clients, authentication) is
 // reported as [outbox.Unavailable]: the relay hands the event back without
-// counting an attempt and pauses delivery until Redis answers again.
+// counting an attempt and pauses delivery until Redis answers again. A
+// Sentinel failover is such an outage (see [Config.WaitReplicas] for what
+// asynchronous replication can lose in one).
 //
 // The package shares its name with go-redis; import it under another name,
 // for example outboxredis.
@@ -107,9 +109,20 @@ const (
 	DefaultStream = "outbox:events"
 	// DefaultTimeout is [Config.Timeout]'s default.
 	DefaultTimeout = 5 * time.Second
+	// DefaultWaitTimeout is [Config.WaitTimeout]'s default.
+	DefaultWaitTimeout = time.Second
 )
 
-// Client is the part of a go-redis client the adapter uses. *redis.Client,
+// ErrUnderReplicated is in the error of a publish whose entry fewer replicas
+// acknowledged than [Config.WaitReplicas] asks for, within
+// [Config.WaitTimeout]. Such an error is [outbox.Unavailable]: the relay
+// keeps the event and sends it again once Redis has its replicas back; the
+// entry is in the primary's stream already, so the retry appends a second
+// one.
+var ErrUnderReplicated = errors.New("outbox/redis: fewer replicas acknowledged the entry than Config.WaitReplicas")
+
+// Client is the part of a go-redis client the adapter uses. *redis.Client
+// (from redis.NewClient, or redis.NewFailoverClient for Sentinel),
 // *redis.ClusterClient, *redis.Ring and redis.UniversalClient satisfy it.
 type Client interface {
 	// XAdd appends an entry to a stream.
@@ -165,15 +178,48 @@ type Config struct {
 	// Telemetry in the handler's context, which outboxotel puts in every
 	// delivery's, so set it only to override that one.
 	Telemetry wire.Telemetry
+
+	// WaitReplicas, when positive, has every XADD followed by
+	// WAIT WaitReplicas WaitTimeout in the same round trip (a pipeline):
+	// the event counts as sent only once that many replicas acknowledged
+	// its entry. Replication is asynchronous, so without it an entry the
+	// primary acknowledged can be missing from the replica Sentinel
+	// promotes when the primary is lost: the outbox marked the event sent,
+	// and it is gone. With it, fewer replicas within WaitTimeout is an
+	// [outbox.Unavailable] error wrapping [ErrUnderReplicated]: the relay
+	// sends the event again later (a second entry, never a loss) and
+	// delivery pauses while the primary has fewer replicas connected. Each
+	// event waits for a replica's acknowledgement, about a round trip to
+	// it. Sentinel promotes the replica with the largest replication offset
+	// it knows of, so with fewer than all replicas the promoted one almost
+	// always has the entry; only all of them rules a loss out, at the price
+	// of a pause whenever one is down. It needs a client with one primary
+	// ([goredis.NewClient], [goredis.NewFailoverClient]): [New] refuses a
+	// cluster or ring client, which would send WAIT to a node of its
+	// choosing. Defaults to 0: no WAIT, the primary's acknowledgement is
+	// the event's.
+	WaitReplicas int
+
+	// WaitTimeout bounds how long WAIT waits for the replicas, in Redis.
+	// It must be less than Timeout and, on a client with a read timeout,
+	// than Options.ReadTimeout (3 s by default): the reply comes after it.
+	// Defaults to 1 second. Used only with WaitReplicas.
+	WaitTimeout time.Duration
 }
 
 // Publisher appends outbox events to Redis streams. Create it with [New]; it
 // is safe for concurrent use.
 type Publisher struct {
 	rdb  Client
+	pipe pipeliner // rdb, when Config.WaitReplicas is set
 	cfg  Config
 	host string // the server's address and port for telemetry, when known
 	port int
+}
+
+// pipeliner is a client that sends several commands in one round trip.
+type pipeliner interface {
+	Pipeline() goredis.Pipeliner
 }
 
 // New returns a publisher that appends events through rdb.
@@ -196,8 +242,45 @@ func New(rdb Client, cfg Config) (*Publisher, error) {
 	cfg.Stream = cmp.Or(cfg.Stream, DefaultStream)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	p := &Publisher{rdb: rdb, cfg: cfg}
+	if err := p.checkWait(); err != nil {
+		return nil, err
+	}
 	p.host, p.port = serverAddr(rdb)
 	return p, nil
+}
+
+// checkWait checks WaitReplicas and WaitTimeout, sets WaitTimeout's
+// default and the pipeliner WAIT needs.
+func (p *Publisher) checkWait() error {
+	cfg := &p.cfg
+	if cfg.WaitReplicas < 0 {
+		return fmt.Errorf("outbox/redis: negative WaitReplicas %d; use 0 for no WAIT", cfg.WaitReplicas)
+	}
+	if cfg.WaitTimeout < 0 {
+		return fmt.Errorf("outbox/redis: negative WaitTimeout %v; use 0 for the default", cfg.WaitTimeout)
+	}
+	if cfg.WaitReplicas == 0 {
+		return nil
+	}
+	cfg.WaitTimeout = cmp.Or(cfg.WaitTimeout, DefaultWaitTimeout)
+	if cfg.WaitTimeout >= cfg.Timeout {
+		return fmt.Errorf("outbox/redis: WaitTimeout %v must be less than Timeout %v", cfg.WaitTimeout, cfg.Timeout)
+	}
+	switch p.rdb.(type) {
+	case *goredis.ClusterClient, *goredis.Ring:
+		return fmt.Errorf("outbox/redis: WaitReplicas needs a client with one primary (redis.NewClient, redis.NewFailoverClient), not a %T: WAIT would go to a node of its choosing", p.rdb)
+	}
+	pl, ok := p.rdb.(pipeliner)
+	if !ok {
+		return fmt.Errorf("outbox/redis: WaitReplicas needs a client with a Pipeline method (redis.NewClient, redis.NewFailoverClient), not a %T", p.rdb)
+	}
+	if c, ok := p.rdb.(interface{ Options() *goredis.Options }); ok {
+		if o := c.Options(); o != nil && o.ReadTimeout > 0 && cfg.WaitTimeout >= o.ReadTimeout {
+			return fmt.Errorf("outbox/redis: WaitTimeout %v must be less than the client's ReadTimeout %v", cfg.WaitTimeout, o.ReadTimeout)
+		}
+	}
+	p.pipe = pl
+	return nil
 }
 
 // serverAddr returns the address and port of the server a single-node
@@ -241,9 +324,10 @@ func serverAddr(rdb any) (string, int) {
 // An event that cannot be encoded, or whose stream key is empty, fails
 // permanently ([outbox.Permanent]). Network errors and the Redis errors that
 // say the server cannot take writes are [outbox.Unavailable] (see the
-// package doc): the relay pauses without counting attempts. Other Redis
-// errors (a key of another type, an ACL that forbids the key) are retried
-// with backoff.
+// package doc), as is, with [Config.WaitReplicas], an entry too few
+// replicas acknowledged: the relay pauses without counting attempts. Other
+// Redis errors (a key of another type, an ACL that forbids the key) are
+// retried with backoff.
 func (p *Publisher) Handler() outbox.Handler {
 	return p.publish
 }
@@ -276,15 +360,47 @@ func (p *Publisher) send(ctx context.Context, stream string, e outbox.Event) err
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
-	if err := p.rdb.XAdd(ctx, args).Err(); err != nil {
-		down := unavailable(err)
-		err = fmt.Errorf("outbox/redis: publish event %s to stream %s: %w", e.ID, stream, err)
-		if down {
-			return outbox.Unavailable(err)
-		}
-		return err
+	if p.pipe != nil {
+		return p.sendWait(ctx, stream, e, args)
+	}
+	return p.failed(e, stream, "", p.rdb.XAdd(ctx, args).Err())
+}
+
+// sendWait sends the XADD and a WAIT for Config.WaitReplicas in one round
+// trip. The WAIT runs even when the XADD failed; that reply is ignored.
+func (p *Publisher) sendWait(ctx context.Context, stream string, e outbox.Event, args *goredis.XAddArgs) error {
+	pipe := p.pipe.Pipeline()
+	xadd := pipe.XAdd(ctx, args)
+	wait := goredis.NewIntCmd(ctx, "wait", p.cfg.WaitReplicas, p.cfg.WaitTimeout.Milliseconds())
+	_ = pipe.Process(ctx, wait) // queued; Exec sends both
+	_, _ = pipe.Exec(ctx)       // the commands hold the errors
+	if err := xadd.Err(); err != nil {
+		return p.failed(e, stream, "", err)
+	}
+	appended := "entry " + xadd.Val() + " appended, "
+	if err := wait.Err(); err != nil {
+		return p.failed(e, stream, appended+"WAIT: ", err)
+	}
+	if n := wait.Val(); n < int64(p.cfg.WaitReplicas) {
+		return p.failed(e, stream, fmt.Sprintf("%sacknowledged by %d of %d replicas within %v: ", appended, n, p.cfg.WaitReplicas, p.cfg.WaitTimeout),
+			ErrUnderReplicated)
 	}
 	return nil
+}
+
+// failed returns err, the outcome of publishing e to stream, as the
+// relay's error (nil stays nil), with what before err's text; an outage,
+// as err says, is [outbox.Unavailable].
+func (p *Publisher) failed(e outbox.Event, stream, what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	down := unavailable(err)
+	err = fmt.Errorf("outbox/redis: publish event %s to stream %s: %s%w", e.ID, stream, what, err)
+	if down {
+		return outbox.Unavailable(err)
+	}
+	return err
 }
 
 // unavailable reports whether err, as go-redis returned it, says that Redis
@@ -294,7 +410,7 @@ func unavailable(err error) bool {
 	for _, target := range []error{
 		context.DeadlineExceeded, io.EOF, io.ErrUnexpectedEOF, net.ErrClosed,
 		syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.EPIPE,
-		goredis.ErrClosed, goredis.ErrPoolTimeout, goredis.ErrPoolExhausted,
+		goredis.ErrClosed, goredis.ErrPoolTimeout, goredis.ErrPoolExhausted, ErrUnderReplicated,
 	} {
 		if errors.Is(err, target) {
 			return true

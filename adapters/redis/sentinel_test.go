@@ -36,6 +36,8 @@ type sentinelCase struct {
 	// kill a machine crash (see linkProxy); 0 is a plain SIGKILL of the
 	// process on loopback.
 	lag time.Duration
+	// waitReplicas is Config.WaitReplicas.
+	waitReplicas int
 }
 
 // TestSentinelFailover is issue 24's Redis part: a Sentinel set of
@@ -59,6 +61,8 @@ type sentinelCase struct {
 //     sends its replicas by 20 ms (a replica across a slow link); a kill
 //     takes the node's network down with it and drops those bytes, as a
 //     crashed machine's buffers are. Config defaults.
+//   - MachineCrashWait: the same with Config.WaitReplicas 1
+//     (WaitTimeout 500 ms).
 //
 // At the end, after the writer stops and the relay drains, the stream is
 // read from the primary and counted per event ID: lost (committed, never
@@ -66,7 +70,8 @@ type sentinelCase struct {
 // counted beyond one per event). Asserted: nothing failed and no attempt
 // burned (a failover is an outage: the adapter reports it as
 // outbox.Unavailable), no retry warning, delivery resumed within seconds of
-// every kill. Redis's asynchronous replication may lose an event the old primary acknowledged
+// every kill; with WaitReplicas, nothing lost. Without it, Redis's
+// asynchronous replication may lose an event the old primary acknowledged
 // just before it died (the outbox marked it sent): such losses are counted,
 // not failed on, but each must have been acknowledged within the link's
 // lag (plus 500 ms of scheduling slack) before a kill; any other loss (a
@@ -77,7 +82,7 @@ type sentinelCase struct {
 // pauses' min, median and max.
 //
 // Sizes: OUTBOX_REDIS_SENTINEL_ROUNDS=N rounds per case (default 3, about
-// 20 s in all); OUTBOX_REDIS_SENTINEL_DOWN_AFTER=ms sets the sentinels'
+// 30 s in all); OUTBOX_REDIS_SENTINEL_DOWN_AFTER=ms sets the sentinels'
 // down-after-milliseconds (at 1000 or less they were seen to fail over a
 // just-promoted primary again). A long run, one case at a time:
 //
@@ -97,6 +102,7 @@ func TestSentinelFailover(t *testing.T) {
 	for _, tc := range []sentinelCase{
 		{name: "ProcessKill"},
 		{name: "MachineCrash", lag: 20 * time.Millisecond},
+		{name: "MachineCrashWait", lag: 20 * time.Millisecond, waitReplicas: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -134,7 +140,10 @@ func runSentinelFailover(t *testing.T, tc sentinelCase, rounds int) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	const stream = "sentinel:events"
 	r := newSentinelRig(t, 10*time.Millisecond, func() outbox.Handler {
-		return newPublisher(t, rdb, outboxredis.Config{Stream: stream, Timeout: time.Second}).Handler()
+		return newPublisher(t, rdb, outboxredis.Config{
+			Stream: stream, Timeout: time.Second,
+			WaitReplicas: tc.waitReplicas, WaitTimeout: 500 * time.Millisecond,
+		}).Handler()
 	})
 
 	var results []sentinelRound
@@ -235,10 +244,14 @@ func runSentinelFailover(t *testing.T, tc sentinelCase, rounds int) {
 	assert.Zero(t, rep.RetryWarnings, "no per-event warnings")
 	assert.Zero(t, rep.FailedLogs)
 	assert.Equal(t, rep.Paused, rep.Resumed, "every pause ended")
-	assert.Empty(t, unexplained, "a loss is an event acknowledged just before its primary died")
-	// A failover takes 1 s to 3 s (down-after 0.5 s, Sentinel's random
-	// start delay up to 1 s, the election, the promotion); then, at most,
-	// one relay probe interval (0.5 s doubling to 5 s).
+	if tc.waitReplicas > 0 {
+		assert.Zero(t, rep.Lost, "with WaitReplicas every acknowledged event survives the failover: %v", lost)
+	} else {
+		assert.Empty(t, unexplained, "a loss is an event acknowledged just before its primary died")
+	}
+	// A failover took 2 s to 3 s (down-after 1.5 s, Sentinel's random
+	// start delay up to 1 s, the election, the promotion), once 6.9 s;
+	// then comes, at most, one relay probe interval (0.5 s doubling to 5 s).
 	const resumeBound = 15 * time.Second
 	assert.Less(t, slices.Max(pauses), resumeBound, "delivery resumes within seconds of a kill")
 }
