@@ -67,8 +67,8 @@ func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent in
 	if err != nil || b == nil {
 		return 0, 0, err
 	}
-	if r.cfg.AwaitReplicas > 0 {
-		if err := r.awaitReplicas(ctx); err != nil {
+	if r.cfg.WaitReplicas > 0 {
+		if err := r.waitReplicas(ctx); err != nil {
 			// Undelivered and no attempt counted: due again at once.
 			for i := range b.Items() {
 				b.Record(i, engine.Result{Kind: engine.Deferred})
@@ -158,11 +158,11 @@ func (o *Outbox) replicas() store.Replicas {
 	return s
 }
 
-// awaitReplicas waits until AwaitReplicas standbys have flushed the WAL
+// waitReplicas waits until WaitReplicas standbys have flushed the WAL
 // up to where it is now, which holds every event the batch just claimed
 // (each committed before the claim's snapshot): polling every few
 // milliseconds, for up to StatementTimeout.
-func (r *Relay) awaitReplicas(ctx context.Context) error {
+func (r *Relay) waitReplicas(ctx context.Context) error {
 	s := r.o.replicas()
 	sqlDB, err := rawDB(r.db)
 	if err != nil {
@@ -181,7 +181,7 @@ func (r *Relay) awaitReplicas(ctx context.Context) error {
 		q := s.ReplicasFlushed(lsn)
 		err := sqlDB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&n)
 		switch {
-		case err == nil && n >= r.cfg.AwaitReplicas:
+		case err == nil && n >= r.cfg.WaitReplicas:
 			return nil
 		case err != nil && ctx.Err() == nil:
 			return fmt.Errorf("outbox: read the standbys' positions: %w", err)
@@ -190,8 +190,8 @@ func (r *Relay) awaitReplicas(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w: %d of the %d standbys RelayConfig.AwaitReplicas asks for flushed WAL position %s within %v; the batch is handed back undelivered",
-				ErrReplicasBehind, n, r.cfg.AwaitReplicas, lsn, r.cfg.StatementTimeout)
+			return fmt.Errorf("%w: %d of the %d standbys RelayConfig.WaitReplicas asks for flushed WAL position %s within %v; the batch is handed back undelivered",
+				ErrReplicasBehind, n, r.cfg.WaitReplicas, lsn, r.cfg.StatementTimeout)
 		case <-t.C:
 		}
 		wait = min(2*wait, 20*time.Millisecond)

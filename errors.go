@@ -72,7 +72,7 @@ var (
 	// registered later still gets them.
 	ErrNoHandler = errors.New("outbox: no handler registered for event type")
 
-	// ErrReplicasBehind: with RelayConfig.AwaitReplicas, fewer standbys
+	// ErrReplicasBehind: with RelayConfig.WaitReplicas, fewer standbys
 	// than it asks for flushed a batch's WAL in time; the batch was handed
 	// back undelivered, to be claimed again.
 	ErrReplicasBehind = errors.New("outbox: the standbys have not flushed the batch's WAL")

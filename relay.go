@@ -84,7 +84,7 @@ type RelayConfig struct {
 	// never deleted automatically. Defaults to 72 hours.
 	RetainSent time.Duration
 
-	// AwaitReplicas, on PostgreSQL, delivers a claimed batch only once at
+	// WaitReplicas, on PostgreSQL, delivers a claimed batch only once at
 	// least this many standbys (pg_stat_replication) have flushed the WAL
 	// that holds its events to disk, so that a failover to one of them
 	// cannot lose a delivered event's business row: with asynchronous
@@ -98,7 +98,7 @@ type RelayConfig struct {
 	// retries it). The relay's role must see other sessions' LSNs in
 	// pg_stat_replication (pg_monitor, or a superuser). Other databases
 	// refuse it (ErrInvalidConfig). Defaults to 0: deliver at once.
-	AwaitReplicas int
+	WaitReplicas int
 }
 
 // Delivery describes one delivery attempt, for [Hooks.Delivered].
@@ -244,7 +244,7 @@ func (r *Relay) check(c RelayConfig) error {
 		{c.HandlerTimeout > r.cfg.Lease, fmt.Sprintf("HandlerTimeout %v exceeds Lease %v (a handler must end before the claim does)", c.HandlerTimeout, r.cfg.Lease)},
 		{c.StatementTimeout < 0 || (c.StatementTimeout > 0 && c.StatementTimeout < minStatementTimeout), fmt.Sprintf("StatementTimeout %v is below %v", c.StatementTimeout, minStatementTimeout)},
 		{c.RetainSent < 0 && c.RetainSent != RetainForever, fmt.Sprintf("RetainSent %v is negative (RetainForever keeps sent rows)", c.RetainSent)},
-		{c.AwaitReplicas < 0, fmt.Sprintf("AwaitReplicas %d is negative", c.AwaitReplicas)},
+		{c.WaitReplicas < 0, fmt.Sprintf("WaitReplicas %d is negative", c.WaitReplicas)},
 	} {
 		if f.wrong {
 			bad = append(bad, f.what)
@@ -260,8 +260,8 @@ func (r *Relay) check(c RelayConfig) error {
 		return r.o.noTable
 	case fromDB(r.db) != r.o:
 		return fmt.Errorf("%w: the *gorm.DB given to Relay does not have this Outbox installed", ErrNotInstalled)
-	case c.AwaitReplicas > 0 && r.o.replicas() == nil:
-		return fmt.Errorf("%w: RelayConfig.AwaitReplicas needs PostgreSQL (its streaming standbys); this outbox is on %s", ErrInvalidConfig, r.o.store.Name())
+	case c.WaitReplicas > 0 && r.o.replicas() == nil:
+		return fmt.Errorf("%w: RelayConfig.WaitReplicas needs PostgreSQL (its streaming standbys); this outbox is on %s", ErrInvalidConfig, r.o.store.Name())
 	}
 	if _, inTx := txhook.Tracked(r.db.Statement.ConnPool); inTx {
 		return fmt.Errorf("%w: Relay needs the *gorm.DB the plugin is installed on, not a transaction: it runs its own statements and transactions", ErrInvalidConfig)
@@ -320,7 +320,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	var (
 		dbDown   engine.Episode // the outbox table cannot be reached
 		destDown engine.Episode // a handler reported its destination down
-		behind   engine.Episode // AwaitReplicas: the standbys lag
+		behind   engine.Episode // WaitReplicas: the standbys lag
 		// A failed attempt is cheap: resume soon after an outage.
 		dbRetry = engine.Backoff{Min: r.cfg.PollInterval, Max: max(5*time.Second, r.cfg.PollInterval)}
 		probe   engine.Probe
@@ -370,7 +370,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		case errors.Is(err, ErrReplicasBehind):
 			if behind.Begin() {
-				r.o.logger.WarnContext(ctx, "outbox: delivery paused until the standbys RelayConfig.AwaitReplicas asks for have flushed the events (attempts are not counted)", slog.Any("error", err))
+				r.o.logger.WarnContext(ctx, "outbox: delivery paused until the standbys RelayConfig.WaitReplicas asks for have flushed the events (attempts are not counted)", slog.Any("error", err))
 			}
 			wait(dbRetry.Next(), false)
 			continue

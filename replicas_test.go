@@ -9,24 +9,24 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestAwaitReplicas: with RelayConfig.AwaitReplicas, a batch whose WAL no
+// TestWaitReplicas: with RelayConfig.WaitReplicas, a batch whose WAL no
 // standby has flushed is handed back undelivered, no attempt counted; the
 // option needs PostgreSQL. That it delivers once a standby has flushed,
 // and that it keeps phantom deliveries out of a failover, is
 // reliability's TestPostgresFailover/async-await.
-func TestAwaitReplicas(t *testing.T) {
+func TestWaitReplicas(t *testing.T) {
 	t.Parallel()
 	lite := sqliteBackend.setup(t)
-	_, err := lite.ob.Relay(lite.db, RelayConfig{AwaitReplicas: 1})
+	_, err := lite.ob.Relay(lite.db, RelayConfig{WaitReplicas: 1})
 	require.ErrorIs(t, err, ErrInvalidConfig)
-	_, err = lite.ob.Relay(lite.db, RelayConfig{AwaitReplicas: -1})
+	_, err = lite.ob.Relay(lite.db, RelayConfig{WaitReplicas: -1})
 	require.ErrorIs(t, err, ErrInvalidConfig)
 
 	e := postgresBackend(t).setup(t) // a server without standbys
 	called := false
 	e.ob.Handle("x", func(context.Context, Event) error { called = true; return nil })
 	publishN(t, e.db, "x", 3)
-	r := e.relay(RelayConfig{AwaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
+	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
 	start := time.Now()
 	n, err := r.ProcessOnce(t.Context())
 	require.ErrorIs(t, err, ErrReplicasBehind)

@@ -18,16 +18,16 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// TestAwaitReplicasPhantom makes the phantom delivery of asynchronous
-// replication happen on purpose, and shows RelayConfig.AwaitReplicas
+// TestWaitReplicasPhantom makes the phantom delivery of asynchronous
+// replication happen on purpose, and shows RelayConfig.WaitReplicas
 // prevent it: the primary's WAL sender is frozen (SIGSTOP), a business row
 // and its event commit on the primary alone, the relay runs, the primary
 // dies and the standby, which never received the commit, is promoted.
-// Without AwaitReplicas the event was delivered and its business row is
+// Without WaitReplicas the event was delivered and its business row is
 // gone (a phantom); with it the relay delivered nothing and the event is
 // lost together with its row. The random-kill rig (TestPostgresFailover)
 // shows the same in the wild, rarely; this shows the mechanism every time.
-func TestAwaitReplicasPhantom(t *testing.T) {
+func TestWaitReplicasPhantom(t *testing.T) {
 	t.Parallel()
 	for _, await := range []bool{false, true} {
 		t.Run(fmt.Sprintf("await=%v", await), func(t *testing.T) {
@@ -48,7 +48,7 @@ func TestAwaitReplicasPhantom(t *testing.T) {
 			})
 			cfg := outbox.RelayConfig{StatementTimeout: 300 * time.Millisecond}
 			if await {
-				cfg.AwaitReplicas = 1
+				cfg.WaitReplicas = 1
 			}
 			relay, err := ob.Relay(db, cfg)
 			require.NoError(t, err)

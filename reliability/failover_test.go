@@ -109,7 +109,7 @@ type foClaim struct {
 	lockedUntil time.Time
 }
 
-// await runs the relay with RelayConfig.AwaitReplicas 1 (asynchronous
+// await runs the relay with RelayConfig.WaitReplicas 1 (asynchronous
 // replication): no event may then be delivered whose business row the
 // final primary lacks.
 func testFailover(t *testing.T, syncRep, await bool, rounds int, seed uint64) {
@@ -129,7 +129,7 @@ func testFailover(t *testing.T, syncRep, await bool, rounds int, seed uint64) {
 	ob.Handle("order.created", rec.handle)
 	rcfg := failoverRelayConfig()
 	if await {
-		rcfg.AwaitReplicas = 1
+		rcfg.WaitReplicas = 1
 	}
 	relay, err := ob.Relay(relayDB, rcfg)
 	require.NoError(t, err)
@@ -312,7 +312,7 @@ func testFailover(t *testing.T, syncRep, await bool, rounds int, seed uint64) {
 				continue
 			}
 			if first, _ := rec.callAfter(c.id, time.Time{}); await && !first.Before(r.promotedAt) {
-				// AwaitReplicas: the relay claimed it on the old primary,
+				// WaitReplicas: the relay claimed it on the old primary,
 				// waited for the standby, and handed it back undelivered
 				// on the new one: the lease's holder gave it up, so it is
 				// due before the lease's end (and delivered once).
