@@ -100,22 +100,9 @@ func (o *Outbox) History(db *gorm.DB, id string) ([]HistoryEntry, error) {
 // forgetAttempts deletes the history entries older than olderThan, in
 // batches, as retention deletes sent rows.
 func (o *Outbox) forgetAttempts(ctx context.Context, db *gorm.DB, olderThan, stmtTimeout time.Duration) error {
-	sqlDB, err := rawDB(db)
+	_, err := o.deleteBatches(ctx, db, stmtTimeout, func(batch int) store.Query { return o.store.ForgetAttempts(o.now().Add(-olderThan), batch) })
 	if err != nil {
-		return err
-	}
-	batch := o.limits.RetentionBatch
-	for ctx.Err() == nil {
-		q := o.store.ForgetAttempts(o.now().Add(-olderThan), batch)
-		sctx, cancel := context.WithTimeout(ctx, stmtTimeout)
-		res, err := sqlDB.ExecContext(sctx, q.SQL, q.Args...)
-		cancel()
-		if err != nil {
-			return fmt.Errorf("outbox: delete old attempts: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil || n < int64(batch) {
-			return err
-		}
+		return fmt.Errorf("outbox: delete old attempts: %w", err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/engine"
+	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
 )
 
@@ -53,6 +54,17 @@ func (r *Relay) periodically(ctx context.Context, every time.Duration, warn stri
 }
 
 func (o *Outbox) deleteSent(ctx context.Context, db *gorm.DB, olderThan, stmtTimeout time.Duration) (int, error) {
+	n, err := o.deleteBatches(ctx, db, stmtTimeout, func(batch int) store.Query { return o.store.DeleteSent(o.now().Add(-olderThan), batch) })
+	if err != nil {
+		return n, fmt.Errorf("outbox: delete sent events: %w", err)
+	}
+	return n, nil
+}
+
+// deleteBatches runs the DELETE of up to a batch of rows that q builds
+// until one deletes fewer, each within stmtTimeout, and returns how many
+// rows they deleted.
+func (o *Outbox) deleteBatches(ctx context.Context, db *gorm.DB, stmtTimeout time.Duration, q func(batch int) store.Query) (int, error) {
 	sqlDB, err := rawDB(db)
 	if err != nil {
 		return 0, err
@@ -60,16 +72,16 @@ func (o *Outbox) deleteSent(ctx context.Context, db *gorm.DB, olderThan, stmtTim
 	total := 0
 	batch := o.limits.RetentionBatch
 	for ctx.Err() == nil {
-		q := o.store.DeleteSent(o.now().Add(-olderThan), batch)
+		qq := q(batch)
 		sctx, cancel := context.WithTimeout(ctx, stmtTimeout)
-		res, err := sqlDB.ExecContext(sctx, q.SQL, q.Args...)
+		res, err := sqlDB.ExecContext(sctx, qq.SQL, qq.Args...)
 		cancel()
 		if err != nil {
-			return total, fmt.Errorf("outbox: delete sent events: %w", err)
+			return total, err
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
-			return total, fmt.Errorf("outbox: delete sent events: %w", err)
+			return total, err
 		}
 		total += int(n)
 		if n < int64(batch) {
