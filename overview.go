@@ -210,16 +210,20 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 	}
 
 	// One snapshot for the reads, so that a row the relay moves between
-	// them is counted once (SQLite's read transaction is a snapshot too).
-	var opts *sql.TxOptions
+	// them is counted once. Not on SQLite: its transaction would be BEGIN
+	// IMMEDIATE with the DSN the outbox advises (_txlock=immediate), the
+	// database's write lock held for the whole overview; each read there
+	// is its own snapshot, and a row moving between two of them can be
+	// counted in both or neither, once.
+	var tx store.Querier = sqlDB
 	if o.store.Name() != "sqlite" {
-		opts = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
+		rtx, err := sqlDB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+		if err != nil {
+			return ov, fmt.Errorf("outbox: overview: %w", err)
+		}
+		defer func() { _ = rtx.Rollback() }()
+		tx = rtx
 	}
-	tx, err := sqlDB.BeginTx(ctx, opts)
-	if err != nil {
-		return ov, fmt.Errorf("outbox: overview: %w", err)
-	}
-	defer func() { _ = tx.Rollback() }()
 
 	q := o.store.RollupRead(span, sinceMin, stepMin)
 	if err := eachRow(ctx, tx, q, func(rows *sql.Rows) error {
