@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,8 +24,8 @@ func TestWaitReplicas(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 
 	e := postgresBackend(t).setup(t) // a server without standbys
-	called := false
-	e.ob.Handle("x", func(context.Context, Event) error { called = true; return nil })
+	var called atomic.Bool // the relay's workers run concurrently
+	e.ob.Handle("x", func(context.Context, Event) error { called.Store(true); return nil })
 	publishN(t, e.db, "x", 3)
 	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
 	start := time.Now()
@@ -32,7 +33,7 @@ func TestWaitReplicas(t *testing.T) {
 	require.ErrorIs(t, err, ErrReplicasBehind)
 	assert.Equal(t, 3, n, "claimed, then handed back")
 	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "it waited StatementTimeout")
-	assert.False(t, called, "nothing delivered")
+	assert.False(t, called.Load(), "nothing delivered")
 	rows, err := e.ob.List(e.db.WithContext(t.Context()), ListParams{})
 	require.NoError(t, err)
 	for _, row := range rows {
@@ -44,5 +45,5 @@ func TestWaitReplicas(t *testing.T) {
 	r = e.relay(RelayConfig{StatementTimeout: 100 * time.Millisecond})
 	_, err = r.ProcessOnce(t.Context())
 	require.NoError(t, err)
-	assert.True(t, called)
+	assert.True(t, called.Load())
 }

@@ -40,4 +40,80 @@ CREATE INDEX "outbox_events_retry_idx"
     ON "outbox_events" (available_at) WHERE status = 'pending' AND available_at IS NOT NULL;
 CREATE INDEX "outbox_events_sent_idx"
     ON "outbox_events" (sent_at) WHERE status = 'sent';
+-- Added to version 3 after its release: the overview's rollup, the
+-- failed index and the event history (db.Use also creates them on a
+-- version 3 table that lacks them).
+-- The overview's counts (outbox.Outbox.Overview and the dashboard's charts):
+-- the sent events per minute and event type, rolled up from this table by
+-- the relays every few seconds (and by Overview itself when they lag), so
+-- that a chart over a week reads minutes, not a million rows. Nothing on
+-- the write path touches these tables. minute counts whole minutes since
+-- the Unix epoch (UTC) and starts a span of 1, 10 or 60 minutes (the
+-- three are kept, for charts by the minute, by 10 minutes and by the hour;
+-- minutes for a day, the others 8 days); published counts the sent events
+-- created in the span, delivered those sent in it, and d0..d17 the latter by delivery
+-- delay (created to sent): under 1, 2.5, 5, 10, 25, 50, 100, 250, 500 ms,
+-- 1, 2.5, 5, 10, 30 s, 1, 5, 30 min, and longer.
+CREATE TABLE IF NOT EXISTS "outbox_events_rollup" (
+    span            smallint     NOT NULL,
+    minute          bigint       NOT NULL,
+    event_type      varchar(255) NOT NULL,
+    published       bigint       NOT NULL DEFAULT 0,
+    delivered       bigint       NOT NULL DEFAULT 0,
+    d0              bigint       NOT NULL DEFAULT 0,
+    d1              bigint       NOT NULL DEFAULT 0,
+    d2              bigint       NOT NULL DEFAULT 0,
+    d3              bigint       NOT NULL DEFAULT 0,
+    d4              bigint       NOT NULL DEFAULT 0,
+    d5              bigint       NOT NULL DEFAULT 0,
+    d6              bigint       NOT NULL DEFAULT 0,
+    d7              bigint       NOT NULL DEFAULT 0,
+    d8              bigint       NOT NULL DEFAULT 0,
+    d9              bigint       NOT NULL DEFAULT 0,
+    d10             bigint       NOT NULL DEFAULT 0,
+    d11             bigint       NOT NULL DEFAULT 0,
+    d12             bigint       NOT NULL DEFAULT 0,
+    d13             bigint       NOT NULL DEFAULT 0,
+    d14             bigint       NOT NULL DEFAULT 0,
+    d15             bigint       NOT NULL DEFAULT 0,
+    d16             bigint       NOT NULL DEFAULT 0,
+    d17             bigint       NOT NULL DEFAULT 0,
+    PRIMARY KEY (span, minute, event_type)
+);
+
+-- One row: the rows sent before rolled_until are in the rollup; below
+-- low_seq no row is pending except those in the retry index (so the
+-- overview counts the pending rows without a pending index).
+CREATE TABLE IF NOT EXISTS "outbox_events_rollup_state" (
+    id              smallint     PRIMARY KEY,
+    rolled_until    timestamptz  NOT NULL,
+    low_seq         bigint       NOT NULL,
+    low_checked     timestamptz  NOT NULL
+);
+
+-- The failed rows by when they failed, for the overview's counts. Rows
+-- enter it only when they fail, so business inserts do not pay for it.
+-- db.Use builds it on a table that lacks it with a plain CREATE INDEX,
+-- which holds writers for about a second per million rows: build it
+-- beforehand with CREATE INDEX CONCURRENTLY to avoid that.
+CREATE INDEX IF NOT EXISTS "outbox_events_failed_idx"
+    ON "outbox_events" (updated_at) WHERE status = 'failed';
+
+-- Each event's failed attempts and replays (outbox.Outbox.History, the
+-- dashboard's event page): written only when a delivery fails or an
+-- operator replays, never by Publish or a delivery that succeeds; deleted
+-- by age with the sent rows (RelayConfig.RetainSent) and with a purged row.
+-- outcome is retry (failed, to be tried again), failed (gave up) or
+-- replayed (error is then the error the replay cleared the way past).
+CREATE TABLE IF NOT EXISTS "outbox_events_attempts" (
+    seq             bigint       NOT NULL,
+    at              timestamptz  NOT NULL,
+    attempt         integer      NOT NULL,
+    outcome         varchar(16)  NOT NULL,
+    error           text,
+    actor           varchar(255),
+    PRIMARY KEY (seq, at)
+);
+CREATE INDEX IF NOT EXISTS "outbox_events_attempts_at_idx"
+    ON "outbox_events_attempts" (at);
 COMMIT;

@@ -43,4 +43,77 @@ CREATE INDEX "outbox_events_retry_idx"
     ON "outbox_events" (available_at) WHERE status = 'pending' AND available_at IS NOT NULL;
 CREATE INDEX "outbox_events_sent_idx"
     ON "outbox_events" (sent_at) WHERE status = 'sent';
+-- Added to version 3 after its release: the overview's rollup, the
+-- failed index and the event history (db.Use also creates them on a
+-- version 3 table that lacks them).
+-- The overview's counts (outbox.Outbox.Overview and the dashboard's charts):
+-- the sent events per minute and event type, rolled up from this table by
+-- the relays every few seconds (and by Overview itself when they lag), so
+-- that a chart over a week reads minutes, not a million rows. Nothing on
+-- the write path touches these tables. minute counts whole minutes since
+-- the Unix epoch (UTC) and starts a span of 1, 10 or 60 minutes (the
+-- three are kept, for charts by the minute, by 10 minutes and by the hour;
+-- minutes for a day, the others 8 days); published counts the sent events
+-- created in the span, delivered those sent in it, and d0..d17 the latter by delivery
+-- delay (created to sent): under 1, 2.5, 5, 10, 25, 50, 100, 250, 500 ms,
+-- 1, 2.5, 5, 10, 30 s, 1, 5, 30 min, and longer.
+CREATE TABLE IF NOT EXISTS "outbox_events_rollup" (
+    span            INTEGER      NOT NULL,
+    minute          INTEGER      NOT NULL,
+    event_type      TEXT         NOT NULL,
+    published       INTEGER      NOT NULL DEFAULT 0,
+    delivered       INTEGER      NOT NULL DEFAULT 0,
+    d0              INTEGER      NOT NULL DEFAULT 0,
+    d1              INTEGER      NOT NULL DEFAULT 0,
+    d2              INTEGER      NOT NULL DEFAULT 0,
+    d3              INTEGER      NOT NULL DEFAULT 0,
+    d4              INTEGER      NOT NULL DEFAULT 0,
+    d5              INTEGER      NOT NULL DEFAULT 0,
+    d6              INTEGER      NOT NULL DEFAULT 0,
+    d7              INTEGER      NOT NULL DEFAULT 0,
+    d8              INTEGER      NOT NULL DEFAULT 0,
+    d9              INTEGER      NOT NULL DEFAULT 0,
+    d10             INTEGER      NOT NULL DEFAULT 0,
+    d11             INTEGER      NOT NULL DEFAULT 0,
+    d12             INTEGER      NOT NULL DEFAULT 0,
+    d13             INTEGER      NOT NULL DEFAULT 0,
+    d14             INTEGER      NOT NULL DEFAULT 0,
+    d15             INTEGER      NOT NULL DEFAULT 0,
+    d16             INTEGER      NOT NULL DEFAULT 0,
+    d17             INTEGER      NOT NULL DEFAULT 0,
+    PRIMARY KEY (span, minute, event_type)
+);
+
+-- One row: the rows sent before rolled_until are in the rollup; below
+-- low_seq no row is pending except those in the retry index (so the
+-- overview counts the pending rows without a pending index).
+CREATE TABLE IF NOT EXISTS "outbox_events_rollup_state" (
+    id              INTEGER      PRIMARY KEY,
+    rolled_until    DATETIME     NOT NULL,
+    low_seq         INTEGER      NOT NULL,
+    low_checked     DATETIME     NOT NULL
+);
+
+-- The failed rows by when they failed, for the overview's counts. Rows
+-- enter it only when they fail, so business inserts do not pay for it.
+CREATE INDEX IF NOT EXISTS "outbox_events_failed_idx"
+    ON "outbox_events" (updated_at) WHERE status = 'failed';
+
+-- Each event's failed attempts and replays (outbox.Outbox.History, the
+-- dashboard's event page): written only when a delivery fails or an
+-- operator replays, never by Publish or a delivery that succeeds; deleted
+-- by age with the sent rows (RelayConfig.RetainSent) and with a purged row.
+-- outcome is retry (failed, to be tried again), failed (gave up) or
+-- replayed (error is then the error the replay cleared the way past).
+CREATE TABLE IF NOT EXISTS "outbox_events_attempts" (
+    seq             INTEGER      NOT NULL,
+    at              DATETIME     NOT NULL,
+    attempt         INTEGER      NOT NULL,
+    outcome         TEXT         NOT NULL,
+    error           TEXT,
+    actor           TEXT,
+    PRIMARY KEY (seq, at)
+);
+CREATE INDEX IF NOT EXISTS "outbox_events_attempts_at_idx"
+    ON "outbox_events_attempts" (at);
 COMMIT;

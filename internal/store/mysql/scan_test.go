@@ -51,7 +51,8 @@ func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		later := now.Add(time.Hour)
-		b, err := d.claim(context.Background(), db, store.ClaimSpec{Now: later, Lease: later.Add(time.Hour), Limit: 10, Ordered: true}, time.Second)
+		// Three seconds on the first row: room for the other session's commit on a loaded machine (1 s was once too short in CI).
+		b, err := d.claim(context.Background(), db, store.ClaimSpec{Now: later, Lease: later.Add(time.Hour), Limit: 10, Ordered: true}, 3*time.Second)
 		done <- result{b, err}
 	}()
 	sleeping := func() int {
