@@ -24,7 +24,7 @@ func TestWaitReplicas(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 
 	e := postgresBackend(t).setup(t) // a server without standbys
-	var called atomic.Bool // the relay's workers run concurrently
+	var called atomic.Bool           // the relay's workers run concurrently
 	e.ob.Handle("x", func(context.Context, Event) error { called.Store(true); return nil })
 	publishN(t, e.db, "x", 3)
 	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
