@@ -176,6 +176,7 @@ func (r *Relay) waitReplicas(ctx context.Context) error {
 		return fmt.Errorf("outbox: read the WAL position to await the standbys: %w", err)
 	}
 	wait := time.Millisecond
+	flushed := 0 // by the last count that answered
 	for {
 		var n int
 		q := s.ReplicasFlushed(lsn)
@@ -183,7 +184,9 @@ func (r *Relay) waitReplicas(ctx context.Context) error {
 		switch {
 		case err == nil && n >= r.cfg.WaitReplicas:
 			return nil
-		case err != nil && ctx.Err() == nil:
+		case err == nil:
+			flushed = n
+		case ctx.Err() == nil:
 			return fmt.Errorf("outbox: read the standbys' positions: %w", err)
 		}
 		t := time.NewTimer(wait)
@@ -191,7 +194,7 @@ func (r *Relay) waitReplicas(ctx context.Context) error {
 		case <-ctx.Done():
 			t.Stop()
 			return fmt.Errorf("%w: %d of the %d standbys RelayConfig.WaitReplicas asks for flushed WAL position %s within %v; the batch is handed back undelivered",
-				ErrReplicasBehind, n, r.cfg.WaitReplicas, lsn, r.cfg.StatementTimeout)
+				ErrReplicasBehind, flushed, r.cfg.WaitReplicas, lsn, r.cfg.StatementTimeout)
 		case <-t.C:
 		}
 		wait = min(2*wait, 20*time.Millisecond)
