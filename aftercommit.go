@@ -49,7 +49,8 @@ func AfterCommit(tx *gorm.DB, fn func()) {
 // it to another library. The plugin wraps the connection pool to see
 // commits, so tx.Statement.ConnPool is no longer a *sql.Tx itself (nor is
 // db.ConnPool a *sql.DB: use db.DB() for that). ok is false outside a
-// transaction, or when the transaction is not a database/sql one.
+// transaction, or when the transaction is not a database/sql one, as in
+// the function [Consume] runs on PostgreSQL (see there).
 func SQLTx(tx *gorm.DB) (stx *sql.Tx, ok bool) {
 	if tx == nil || tx.Statement == nil {
 		return nil, false

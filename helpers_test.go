@@ -37,6 +37,9 @@ type backend struct {
 	// sqlite is the SQLite driver the backend opens databases with, for
 	// the tests that open databases of their own (nil on the others).
 	sqlite *sqliteDriver
+	// lead: Consume sends its inbox INSERT with the BEGIN (PostgreSQL
+	// through pgx; MySQL with multiStatements=true).
+	lead bool
 }
 
 // sqliteDriver is one GORM SQLite driver.
@@ -119,6 +122,7 @@ func postgresBackend(t *testing.T) backend {
 
 	return backend{
 		name: "postgres",
+		lead: true,
 		open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
 			b := make([]byte, 6)
 			_, _ = rand.Read(b)
@@ -146,13 +150,19 @@ const mysqlDSNEnv = "OUTBOX_TEST_MYSQL_DSN"
 
 // mysqlBackend gives every test its own database, dropped afterwards. The
 // DSN is the one GORM's documentation shows (parseTime=True&loc=Local).
-func mysqlBackend(t *testing.T) backend {
+func mysqlBackend(t *testing.T) backend { return mysqlBackendWith(t, nil) }
+
+// mysqlBackendWith is mysqlBackend with the DSN's settings changed by tweak.
+func mysqlBackendWith(t *testing.T, tweak func(*mysqldriver.Config)) backend {
 	dsn := os.Getenv(mysqlDSNEnv)
 	if dsn == "" {
 		t.Skipf("%s is not set; set it (e.g. root@tcp(127.0.0.1:3306)/test?charset=utf8mb4&parseTime=True&loc=Local) to run the MySQL/MariaDB suite", mysqlDSNEnv)
 	}
 	cfg, err := mysqldriver.ParseDSN(dsn)
 	require.NoError(t, err, "%s", mysqlDSNEnv)
+	if tweak != nil {
+		tweak(cfg)
+	}
 	admin, err := gorm.Open(mysql.Open(dsn), &gorm.Config{Logger: logger.Discard})
 	require.NoError(t, err, "%s is set but MySQL is unreachable", mysqlDSNEnv)
 	sqlAdmin, err := admin.DB()
@@ -162,6 +172,7 @@ func mysqlBackend(t *testing.T) backend {
 
 	return backend{
 		name: "mysql",
+		lead: cfg.MultiStatements,
 		open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
 			b := make([]byte, 6)
 			_, _ = rand.Read(b)

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/txhook"
 	"gorm.io/gorm"
 )
@@ -64,6 +65,15 @@ var errConsumed = errors.New("outbox: message already consumed")
 // wrapping [ErrInvalidEvent], and fn is not called; a db without the plugin
 // is [ErrNotInstalled].
 //
+// The record costs one INSERT and no round trip of its own where the
+// driver can send it with the transaction's BEGIN: on PostgreSQL through
+// pgx (GORM's driver), and on MySQL or MariaDB with multiStatements=true in
+// the DSN. fn's transaction then runs on a connection Consume holds out of
+// the pool and ends itself, which database/sql cannot make a *sql.Tx of:
+// [SQLTx] reports none inside fn there. Elsewhere, and in a savepoint of
+// the caller's transaction, the INSERT is the transaction's first
+// statement.
+//
 // Pairs are kept for [Config.InboxRetention] (7 days by default): a
 // redelivery later than that runs fn again, so the window must exceed the
 // longest a broker may redeliver. Consume itself deletes expired pairs,
@@ -94,15 +104,27 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 	if o.noTable != nil {
 		return o.memInbox.consume(db, inboxKey{consumer, messageID}, o.inboxRetention, o.clock, fn)
 	}
-	err := db.Transaction(func(tx *gorm.DB) error {
-		q := o.store.Consume(o.inbox, consumer, messageID, o.now())
-		res, err := tx.Statement.ConnPool.ExecContext(dbContext(tx), q.SQL, q.Args...)
-		if err != nil {
-			return fmt.Errorf("outbox: record message %q of consumer %q in the inbox %s: %w", messageID, consumer, o.inbox, err)
+	recordErr := func(err error) error {
+		return fmt.Errorf("outbox: record message %q of consumer %q in the inbox %s: %w", messageID, consumer, o.inbox, err)
+	}
+	lead := o.leadFor(db, consumer, messageID)
+	tdb := db
+	if lead != nil {
+		tdb = db.WithContext(txhook.WithLead(dbContext(db), lead))
+	}
+	err := tdb.Transaction(func(tx *gorm.DB) error {
+		n, ran := lead.Ran()
+		if !ran {
+			q := o.store.Consume(o.inbox, consumer, messageID, o.now())
+			res, err := tx.Statement.ConnPool.ExecContext(dbContext(tx), q.SQL, q.Args...)
+			if err == nil {
+				n, err = res.RowsAffected()
+			}
+			if err != nil {
+				return recordErr(err)
+			}
 		}
-		if n, err := res.RowsAffected(); err != nil {
-			return fmt.Errorf("outbox: record message %q of consumer %q in the inbox %s: %w", messageID, consumer, o.inbox, err)
-		} else if n == 0 {
+		if n == 0 {
 			return errConsumed
 		}
 		return fn(tx)
@@ -110,6 +132,8 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 	switch {
 	case errors.Is(err, errConsumed):
 		return nil
+	case err != nil && lead.Err() != nil:
+		return recordErr(err)
 	case err != nil:
 		return err
 	}
@@ -118,6 +142,46 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 	}
 	return nil
 }
+
+// leadFor returns the Lead that sends the inbox INSERT with the BEGIN of
+// Consume's transaction on db, saving the round trip of a statement of its
+// own (on PostgreSQL through pgx, and on MySQL or MariaDB with
+// multiStatements=true in the DSN), or nil where db cannot take one: then
+// the INSERT runs first in the transaction, as it does in a savepoint of the
+// caller's transaction. Whether the database can is asked once per *sql.DB.
+func (o *Outbox) leadFor(db *gorm.DB, consumer, messageID string) *txhook.Lead {
+	il, ok := o.store.(store.InboxLead)
+	if !ok {
+		return nil
+	}
+	sqlDB, ok := txhook.CanLead(db.Statement.ConnPool)
+	if !ok {
+		return nil
+	}
+	s := o.siteOf(sqlDB)
+	switch s.lead.Load() {
+	case leadNo:
+		return nil
+	case leadUnknown:
+		can, err := il.CanLead(dbContext(db), sqlDB)
+		if err != nil {
+			return nil // asked again next time
+		}
+		if !can {
+			s.lead.Store(leadNo)
+			return nil
+		}
+		s.lead.Store(leadYes)
+	}
+	return &txhook.Lead{SQL: il.ConsumeLead(o.inbox, consumer, messageID, o.now())}
+}
+
+// Whether a site's database takes a txhook.Lead.
+const (
+	leadUnknown int32 = iota
+	leadYes
+	leadNo
+)
 
 // CheckInboxID reports whether [Consume] takes s as a consumer name or a
 // message ID: nil, or the error wrapping [ErrInvalidEvent] that Consume

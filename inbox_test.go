@@ -26,6 +26,10 @@ var inboxTests = map[string]func(*testing.T, backend){
 	"ConsumePublishCommitsWithEffect": forInboxModes(testConsumePublish),
 	"ConsumeInCallersTransaction":     forInboxModes(testConsumeInTransaction),
 	"ConsumeBadInput":                 forInboxModes(testConsumeBadInput),
+	"ConsumeIDsAsLiterals":            forInboxModes(testConsumeIDsAsLiterals),
+	"ConsumeNested":                   forInboxModes(testConsumeNested),
+	"ConsumePreparedSession":          forInboxModes(testConsumePreparedSession),
+	"ConsumeLeavesConnectionClean":    testConsumeLeavesConnectionClean,
 	"ConsumeRetention":                testConsumeRetention,
 	"ConsumeWithoutPlugin":            testConsumeWithoutPlugin,
 }
@@ -378,4 +382,162 @@ func testConsumeRetention(t *testing.T, b backend) {
 			assert.EqualValues(t, 3, calls.Load(), "a redelivery after the window runs fn again")
 		})
 	}
+}
+
+// testConsumeIDsAsLiterals: IDs that quoting could get wrong are recorded
+// as they are and deduplicated. Where Consume sends its INSERT with the
+// BEGIN (PostgreSQL, MySQL with multiStatements) and where it sends it
+// without arguments (MySQL) the values travel as literals.
+func testConsumeIDsAsLiterals(t *testing.T, e *testEnv) {
+	ids := []string{
+		`it's`, `back\slash`, `\'`, `'); DROP TABLE orders; --`, `\'); DROP TABLE orders; --`,
+		`$1`, `?`, `$$`, `$q$`, `E'x'`, "tab\there", "new\nline", "ünï©ødé 🎉", `%s`, `X'41'`, `_utf8mb4 'a'`,
+	}
+	var calls atomic.Int64
+	for _, id := range ids {
+		for range 2 {
+			require.NoError(t, Consume(e.db, "c'o\\n", id, effect(909, &calls)), "message %q", id)
+		}
+	}
+	assert.EqualValues(t, len(ids), calls.Load(), "each message once")
+	assert.EqualValues(t, len(ids), e.effects(909))
+	if e.ob.Mode() == Memory {
+		return
+	}
+	var got []string
+	require.NoError(t, e.db.Table(e.ob.inbox).Where("consumer = ?", "c'o\\n").Order("message_id").Pluck("message_id", &got).Error)
+	assert.ElementsMatch(t, ids, got, "recorded exactly as given")
+}
+
+// testConsumeLeavesConnectionClean: however Consume's transaction ends
+// (its INSERT failing, a statement of fn aborting the transaction on
+// PostgreSQL, the context cancelled), nothing is recorded and the
+// connection goes back to the pool outside any transaction: the next
+// statement on it (the pool's only one) commits on its own.
+func testConsumeLeavesConnectionClean(t *testing.T, b backend) {
+	visible := func(t *testing.T, e *testEnv, total int) {
+		t.Helper()
+		// Without GORM's own transaction around it, whose BEGIN would end
+		// (on MySQL, commit) one left open.
+		require.NoError(t, e.db.Session(&gorm.Session{SkipDefaultTransaction: true}).Create(&Order{Total: total}).Error)
+		var n int64
+		require.NoError(t, e.reopen(t).Model(&Order{}).Where("total = ?", total).Count(&n).Error)
+		assert.EqualValues(t, 1, n, "the statement after Consume committed on its own")
+		sqlDB, err := e.db.DB()
+		require.NoError(t, err)
+		assert.Zero(t, sqlDB.Stats().InUse, "every connection is back in the pool")
+	}
+	setup := func(t *testing.T) *testEnv {
+		e := b.setup(t)
+		sqlDB, err := e.db.DB()
+		require.NoError(t, err)
+		sqlDB.SetMaxOpenConns(1)
+		return e
+	}
+
+	t.Run("TheTransactionIsOrIsNotASQLTx", func(t *testing.T) {
+		e := setup(t)
+		var isSQLTx bool
+		require.NoError(t, Consume(e.db, "billing", "m", func(tx *gorm.DB) error {
+			_, isSQLTx = SQLTx(tx)
+			return tx.Create(&Order{Total: 1}).Error
+		}))
+		// The inbox INSERT travels with the BEGIN on a connection held
+		// out of the pool, which database/sql cannot make a *sql.Tx of.
+		assert.Equal(t, !b.lead, isSQLTx)
+		visible(t, e, 2)
+	})
+	t.Run("InboxInsertFails", func(t *testing.T) {
+		e := setup(t)
+		require.NoError(t, e.db.Migrator().DropTable(e.ob.inbox))
+		var calls atomic.Int64
+		err := Consume(e.db, "billing", "m", effect(3, &calls))
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "record message")
+		assert.Zero(t, calls.Load())
+		visible(t, e, 4)
+	})
+	t.Run("ContextCancelledInFn", func(t *testing.T) {
+		e := setup(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		err := Consume(e.db.WithContext(ctx), "billing", "m", func(tx *gorm.DB) error {
+			if err := tx.Create(&Order{Total: 5}).Error; err != nil {
+				return err
+			}
+			cancel()
+			return nil
+		})
+		require.Error(t, err)
+		assert.Zero(t, e.inboxRows(""))
+		assert.Zero(t, e.effects(5))
+		visible(t, e, 6)
+	})
+	if b.name != "postgres" {
+		return
+	}
+	t.Run("FnIgnoresAFailedStatement", func(t *testing.T) {
+		e := setup(t)
+		err := Consume(e.db, "billing", "m", func(tx *gorm.DB) error {
+			if err := tx.Create(&Order{Total: 7}).Error; err != nil {
+				return err
+			}
+			// PostgreSQL aborts the transaction; its COMMIT then rolls back.
+			_ = tx.Exec("SELECT 1/0").Error
+			return nil
+		})
+		require.Error(t, err, "a COMMIT that rolled back is no success")
+		assert.Zero(t, e.inboxRows(""))
+		assert.Zero(t, e.effects(7))
+		visible(t, e, 8)
+	})
+}
+
+// testConsumeNested: inside fn, a nested transaction is a savepoint whose
+// rollback keeps fn's other work, and AfterCommit runs once, after the
+// commit.
+func testConsumeNested(t *testing.T, e *testEnv) {
+	var ran atomic.Int64
+	require.NoError(t, Consume(e.db, "billing", "m-nested", func(tx *gorm.DB) error {
+		AfterCommit(tx, func() { ran.Add(1) })
+		if err := tx.Create(&Order{Total: 11}).Error; err != nil {
+			return err
+		}
+		err := tx.Transaction(func(tx *gorm.DB) error {
+			AfterCommit(tx, func() { ran.Add(100) })
+			if err := tx.Create(&Order{Total: 12}).Error; err != nil {
+				return err
+			}
+			return errors.New("inner fails")
+		})
+		require.Error(t, err)
+		assert.Zero(t, ran.Load(), "nothing runs before the commit")
+		return nil
+	}))
+	assert.EqualValues(t, 1, ran.Load(), "the outer hook ran once; the rolled-back savepoint's did not")
+	assert.EqualValues(t, 1, e.effects(11))
+	assert.Zero(t, e.effects(12))
+	assert.EqualValues(t, 1, e.inboxRows("billing"))
+}
+
+// testConsumePreparedSession: a PrepareStmt session inside fn works in
+// Consume's transaction, also with the statements GORM cached in an earlier
+// one (whose connection has gone back to the pool).
+func testConsumePreparedSession(t *testing.T, e *testEnv) {
+	for i, msg := range []string{"m-prep-1", "m-prep-2", "m-prep-3"} {
+		require.NoError(t, Consume(e.db, "billing", msg, func(tx *gorm.DB) error {
+			return tx.Session(&gorm.Session{PrepareStmt: true}).Create(&Order{Total: 1200 + i}).Error
+		}))
+	}
+	err := Consume(e.db, "billing", "m-prep-4", func(tx *gorm.DB) error {
+		if err := tx.Session(&gorm.Session{PrepareStmt: true}).Create(&Order{Total: 1204}).Error; err != nil {
+			return err
+		}
+		return errors.New("rolls back")
+	})
+	require.Error(t, err)
+	for i := range 3 {
+		assert.EqualValues(t, 1, e.effects(1200+i))
+	}
+	assert.Zero(t, e.effects(1204), "the prepared statement ran in the transaction that rolled back")
+	assert.EqualValues(t, 3, e.inboxRows("billing"))
 }

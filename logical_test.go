@@ -537,6 +537,7 @@ func logicalBackend(t *testing.T) backend {
 	return backend{
 		name:    "postgres",
 		logical: true,
+		lead:    true,
 		open: func(t *testing.T, gcfg *gorm.Config) *gorm.DB {
 			schema := randomName("t_")
 			require.NoError(t, admin.Exec("CREATE SCHEMA "+schema).Error)

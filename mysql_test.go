@@ -24,6 +24,19 @@ func TestMySQL(t *testing.T) {
 	runSuite(t, mysqlBackend(t))
 }
 
+// TestMySQLMultiStatements runs the inbox's tests on connections with
+// multiStatements=true, where Consume sends its INSERT with the BEGIN.
+func TestMySQLMultiStatements(t *testing.T) {
+	t.Parallel()
+	b := mysqlBackendWith(t, func(c *mysqldriver.Config) { c.MultiStatements = true })
+	for name, fn := range inboxTests {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			fn(t, b)
+		})
+	}
+}
+
 // TestMySQLTimeZones runs the relay on a connection whose loc and session
 // time_zone are both far from UTC (and from each other): due times,
 // leases, OccurredAt and Stats must not move by either offset.

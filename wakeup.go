@@ -3,6 +3,7 @@ package outbox
 import (
 	"database/sql"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
@@ -29,6 +30,7 @@ type site struct {
 	wakers   wakers       // its relays running in this process
 	fresh    chan []int64 // seqs just committed on it, for DeliverAfterCommit
 	notifier *notifier    // its NOTIFY, PostgreSQL only
+	lead     atomic.Int32 // whether it takes Consume's txhook.Lead: leadUnknown, leadYes, leadNo
 }
 
 // Published implements txhook.Announcer: it runs after the commit of a

@@ -296,6 +296,19 @@ type Inbox interface {
 	ForgetConsumed(table string, before time.Time, limit int) Query
 }
 
+// InboxLead is an Inbox whose Consume can travel with the BEGIN of its
+// transaction, in one round trip (see txhook.Lead).
+type InboxLead interface {
+	// ConsumeLead is a text of two statements: the one that begins a
+	// transaction, and Consume's INSERT with its values written as
+	// literals, so that the driver sends it without arguments.
+	ConsumeLead(table, consumer, messageID string, now time.Time) string
+	// CanLead reports whether db's driver sends such a text as one round
+	// trip and reports the affected rows of its last statement. An error
+	// leaves the question open, to be asked again.
+	CanLead(ctx context.Context, db *sql.DB) (bool, error)
+}
+
 // DefaultInbox is the inbox table name the shipped schema files use.
 const DefaultInbox = "outbox_inbox"
 

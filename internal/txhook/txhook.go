@@ -89,6 +89,15 @@ func samePool(a, b gorm.ConnPool) bool {
 
 // BeginTx implements gorm.ConnPoolBeginner.
 func (p *connPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
+	if l := claimLead(ctx); l != nil && (opts == nil || *opts == sql.TxOptions{}) {
+		if db, ok := p.ConnPool.(*sql.DB); ok {
+			tx, err := beginLead(ctx, db, l)
+			if err != nil {
+				return nil, err
+			}
+			return &Tx{Tx: tx, pool: p, ctx: ctx, state: state{idHook: -1}}, nil
+		}
+	}
 	var inner gorm.ConnPool
 	switch b := p.ConnPool.(type) {
 	case gorm.TxBeginner:

@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -119,8 +120,46 @@ func (d *Store) InboxSchema(table string) string { return store.RenameInbox(inbo
 // DUPLICATE KEY UPDATE would count a duplicate as found). What else IGNORE
 // would turn into a warning, a too-long value, Consume refuses before. The
 // duplicate-key check waits for a concurrent insert of the pair to end.
+//
+// Its values are literals, not arguments: without interpolateParams in the
+// DSN the driver sends a statement with arguments as a prepared statement,
+// two round trips (prepare, execute) where a text without arguments takes
+// one.
 func (d *Store) Consume(table, consumer, messageID string, now time.Time) store.Query {
-	return d.InboxConsume("INSERT IGNORE INTO", "`"+table+"`", "", consumer, messageID, now)
+	return store.Query{SQL: consumeRow(table, consumer, messageID, now)}
+}
+
+func consumeRow(table, consumer, messageID string, now time.Time) string {
+	at := "'" + now.UTC().Format(timeFormat) + "'"
+	return sqlbuild.InboxRow("INSERT IGNORE INTO", "`"+table+"`", "", literal(consumer), literal(messageID), at)
+}
+
+// literal is s as a hexadecimal string literal in utf8mb4: no character
+// of s can end it, whatever the connection's sql_mode says of backslashes.
+func literal(s string) string { return "_utf8mb4 X'" + hex.EncodeToString([]byte(s)) + "'" }
+
+// ConsumeLead implements store.InboxLead.
+func (d *Store) ConsumeLead(table, consumer, messageID string, now time.Time) string {
+	return "START TRANSACTION; " + consumeRow(table, consumer, messageID, now)
+}
+
+// CanLead implements store.InboxLead: the server runs a text of several
+// statements only on a connection that asked for it (multiStatements=true
+// in the DSN); otherwise it refuses the text as a syntax error (1064),
+// having run none of it.
+func (d *Store) CanLead(ctx context.Context, db *sql.DB) (bool, error) {
+	if _, ok := db.Driver().(*mysql.MySQLDriver); !ok {
+		return false, nil
+	}
+	_, err := db.ExecContext(ctx, "DO 1; DO 1")
+	var me *mysql.MySQLError
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.As(err, &me) && me.Number == 1064:
+		return false, nil
+	}
+	return false, err
 }
 
 // ForgetConsumed implements store.Inbox: MySQL's DELETE takes ORDER BY and

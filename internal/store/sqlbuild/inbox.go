@@ -12,8 +12,15 @@ import (
 // CONFLICT DO NOTHING"), table the quoted inbox table.
 func (s *Syntax) InboxConsume(insert, table, onConflict, consumer, messageID string, now time.Time) store.Query {
 	b := s.Build()
-	return b.W(insert, " ", table, " (consumer, message_id, consumed_at) VALUES (",
-		b.Arg(consumer), ", ", b.Arg(messageID), ", ", b.Time(now), ")", onConflict).Query()
+	row := InboxRow(insert, table, onConflict, b.Arg(consumer), b.Arg(messageID), b.Time(now))
+	return store.Query{SQL: row, Args: b.args}
+}
+
+// InboxRow is the inbox INSERT with its three values spelled as given:
+// placeholders, or literals where the statement must travel without
+// arguments (a store.InboxLead's text).
+func InboxRow(insert, table, onConflict, consumer, messageID, at string) string {
+	return insert + " " + table + " (consumer, message_id, consumed_at) VALUES (" + consumer + ", " + messageID + ", " + at + ")" + onConflict
 }
 
 // ForgetConsumedByKey deletes up to limit pairs consumed before before,
