@@ -173,7 +173,8 @@ func (o *Outbox) leadFor(db *gorm.DB, consumer, messageID string) *txhook.Lead {
 		}
 		s.lead.Store(leadYes)
 	}
-	return &txhook.Lead{SQL: il.ConsumeLead(o.inbox, consumer, messageID, o.now())}
+	l := il.ConsumeLead(o.inbox, consumer, messageID, o.now())
+	return &txhook.Lead{Begin: l.Begin, Query: l.Query.SQL, Args: l.Query.Args, Text: l.Text}
 }
 
 // Whether a site's database takes a txhook.Lead.

@@ -26,7 +26,7 @@ var inboxTests = map[string]func(*testing.T, backend){
 	"ConsumePublishCommitsWithEffect": forInboxModes(testConsumePublish),
 	"ConsumeInCallersTransaction":     forInboxModes(testConsumeInTransaction),
 	"ConsumeBadInput":                 forInboxModes(testConsumeBadInput),
-	"ConsumeIDsAsLiterals":            forInboxModes(testConsumeIDsAsLiterals),
+	"ConsumeIDsKeptExactly":            forInboxModes(testConsumeIDsKeptExactly),
 	"ConsumeNested":                   forInboxModes(testConsumeNested),
 	"ConsumePreparedSession":          forInboxModes(testConsumePreparedSession),
 	"ConsumeLeavesConnectionClean":    testConsumeLeavesConnectionClean,
@@ -384,11 +384,10 @@ func testConsumeRetention(t *testing.T, b backend) {
 	}
 }
 
-// testConsumeIDsAsLiterals: IDs that quoting could get wrong are recorded
-// as they are and deduplicated. Where Consume sends its INSERT with the
-// BEGIN (PostgreSQL, MySQL with multiStatements) and where it sends it
-// without arguments (MySQL) the values travel as literals.
-func testConsumeIDsAsLiterals(t *testing.T, e *testEnv) {
+// testConsumeIDsKeptExactly: IDs that quoting could get wrong are recorded
+// as they are and deduplicated. On MySQL the inbox INSERT's values travel
+// as literals (with and without multiStatements).
+func testConsumeIDsKeptExactly(t *testing.T, e *testEnv) {
 	ids := []string{
 		`it's`, `back\slash`, `\'`, `'); DROP TABLE orders; --`, `\'); DROP TABLE orders; --`,
 		`$1`, `?`, `$$`, `$q$`, `E'x'`, "tab\there", "new\nline", "ünï©ødé 🎉", `%s`, `X'41'`, `_utf8mb4 'a'`,

@@ -299,14 +299,22 @@ type Inbox interface {
 // InboxLead is an Inbox whose Consume can travel with the BEGIN of its
 // transaction, in one round trip (see txhook.Lead).
 type InboxLead interface {
-	// ConsumeLead is a text of two statements: the one that begins a
-	// transaction, and Consume's INSERT with its values written as
-	// literals, so that the driver sends it without arguments.
-	ConsumeLead(table, consumer, messageID string, now time.Time) string
-	// CanLead reports whether db's driver sends such a text as one round
-	// trip and reports the affected rows of its last statement. An error
-	// leaves the question open, to be asked again.
+	// ConsumeLead is Consume with the statement that begins a transaction.
+	ConsumeLead(table, consumer, messageID string, now time.Time) Lead
+	// CanLead reports whether db's driver sends a Lead in one round trip.
+	// An error leaves the question open, to be asked again.
 	CanLead(ctx context.Context, db *sql.DB) (bool, error)
+}
+
+// Lead is Consume's INSERT (Query) with Begin, the statement that begins
+// its transaction, for a driver that pipelines them (pgx); or Text, both as
+// one text with the values written as literals, for a driver that runs a
+// text of several statements in one round trip (MySQL's, with
+// multiStatements).
+type Lead struct {
+	Begin string
+	Query Query
+	Text  string
 }
 
 // DefaultInbox is the inbox table name the shipped schema files use.

@@ -11,23 +11,33 @@ import (
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
 // A Lead is a transaction's first statement sent together with its BEGIN,
 // in one round trip. database/sql spends a round trip on BEGIN alone, so a
 // statement that must open the transaction (the inbox's INSERT, which
-// decides whether the rest runs) costs a second one; sent as one text of
-// two statements it costs none of its own.
+// decides whether the rest runs) costs a second one; sent with the BEGIN
+// it costs none of its own.
+//
+// Through pgx the two go as one pipeline (SendBatch: the statement
+// prepared once per connection, as every statement pgx runs); through
+// another driver as one text of two statements (Text), which MySQL's runs
+// as one round trip with multiStatements.
 //
 // A Lead rides in the context of the Transaction it is meant for, and only
 // the first BeginTx that sees it uses it: a transaction begun later with the
 // same context (a nested Transaction on another *gorm.DB) begins as usual.
 type Lead struct {
-	// SQL begins the transaction and runs the statement, its values
-	// inlined: the driver sends a text without arguments as one simple
-	// query, whose result is the last statement's.
-	SQL string
+	// Begin begins the transaction; Query and Args are its first
+	// statement.
+	Begin string
+	Query string
+	Args  []any
+	// Text is Begin and Query as one text, Args inlined as literals: what
+	// a driver other than pgx sends.
+	Text string
 
 	claimed  atomic.Bool
 	ran      bool
@@ -91,10 +101,7 @@ func beginLead(ctx context.Context, db *sql.DB, l *Lead) (*connTx, error) {
 	if err != nil {
 		return nil, err
 	}
-	res, err := conn.ExecContext(ctx, l.SQL)
-	if err == nil {
-		l.affected, err = res.RowsAffected()
-	}
+	l.affected, err = runLead(ctx, conn, l)
 	if err != nil {
 		// The BEGIN may have run and the statement failed after it.
 		_ = endConn(conn, "ROLLBACK")
@@ -103,6 +110,44 @@ func beginLead(ctx context.Context, db *sql.DB, l *Lead) (*connTx, error) {
 	}
 	l.ran = true
 	return &connTx{conn: conn, ctx: ctx}, nil
+}
+
+// runLead begins the transaction on conn and runs l's statement, and
+// returns the rows it affected.
+func runLead(ctx context.Context, conn *sql.Conn, l *Lead) (affected int64, err error) {
+	piped := false
+	err = conn.Raw(func(dc any) error {
+		pc, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			return nil
+		}
+		piped = true
+		b := &pgx.Batch{}
+		b.Queue(l.Begin)
+		b.Queue(l.Query, l.Args...)
+		br := pc.Conn().SendBatch(ctx, b)
+		_, err := br.Exec()
+		if err == nil {
+			var tag pgconn.CommandTag
+			tag, err = br.Exec()
+			affected = tag.RowsAffected()
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	})
+	if piped || err != nil {
+		return affected, err
+	}
+	if l.Text == "" {
+		return 0, fmt.Errorf("outbox: the driver connection of %T cannot send a statement with its BEGIN", conn)
+	}
+	res, err := conn.ExecContext(ctx, l.Text)
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
 }
 
 // connTx is a transaction begun by a Lead: database/sql knows it only as a

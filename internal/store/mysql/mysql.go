@@ -139,8 +139,8 @@ func consumeRow(table, consumer, messageID string, now time.Time) string {
 func literal(s string) string { return "_utf8mb4 X'" + hex.EncodeToString([]byte(s)) + "'" }
 
 // ConsumeLead implements store.InboxLead.
-func (d *Store) ConsumeLead(table, consumer, messageID string, now time.Time) string {
-	return "START TRANSACTION; " + consumeRow(table, consumer, messageID, now)
+func (d *Store) ConsumeLead(table, consumer, messageID string, now time.Time) store.Lead {
+	return store.Lead{Text: "START TRANSACTION; " + consumeRow(table, consumer, messageID, now)}
 }
 
 // CanLead implements store.InboxLead: the server runs a text of several

@@ -118,22 +118,14 @@ func (s *Store) Consume(table, consumer, messageID string, now time.Time) store.
 	return s.InboxConsume("INSERT INTO", `"`+table+`"`, " ON CONFLICT DO NOTHING", consumer, messageID, now)
 }
 
-// ConsumeLead implements store.InboxLead. The strings are E” literals,
-// whose escapes mean the same whatever standard_conforming_strings says;
-// Consume has refused NUL bytes and invalid UTF-8 before.
-func (s *Store) ConsumeLead(table, consumer, messageID string, now time.Time) string {
-	at := "'" + now.UTC().Format("2006-01-02 15:04:05.999999") + "+00'::timestamptz"
-	return "BEGIN; " + sqlbuild.InboxRow("INSERT INTO", `"`+table+`"`, " ON CONFLICT DO NOTHING", literal(consumer), literal(messageID), at)
+// ConsumeLead implements store.InboxLead: pgx pipelines the BEGIN and the
+// INSERT, prepared as any statement it runs.
+func (s *Store) ConsumeLead(table, consumer, messageID string, now time.Time) store.Lead {
+	return store.Lead{Begin: "BEGIN", Query: s.Consume(table, consumer, messageID, now)}
 }
 
-// literal is s as an escape string constant.
-func literal(s string) string { return "E'" + escapes.Replace(s) + "'" }
-
-var escapes = strings.NewReplacer(`\`, `\\`, `'`, `''`)
-
-// CanLead implements store.InboxLead: pgx sends a text without arguments
-// as one simple query and returns its last command's tag. Other drivers
-// (lib/pq) take the usual way.
+// CanLead implements store.InboxLead: pgx (GORM's driver) pipelines. Other
+// drivers (lib/pq) take the usual way.
 func (s *Store) CanLead(_ context.Context, db *sql.DB) (bool, error) {
 	_, ok := db.Driver().(*stdlib.Driver)
 	return ok, nil
