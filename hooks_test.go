@@ -70,8 +70,8 @@ type insertRecorder struct {
 	inserts []string
 }
 
-func (d *insertRecorder) Insert(rows []store.Event, now time.Time) store.Query {
-	q := d.Store.Insert(rows, now)
+func (d *insertRecorder) Insert(rows []store.Event, now time.Time, seqs bool) store.Query {
+	q := d.Store.Insert(rows, now, seqs)
 	d.mu.Lock()
 	d.inserts = append(d.inserts, q.SQL)
 	d.mu.Unlock()

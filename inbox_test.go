@@ -26,7 +26,7 @@ var inboxTests = map[string]func(*testing.T, backend){
 	"ConsumePublishCommitsWithEffect": forInboxModes(testConsumePublish),
 	"ConsumeInCallersTransaction":     forInboxModes(testConsumeInTransaction),
 	"ConsumeBadInput":                 forInboxModes(testConsumeBadInput),
-	"ConsumeIDsKeptExactly":            forInboxModes(testConsumeIDsKeptExactly),
+	"ConsumeIDsKeptExactly":           forInboxModes(testConsumeIDsKeptExactly),
 	"ConsumeNested":                   forInboxModes(testConsumeNested),
 	"ConsumePreparedSession":          forInboxModes(testConsumePreparedSession),
 	"ConsumeLeavesConnectionClean":    testConsumeLeavesConnectionClean,

@@ -644,8 +644,8 @@ func testGeneratedEventsInsertPlainly(t *testing.T, b backend) {
 	now := e.ob.now()
 	gen := store.Event{ID: "g", Type: "x", Key: "g", Payload: []byte("{}"), Generated: true}
 	named := store.Event{ID: "n", Type: "x", Key: "k", Payload: []byte("{}")}
-	assert.False(t, conflict(e.ob.store.Insert([]store.Event{gen, gen}, now)), "generated events only: no conflict clause")
-	assert.True(t, conflict(e.ob.store.Insert([]store.Event{gen, named}, now)), "a named event keeps the conflict clause")
+	assert.False(t, conflict(e.ob.store.Insert([]store.Event{gen, gen}, now, true)), "generated events only: no conflict clause")
+	assert.True(t, conflict(e.ob.store.Insert([]store.Event{gen, named}, now, true)), "a named event keeps the conflict clause")
 
 	c := &collector{}
 	e.ob.Handle("x", c.handle)

@@ -114,8 +114,11 @@ func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, 
 	for i := range enc {
 		rows[i] = rowOf(&enc[i])
 	}
-	q := o.store.Insert(rows, now)
-	seqs, n, err := o.execInsert(ctx, pool, q, rows)
+	// Only DeliverAfterCommit needs the seqs: reading them back costs the
+	// writer a result set (on PostgreSQL and SQLite, a RETURNING clause).
+	want := o.deliverAfterCommit
+	q := o.store.Insert(rows, now, want)
+	seqs, n, err := o.execInsert(ctx, pool, q, rows, want)
 	if err != nil {
 		if len(enc) == 1 {
 			return nil, fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
@@ -128,10 +131,11 @@ func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, 
 	return seqs, o.checkSkipped(ctx, pool, enc, now, skipped)
 }
 
-// execInsert runs an INSERT and returns the seqs of the rows it wrote (nil
-// when the store cannot say) and how many it wrote (-1 when unknown).
-func (o *Outbox) execInsert(ctx context.Context, pool gorm.ConnPool, q store.Query, rows []store.Event) ([]int64, int, error) {
-	if o.store.Returning() {
+// execInsert runs an INSERT and returns the seqs of the rows it wrote
+// (nil when not wanted or when the store cannot say) and how many it wrote
+// (-1 when unknown).
+func (o *Outbox) execInsert(ctx context.Context, pool gorm.ConnPool, q store.Query, rows []store.Event, want bool) ([]int64, int, error) {
+	if want && o.store.Returning() {
 		rs, err := pool.QueryContext(ctx, q.SQL, q.Args...)
 		if err != nil {
 			return nil, 0, err
@@ -156,7 +160,7 @@ func (o *Outbox) execInsert(ctx context.Context, pool gorm.ConnPool, q store.Que
 		return nil, -1, nil
 	}
 	n := int(n64)
-	if n != len(rows) || !sqlbuild.AllGenerated(rows) {
+	if !want || n != len(rows) || !sqlbuild.AllGenerated(rows) {
 		// A conflict clause makes the row count and the first seq say
 		// nothing exact about which rows were written.
 		return nil, n, nil

@@ -84,7 +84,7 @@ func logicalWrite(ctx context.Context, pg *pgServer, plain, table, logical *gorm
 	}
 	sql := sqlDB(plain)
 	for _, writers := range opts.writers {
-		rates, ratios, err := writeRounds(ctx, contenders, writers, opts, "logical write", func(ctx context.Context) error {
+		rates, ratios, _, err := writeRounds(ctx, contenders, writers, opts, "logical write", func(ctx context.Context) error {
 			// The slot keeps the WAL of every emitted message until a relay
 			// confirms it; advance it so that the rounds run alike.
 			if _, err := sql.ExecContext(ctx, "SELECT pg_replication_slot_advance($1, pg_current_wal_lsn())", logicalSlot); err != nil {

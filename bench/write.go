@@ -128,7 +128,7 @@ func writeOn(ctx context.Context, d database, opts options, t *table) error {
 	}
 
 	for _, writers := range opts.writers {
-		rates, ratios, err := writeRounds(ctx, contenders, writers, opts, "write "+d.name(),
+		rates, ratios, cpu, err := writeRounds(ctx, contenders, writers, opts, "write "+d.name(),
 			func(ctx context.Context) error { return d.clear(ctx, sqlDB(plain), tables...) })
 		if err != nil {
 			return err
@@ -146,6 +146,7 @@ func writeOn(ctx context.Context, d database, opts options, t *table) error {
 				oursRow = r
 			}
 		}
+		addCPURows(t, scen, contenders, cpu)
 		// Judged on per-round quotients, which the slicing keeps under
 		// the same load.
 		quot := func(a, b string) float64 {
@@ -167,17 +168,19 @@ func writeOn(ctx context.Context, d database, opts options, t *table) error {
 
 // writeRounds measures the contenders with writers goroutines over
 // opts.rounds rounds, prepare running before each, and returns each
-// contender's tx/s and its ratio to the first contender, by round.
-func writeRounds(ctx context.Context, contenders []writeContender, writers int, opts options, label string, prepare func(context.Context) error) (rates, ratios map[string]series, err error) {
-	rates, ratios = map[string]series{}, map[string]series{}
+// contender's tx/s and its ratio to the first contender, by round, and
+// (on Linux) the CPU each spent per transaction: the machine's and, within
+// it, the bench process's own (the Go side), in µs, by round.
+func writeRounds(ctx context.Context, contenders []writeContender, writers int, opts options, label string, prepare func(context.Context) error) (rates, ratios map[string]series, cpu map[string]cpuSeries, err error) {
+	rates, ratios, cpu = map[string]series{}, map[string]series{}, map[string]cpuSeries{}
 	for round := range opts.rounds {
 		if err := prepare(ctx); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		// A short unmeasured warm-up fills the pools and caches.
 		for _, c := range contenders {
 			if _, _, err := measureWrites(ctx, c.db, writers, opts.writeDur/20, c.extra); err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", c.name, err)
+				return nil, nil, nil, fmt.Errorf("%s: %w", c.name, err)
 			}
 		}
 		// Each contender's time in a round is cut into slices taken in
@@ -186,11 +189,19 @@ func writeRounds(ctx context.Context, contenders []writeContender, writers int, 
 		// whichever ran during it.
 		count := map[string]int64{}
 		spent := map[string]time.Duration{}
+		used := map[string]cpuTimes{}
 		for slice := range writeSlices {
 			for _, c := range rotate(contenders, round+slice) {
+				before := readCPU()
 				n, d, err := measureWrites(ctx, c.db, writers, opts.writeDur/writeSlices, c.extra)
 				if err != nil {
-					return nil, nil, fmt.Errorf("%s: %w", c.name, err)
+					return nil, nil, nil, fmt.Errorf("%s: %w", c.name, err)
+				}
+				u := readCPU().sub(before)
+				if slice == 0 {
+					used[c.name] = u
+				} else {
+					used[c.name] = used[c.name].add(u)
 				}
 				count[c.name] += n
 				spent[c.name] += d
@@ -202,10 +213,20 @@ func writeRounds(ctx context.Context, contenders []writeContender, writers int, 
 			progress("%s %d writer(s) round %d: %-40s %8.0f tx/s", label, writers, round+1, c.name, r)
 			rates[c.name] = append(rates[c.name], r)
 			ratios[c.name] = append(ratios[c.name], r/base)
+			if u := used[c.name]; u.ok && count[c.name] > 0 {
+				perTx := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(count[c.name]) }
+				cs := cpu[c.name]
+				cs.machine = append(cs.machine, perTx(u.machine))
+				cs.self = append(cs.self, perTx(u.self))
+				cpu[c.name] = cs
+			}
 		}
 	}
-	return rates, ratios, nil
+	return rates, ratios, cpu, nil
 }
+
+// cpuSeries is one contender's CPU per transaction, in µs, by round.
+type cpuSeries struct{ machine, self series }
 
 // writeSlices is how many turns each contender gets in a round.
 const writeSlices = 10
@@ -323,3 +344,32 @@ func floorInsertInto(table string, d database) func(tx *gorm.DB, aggID string, o
 		return nil
 	}
 }
+
+// addCPURows adds, per contender, the CPU a transaction cost beyond the
+// first contender's (the business transaction alone): the machine's (the
+// database server's, the bench's, the kernel's) and the bench process's own
+// (the Go side: the library, the driver, GORM), medians of the per-round
+// differences. On a shared machine these move less than the throughputs.
+func addCPURows(t *table, scen string, contenders []writeContender, cpu map[string]cpuSeries) {
+	base, ok := cpu[contenders[0].name]
+	if !ok {
+		return
+	}
+	diff := func(a, b series) series {
+		var d series
+		for i := range min(len(a), len(b)) {
+			d = append(d, a[i]-b[i])
+		}
+		return d
+	}
+	for _, c := range contenders[1:] {
+		cs, ok := cpu[c.name]
+		if !ok {
+			continue
+		}
+		t.add(&row{scenario: scen, contender: c.name, metric: "CPU µs/tx beyond alone: machine", vals: diff(cs.machine, base.machine), format: fmtMicros,
+			note: fmt.Sprintf("of which the bench process %s", fmtMicros(diff(cs.self, base.self).median()))})
+	}
+}
+
+func fmtMicros(v float64) string { return fmt.Sprintf("%.0f µs", v) }

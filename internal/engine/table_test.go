@@ -34,7 +34,7 @@ func TestTableSource(t *testing.T) {
 	for _, id := range []string{"a1", "b1", "a2", "c1", "d1"} {
 		rows = append(rows, store.Event{ID: id, Type: "x", AggregateType: "a", AggregateID: id[:1], Key: id, NamedID: true, Payload: []byte("{}"), OccurredAt: t0})
 	}
-	q := s.Insert(rows, t0)
+	q := s.Insert(rows, t0, false)
 	_, err = db.Exec(q.SQL, q.Args...)
 	require.NoError(t, err)
 

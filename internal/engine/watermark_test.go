@@ -125,7 +125,7 @@ func wmInsert(t *testing.T, q store.Querier, s store.Store, evs ...store.Event) 
 	require.True(t, s.Returning())
 	var seqs []int64
 	for chunk := range slices.Chunk(evs, s.Limits().InsertRows) {
-		stmt := s.Insert(chunk, t0)
+		stmt := s.Insert(chunk, t0, true)
 		rs, err := q.QueryContext(context.Background(), stmt.SQL, stmt.Args...)
 		require.NoError(t, err)
 		for rs.Next() {

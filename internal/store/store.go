@@ -179,11 +179,13 @@ type Writer interface {
 	// whose key equals an earlier event's ID, or whose ID equals an earlier
 	// event's key, is written, on every database; so is a row whose ID was
 	// generated, which enters neither index.
-	// With Returning, the statement returns the seq of each row it
-	// inserted; without, a store assigns consecutive seqs to the rows of
-	// one INSERT of generated events (the driver's LastInsertId is the
-	// first).
-	Insert(rows []Event, now time.Time) Query
+	// With seqs, the statement tells the seqs of the rows it wrote: with
+	// Returning, it returns the seq of each row it inserted; without, the
+	// store assigns consecutive seqs to the rows of one INSERT of
+	// generated events (the driver's LastInsertId is the first). Without
+	// seqs it returns no rows (a RETURNING clause costs the writer a
+	// result set to read, and only DeliverAfterCommit needs them).
+	Insert(rows []Event, now time.Time, seqs bool) Query
 	Returning() bool
 	// Held reads the ID, key and creation time of the rows whose
 	// publisher chose one of ids as ID or one of keys as key.

@@ -180,7 +180,7 @@ func (d *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, erro
 
 // Insert skips a duplicate with ON DUPLICATE KEY UPDATE, not INSERT IGNORE,
 // which would also turn truncation and other errors into warnings.
-func (d *Store) Insert(rows []store.Event, now time.Time) store.Query {
+func (d *Store) Insert(rows []store.Event, now time.Time, _ bool) store.Query {
 	return d.InsertRows(rows, now, " ON DUPLICATE KEY UPDATE seq = seq", "")
 }
 

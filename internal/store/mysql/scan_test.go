@@ -42,7 +42,7 @@ func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 		_, err := x.ExecContext(t.Context(), q.SQL, q.Args...)
 		require.NoError(t, err)
 	}
-	exec(db, d.Insert([]store.Event{ev("first", "other")}, now))
+	exec(db, d.Insert([]store.Event{ev("first", "other")}, now, false))
 
 	type result struct {
 		batch []store.Claimed
@@ -65,7 +65,7 @@ func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	require.Eventually(t, func() bool { return sleeping() > 0 }, 10*time.Second, 5*time.Millisecond, "the claim to sleep on its first row")
 	tx, err := db.BeginTx(t.Context(), nil)
 	require.NoError(t, err)
-	exec(tx, d.Insert([]store.Event{ev("n", "one"), ev("n+1", "one")}, now))
+	exec(tx, d.Insert([]store.Event{ev("n", "one"), ev("n+1", "one")}, now, false))
 	require.NoError(t, tx.Commit())
 	require.Equal(t, 1, sleeping(), "the commit must land while the claim's scan runs")
 	res := <-done

@@ -36,7 +36,7 @@ func TestRelayStatementsKeepAGenericPlan(t *testing.T) {
 			id := uuid.Must(uuid.NewV7()).String()
 			rows[i] = store.Event{ID: id, Type: "t", Key: id, Payload: []byte(`{}`), OccurredAt: now, Generated: true}
 		}
-		q := s.Insert(rows, now)
+		q := s.Insert(rows, now, false)
 		_, err := db.ExecContext(ctx, q.SQL, q.Args...)
 		require.NoError(t, err)
 	}

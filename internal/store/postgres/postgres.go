@@ -180,8 +180,8 @@ func (s *Store) OrderingIndex() (string, []string) {
 
 // Insert implements store.Writer. A duplicate is a no-op, and the caller's
 // transaction is not aborted by a unique violation.
-func (s *Store) Insert(rows []store.Event, now time.Time) store.Query {
-	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING", " RETURNING seq")
+func (s *Store) Insert(rows []store.Event, now time.Time, seqs bool) store.Query {
+	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING", sqlbuild.ReturningSeq(seqs))
 }
 
 // Returning implements store.Writer.

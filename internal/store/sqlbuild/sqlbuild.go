@@ -223,6 +223,15 @@ func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict, returni
 	return b.Query()
 }
 
+// ReturningSeq is the RETURNING clause of an Insert that tells the seqs
+// it wrote (seqs), or none.
+func ReturningSeq(seqs bool) string {
+	if seqs {
+		return " RETURNING seq"
+	}
+	return ""
+}
+
 // AllGenerated reports whether every row's ID and key were generated.
 func AllGenerated(rows []store.Event) bool {
 	for i := range rows {

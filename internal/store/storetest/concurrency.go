@@ -96,8 +96,8 @@ func testConcurrency(t *testing.T, open Open) {
 			for n := 0; n < perAggregate; n += 2 {
 				for a := range aggregates {
 					agID := fmt.Sprint(a)
-					q := e.s.Insert([]store.Event{agg(idOf(a, n), "acct", agID), agg(idOf(a, n+1), "acct", agID)}, now)
-					if _, _, err := runInsert(e.ctx, e.db, e.s, q); err != nil {
+					q := e.s.Insert([]store.Event{agg(idOf(a, n), "acct", agID), agg(idOf(a, n+1), "acct", agID)}, now, false)
+					if _, _, err := runInsert(e.ctx, e.db, e.s, q, false); err != nil {
 						errs[claimers] = err
 						return
 					}

@@ -130,7 +130,7 @@ func (e *env) insert(at time.Time, evs ...store.Event) int64 {
 // checked to hold one of evs' IDs.
 func (e *env) tryInsert(at time.Time, evs ...store.Event) (int64, error) {
 	e.t.Helper()
-	n, seqs, err := runInsert(e.ctx, e.db, e.s, e.s.Insert(evs, at))
+	n, seqs, err := runInsert(e.ctx, e.db, e.s, e.s.Insert(evs, at, true), true)
 	if err != nil || seqs == nil {
 		return n, err
 	}
@@ -144,11 +144,11 @@ func (e *env) tryInsert(at time.Time, evs ...store.Event) (int64, error) {
 	return n, nil
 }
 
-// runInsert runs an Insert statement as Publish does: with Returning, a
-// query whose rows are the seqs it inserted; without, a statement whose row
-// count it is (seqs nil).
-func runInsert(ctx context.Context, db *sql.DB, s store.Store, q store.Query) (n int64, seqs []int64, err error) {
-	if !s.Returning() {
+// runInsert runs an Insert statement as Publish does: asked for its seqs
+// (want) with Returning, a query whose rows are the seqs it inserted;
+// otherwise a statement whose row count it is (seqs nil).
+func runInsert(ctx context.Context, db *sql.DB, s store.Store, q store.Query, want bool) (n int64, seqs []int64, err error) {
+	if !want || !s.Returning() {
 		res, err := db.ExecContext(ctx, q.SQL, q.Args...)
 		if err != nil {
 			return 0, nil, err

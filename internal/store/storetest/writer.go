@@ -3,6 +3,7 @@ package storetest
 import (
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -109,10 +110,36 @@ func testWriter(t *testing.T, open Open) {
 		clash := generated()
 		clash.Key = "k-taken"
 		_, err := e.tryInsert(now, clash)
-		assert.Error(t, err, "an INSERT of generated rows must carry no conflict clause: %s", e.s.Insert([]store.Event{clash}, now).SQL)
+		assert.Error(t, err, "an INSERT of generated rows must carry no conflict clause: %s", e.s.Insert([]store.Event{clash}, now, true).SQL)
 		// One caller-named row keeps the clause for the whole statement.
 		assert.EqualValues(t, 1, e.insert(now, clash, ev("named")), "the clashing row skipped, the named row written")
 		assert.EqualValues(t, 4, e.rows())
+	})
+
+	// Publish asks for the seqs only with DeliverAfterCommit: without, the
+	// statement returns no rows, and its row count still tells how many
+	// rows it wrote (a chosen ID or key already taken skipped).
+	t.Run("InsertWithoutSeqs", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, open)
+		first := ev("w-1")
+		first.Key = "k-w-1"
+		rows := []store.Event{generated(), generated(), first}
+		q := e.s.Insert(rows, now, false)
+		rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
+		require.NoError(t, err, "%s", q.SQL)
+		assert.False(t, rs.Next(), "an Insert not asked for its seqs returns no rows: %s", q.SQL)
+		require.NoError(t, errors.Join(rs.Err(), rs.Close()))
+		assert.EqualValues(t, 3, e.rows())
+
+		again := ev("w-1")
+		again.Key = "k-w-1"
+		other := ev("w-2")
+		n, seqs, err := runInsert(e.ctx, e.db, e.s, e.s.Insert([]store.Event{again, other, generated()}, now, false), false)
+		require.NoError(t, err)
+		assert.Nil(t, seqs)
+		assert.EqualValues(t, 2, n, "the taken ID skipped, the other two written")
+		assert.EqualValues(t, 5, e.rows())
 	})
 
 	t.Run("DuplicatesSkipped", func(t *testing.T) {
