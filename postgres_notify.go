@@ -48,6 +48,7 @@ type notifier struct {
 	poke    chan struct{}
 	running atomic.Bool
 	failing atomic.Bool
+	stmt    string // the NOTIFY; only the running loop touches it
 }
 
 func newNotifier(o *Outbox, n store.Notifier, db *sql.DB) *notifier {
@@ -111,7 +112,9 @@ func nextNotifyGap(gap time.Duration, waiting bool) time.Duration {
 
 // send sends one NOTIFY on conn (taking a connection when conn is nil) and
 // returns the connection to use next time: nil after an error, so that a
-// broken one is replaced.
+// broken one is replaced. The statement is resolved once (its channel
+// depends on the schema, the same on every connection of the pool) and
+// again after an error.
 func (n *notifier) send(conn *sql.Conn) *sql.Conn {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -119,8 +122,15 @@ func (n *notifier) send(conn *sql.Conn) *sql.Conn {
 	if conn == nil {
 		conn, err = n.db.Conn(ctx)
 	}
+	if err == nil && n.stmt == "" {
+		n.stmt, err = n.n.NotifySQL(ctx, conn)
+	}
 	if err == nil {
-		if err = n.n.Notify(ctx, conn); err != nil {
+		_, err = conn.ExecContext(ctx, n.stmt)
+	}
+	if err != nil {
+		n.stmt = ""
+		if conn != nil {
 			_ = conn.Close()
 			conn = nil
 		}

@@ -372,8 +372,12 @@ type Replicas interface {
 type Notifier interface {
 	// Channel is the channel of the outbox's wake-ups.
 	Channel() string
-	// Notify sends one wake-up.
-	Notify(ctx context.Context, db Execer) error
+	// NotifySQL is the statement that sends one wake-up from db's
+	// session: a statement without arguments, which the driver sends as
+	// one simple query with nothing to plan, its channel resolved by this
+	// call for the session's schema. A writer resolves it once per
+	// connection and sends it after every commit that wrote events.
+	NotifySQL(ctx context.Context, db Querier) (string, error)
 	// Listen listens on conn, a connection taken from db's pool for
 	// this alone, calls ready once listening, then wake for every
 	// notification, until ctx ends or the connection fails. It returns

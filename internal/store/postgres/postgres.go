@@ -226,11 +226,24 @@ const schemaChannel = ChannelSQL
 // channel ([Store.Channel]) as $1.
 const ChannelSQL = `CASE WHEN current_schema() = 'public' THEN $1::text ELSE left($1::text, 50) || '_' || left(md5(current_schema()), 12) END`
 
-// Notify implements store.Notifier. The payload names the schema, for
+// NotifySQL implements store.Notifier. The payload names the schema, for
 // whoever listens by hand.
-func (s *Store) Notify(ctx context.Context, db store.Execer) error {
-	_, err := db.ExecContext(ctx, "SELECT pg_notify("+schemaChannel+", current_schema())", s.Channel())
-	return err
+func (s *Store) NotifySQL(ctx context.Context, db store.Querier) (string, error) {
+	var channel, schema string
+	if err := db.QueryRowContext(ctx, "SELECT "+schemaChannel+", current_schema()", s.Channel()).Scan(&channel, &schema); err != nil {
+		return "", err
+	}
+	return "NOTIFY " + quoteIdent(channel) + ", " + quoteLiteral(schema), nil
+}
+
+// quoteIdent is name as a quoted identifier.
+func quoteIdent(name string) string { return `"` + strings.ReplaceAll(name, `"`, `""`) + `"` }
+
+// quoteLiteral is s as a string constant whose escapes mean the same
+// whatever standard_conforming_strings says (s holds no NUL: it came from
+// the server).
+func quoteLiteral(s string) string {
+	return "E'" + strings.NewReplacer(`\`, `\\`, `'`, `''`).Replace(s) + "'"
 }
 
 // Listen implements store.Notifier on pgx's connection.
@@ -245,7 +258,7 @@ func (s *Store) Listen(ctx context.Context, conn *sql.Conn, ready, wake func()) 
 		if err := pc.QueryRow(ctx, "SELECT "+schemaChannel, s.Channel()).Scan(&channel); err != nil {
 			return err
 		}
-		if _, err := pc.Exec(ctx, `LISTEN "`+strings.ReplaceAll(channel, `"`, `""`)+`"`); err != nil {
+		if _, err := pc.Exec(ctx, "LISTEN "+quoteIdent(channel)); err != nil {
 			return err
 		}
 		ready()

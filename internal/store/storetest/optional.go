@@ -47,7 +47,10 @@ func testNotifier(t *testing.T, open Open) {
 
 		// From another connection of the pool, and from a transaction
 		// once it commits.
-		require.NoError(t, n.Notify(e.ctx, e.db))
+		notify, err := n.NotifySQL(e.ctx, e.db)
+		require.NoError(t, err)
+		_, err = e.db.ExecContext(e.ctx, notify)
+		require.NoError(t, err)
 		select {
 		case <-woke:
 		case err := <-done:
@@ -57,7 +60,8 @@ func testNotifier(t *testing.T, open Open) {
 		}
 		tx, err := e.db.BeginTx(e.ctx, nil)
 		require.NoError(t, err)
-		require.NoError(t, n.Notify(e.ctx, tx))
+		_, err = tx.ExecContext(e.ctx, notify)
+		require.NoError(t, err)
 		require.NoError(t, tx.Commit())
 		select {
 		case <-woke:
