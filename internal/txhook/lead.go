@@ -141,7 +141,7 @@ func runLead(ctx context.Context, conn *sql.Conn, l *Lead) (affected int64, err 
 		return affected, err
 	}
 	if l.Text == "" {
-		return 0, fmt.Errorf("outbox: the driver connection of %T cannot send a statement with its BEGIN", conn)
+		return 0, errors.New("outbox: no text to begin the transaction with on a driver other than pgx")
 	}
 	res, err := conn.ExecContext(ctx, l.Text)
 	if err != nil {
