@@ -259,6 +259,13 @@ func startCrashChild(t *testing.T, s server, db *gorm.DB, dsn string, round int)
 		childRoleEnv+"=crash", crashServerEnv+"="+s.name, crashDSNEnv+"="+s.tagged(t, db, dsn, tag),
 		crashRoundEnv+"="+strconv.Itoa(round),
 		"GORACE=halt_on_error=1") // a race in the child ends it, and the parent sees that
+	return startChild(t, cmd, tag)
+}
+
+// startChild starts cmd, a child whose sessions carry tag and which prints
+// "ready" once it runs.
+func startChild(t *testing.T, cmd *exec.Cmd, tag string) *crashChild {
+	t.Helper()
 	c := &crashChild{tag: tag, cmd: cmd, ready: make(chan struct{})}
 	cmd.Stderr = c
 	stdout, err := cmd.StdoutPipe()

@@ -1,0 +1,254 @@
+package reliability
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+
+	mysqldriver "github.com/go-sql-driver/mysql"
+	"github.com/gorm-outbox/outbox"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+const (
+	inboxRoundsEnv = "OUTBOX_INBOX_CRASH_ROUNDS" // rounds of the parent; default 10
+	inboxSeedEnv   = "OUTBOX_INBOX_CRASH_SEED"   // seed of the kill moments; default random
+	inboxMultiEnv  = "OUTBOX_INBOX_CRASH_MULTI"  // "1": the child's MySQL DSN has multiStatements
+
+	// inboxMessages is how many messages the children consume, again and
+	// again: every child delivers each of them to each of its consumers,
+	// in an order of that consumer's own, as a broker redelivering after
+	// crashes and lost acks would.
+	inboxMessages  = 400
+	inboxConsumers = 3
+	inboxConsumer  = "billing"
+)
+
+var errInboxHandler = errors.New("the handler fails on purpose")
+
+// TestInboxCrash SIGKILLs consumer processes (this test binary re-executed)
+// at random moments, round after round, on each server. Each child runs
+// three goroutines that each deliver every message, in an order of their
+// own, through Consume: a business row (the effect) and an onward event per
+// message, and every seventh delivery failing after its effect. Duplicates
+// therefore arrive concurrently, and kills land inside Consume's
+// transactions, between their commit and the next message, and on
+// connections Consume holds out of the pool (where its INSERT travels with
+// the BEGIN: PostgreSQL through pgx; MySQL in the rounds whose DSN has
+// multiStatements, every other one). A last child runs to completion. Then
+// every message's effect must exist exactly once, its inbox record once,
+// and its onward event once.
+func TestInboxCrash(t *testing.T) {
+	t.Parallel()
+	forEachServer(t, testInboxCrash)
+}
+
+func testInboxCrash(t *testing.T, s server) {
+	dsn := s.fresh(t)
+	rounds := envInt(t, inboxRoundsEnv, 10)
+	seed := uint64(envInt(t, inboxSeedEnv, int(rand.Int32())))
+	rng := rand.New(rand.NewPCG(seed, seed))
+	t.Logf("inbox crash test on %s: %d rounds, seed %d (%s=%d reproduces the kill moments)", s.name, rounds, seed, inboxSeedEnv, seed)
+
+	db := openGorm(t, s.open(dsn))
+	ob := install(t, db, outbox.Config{Logger: newLogSink().logger()})
+	require.NoError(t, db.Exec(`CREATE TABLE inbox_effects (message_id varchar(64) NOT NULL, round integer NOT NULL)`).Error)
+
+	start := time.Now()
+	for r := range rounds {
+		child := startInboxChild(t, s, db, dsn, r, false)
+		child.waitReady(t)
+		waitKillMoment(time.Duration(50+rng.IntN(400)) * time.Millisecond)
+		child.kill(t)
+		eventually(t, 30*time.Second, func() error {
+			n, err := s.sessions(db, child.tag)
+			if err != nil {
+				return err
+			}
+			if n > 0 {
+				return fmt.Errorf("%d sessions of the killed child still open", n)
+			}
+			return nil
+		})
+	}
+	killed := time.Since(start)
+	// The last child delivers every message once more and exits.
+	last := startInboxChild(t, s, db, dsn, rounds, true)
+	last.waitExit(t, 5*time.Minute)
+
+	q := func(query string) int64 {
+		t.Helper()
+		var n int64
+		require.NoError(t, db.Raw(query).Scan(&n).Error)
+		return n
+	}
+	effects := q(`SELECT count(*) FROM inbox_effects`)
+	assert.EqualValues(t, inboxMessages, q(`SELECT count(DISTINCT message_id) FROM inbox_effects`), "messages whose effect exists")
+	assert.Zero(t, q(`SELECT count(*) FROM (SELECT message_id FROM inbox_effects GROUP BY message_id HAVING count(*) > 1) x`),
+		"messages whose effect was committed more than once")
+	assert.EqualValues(t, inboxMessages, q(`SELECT count(*) FROM `+outbox.DefaultInboxTable+` WHERE consumer = '`+inboxConsumer+`'`), "inbox records")
+	onward := q(`SELECT count(*) FROM ` + ob.Table() + ` WHERE event_type = 'invoice.created'`)
+	assert.EqualValues(t, inboxMessages, onward, "onward events")
+	assert.EqualValues(t, inboxMessages, q(`SELECT count(DISTINCT aggregate_id) FROM `+ob.Table()+` WHERE event_type = 'invoice.created'`),
+		"messages with an onward event")
+	killedRounds := q(`SELECT count(DISTINCT round) FROM inbox_effects WHERE round < ` + strconv.Itoa(rounds))
+	t.Logf("INBOX-CRASH-RESULT server=%s rounds=%d rounds_that_committed_effects=%d messages=%d effects=%d onward=%d kill_phase=%v total=%v",
+		s.name, rounds, killedRounds, inboxMessages, effects, onward, killed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+func startInboxChild(t *testing.T, s server, db *gorm.DB, dsn string, round int, last bool) *crashChild {
+	t.Helper()
+	tag := fmt.Sprintf("outbox-inbox-%s-%d", randomHex(4), round)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInboxCrashChild$", "-test.count=1", "-test.timeout=10m")
+	multi := "0"
+	if round%2 == 1 {
+		multi = "1"
+	}
+	lastRun := "0"
+	if last {
+		lastRun = "1"
+	}
+	cmd.Env = append(os.Environ(),
+		childRoleEnv+"=inbox", crashServerEnv+"="+s.name, crashDSNEnv+"="+s.tagged(t, db, dsn, tag),
+		crashRoundEnv+"="+strconv.Itoa(round), inboxMultiEnv+"="+multi, "OUTBOX_INBOX_CRASH_LAST="+lastRun,
+		"GORACE=halt_on_error=1")
+	return startChild(t, cmd, tag)
+}
+
+// waitExit waits for a child that ends on its own, and fails the test if
+// it failed.
+func (c *crashChild) waitExit(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- c.cmd.Wait() }()
+	select {
+	case err := <-done:
+		_ = c.stdin.Close()
+		require.NoError(t, err, "the last child failed:\n%s", c.output())
+	case <-time.After(timeout):
+		_ = c.cmd.Process.Kill()
+		t.Fatalf("the last child did not finish in %v:\n%s", timeout, c.output())
+	}
+}
+
+// TestInboxCrashChild is the child process of TestInboxCrash.
+func TestInboxCrashChild(t *testing.T) {
+	if os.Getenv(childRoleEnv) != "inbox" {
+		t.Skip("helper process of TestInboxCrash; runs only when re-executed by it")
+	}
+	last := os.Getenv("OUTBOX_INBOX_CRASH_LAST") == "1"
+	if !last {
+		go func() {
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			os.Exit(0)
+		}()
+	}
+	fail := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "inbox child: "+format+"\n", args...)
+		os.Exit(2)
+	}
+	round, err := strconv.Atoi(os.Getenv(crashRoundEnv))
+	if err != nil {
+		fail("round: %v", err)
+	}
+	s, ok := serverNamed(os.Getenv(crashServerEnv))
+	if !ok {
+		fail("unknown server %q", os.Getenv(crashServerEnv))
+	}
+	dsn := os.Getenv(crashDSNEnv)
+	if s.name == "mysql" && os.Getenv(inboxMultiEnv) == "1" {
+		cfg, err := mysqldriver.ParseDSN(dsn)
+		if err != nil {
+			fail("dsn: %v", err)
+		}
+		cfg.MultiStatements = true
+		dsn = cfg.FormatDSN()
+	}
+	db, err := gorm.Open(s.open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		fail("open: %v", err)
+	}
+	ob := outbox.Plugin(outbox.Config{
+		Logger:             slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		DisableAutoMigrate: true,
+	})
+	if err := db.Use(ob); err != nil {
+		fail("use: %v", err)
+	}
+	errs := make(chan error, inboxConsumers)
+	for c := range inboxConsumers {
+		go func() {
+			rng := rand.New(rand.NewPCG(uint64(round), uint64(c)))
+			order := rng.Perm(inboxMessages)
+			for i, m := range order {
+				id := "m-" + strconv.Itoa(m)
+				failing := !last && (i+c)%7 == 3
+				if err := consumeInboxCrash(db, id, round, failing, last); err != nil {
+					errs <- fmt.Errorf("consumer %d, message %s: %w", c, id, err)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	fmt.Println("ready")
+	for range inboxConsumers {
+		if err := <-errs; err != nil {
+			fail("%v", err)
+		}
+	}
+	if !last {
+		select {} // killed by the parent
+	}
+	// Done: exit as the killed children do, without TestMain's leak check
+	// (the outbox's background goroutines outlive the consumers by design).
+	os.Exit(0)
+}
+
+// consumeInboxCrash delivers message id once through Consume: a business
+// row and an onward event, failing after both when failing. A deadlock
+// (MySQL: concurrent deliveries of one message waiting on one that rolls
+// back, docs/inbox.md) is returned by Consume and the message delivered
+// again later, here at once in the last child, which must consume all.
+func consumeInboxCrash(db *gorm.DB, id string, round int, failing, last bool) error {
+	for {
+		err := outbox.Consume(db, inboxConsumer, id, func(tx *gorm.DB) error {
+			if err := tx.Exec(`INSERT INTO inbox_effects (message_id, round) VALUES (?, ?)`, id, round).Error; err != nil {
+				return err
+			}
+			if err := outbox.Publish(tx, outbox.Event{Type: "invoice.created", AggregateType: "message", AggregateID: id,
+				Payload: map[string]any{"round": round}}); err != nil {
+				return err
+			}
+			if failing {
+				return errInboxHandler
+			}
+			return nil
+		})
+		switch {
+		case err == nil, failing && errors.Is(err, errInboxHandler):
+			return nil
+		case isDeadlock(err):
+			if !last {
+				return nil
+			}
+		default:
+			return err
+		}
+	}
+}
+
+func isDeadlock(err error) bool {
+	var me *mysqldriver.MySQLError
+	return errors.As(err, &me) && me.Number == 1213
+}
