@@ -25,11 +25,12 @@ const (
 	inboxSeedEnv   = "OUTBOX_INBOX_CRASH_SEED"   // seed of the kill moments; default random
 	inboxMultiEnv  = "OUTBOX_INBOX_CRASH_MULTI"  // "1": the child's MySQL DSN has multiStatements
 
-	// inboxMessages is how many messages the children consume, again and
-	// again: every child delivers each of them to each of its consumers,
-	// in an order of that consumer's own, as a broker redelivering after
-	// crashes and lost acks would.
-	inboxMessages  = 400
+	// inboxWindow is how many messages a child delivers: round r's are
+	// those from r*inboxWindow/2 on, half of them its predecessor's again
+	// (redeliveries of what it consumed, or not yet, when it was killed),
+	// half new. Each consumer goroutine of a child delivers every one of
+	// them, in an order of its own.
+	inboxWindow    = 400
 	inboxConsumers = 3
 	inboxConsumer  = "billing"
 )
@@ -38,8 +39,9 @@ var errInboxHandler = errors.New("the handler fails on purpose")
 
 // TestInboxCrash SIGKILLs consumer processes (this test binary re-executed)
 // at random moments, round after round, on each server. Each child runs
-// three goroutines that each deliver every message, in an order of their
-// own, through Consume: a business row (the effect) and an onward event per
+// three goroutines that each deliver every message of its round's window
+// (half of them its predecessor's again), in an order of their own, through
+// Consume: a business row (the effect) and an onward event per
 // message, and every seventh delivery failing after its effect. Duplicates
 // therefore arrive concurrently, and kills land inside Consume's
 // transactions, between their commit and the next message, and on
@@ -84,7 +86,8 @@ func testInboxCrash(t *testing.T, s server) {
 	killed := time.Since(start)
 	// The last child delivers every message once more and exits.
 	last := startInboxChild(t, s, db, dsn, rounds, true)
-	last.waitExit(t, 5*time.Minute)
+	last.waitExit(t, 10*time.Minute)
+	messages := inboxTotal(rounds)
 
 	q := func(query string) int64 {
 		t.Helper()
@@ -93,17 +96,18 @@ func testInboxCrash(t *testing.T, s server) {
 		return n
 	}
 	effects := q(`SELECT count(*) FROM inbox_effects`)
-	assert.EqualValues(t, inboxMessages, q(`SELECT count(DISTINCT message_id) FROM inbox_effects`), "messages whose effect exists")
+	assert.EqualValues(t, messages, q(`SELECT count(DISTINCT message_id) FROM inbox_effects`), "messages whose effect exists")
 	assert.Zero(t, q(`SELECT count(*) FROM (SELECT message_id FROM inbox_effects GROUP BY message_id HAVING count(*) > 1) x`),
 		"messages whose effect was committed more than once")
-	assert.EqualValues(t, inboxMessages, q(`SELECT count(*) FROM `+outbox.DefaultInboxTable+` WHERE consumer = '`+inboxConsumer+`'`), "inbox records")
+	assert.EqualValues(t, messages, q(`SELECT count(*) FROM `+outbox.DefaultInboxTable+` WHERE consumer = '`+inboxConsumer+`'`), "inbox records")
 	onward := q(`SELECT count(*) FROM ` + ob.Table() + ` WHERE event_type = 'invoice.created'`)
-	assert.EqualValues(t, inboxMessages, onward, "onward events")
-	assert.EqualValues(t, inboxMessages, q(`SELECT count(DISTINCT aggregate_id) FROM `+ob.Table()+` WHERE event_type = 'invoice.created'`),
+	assert.EqualValues(t, messages, onward, "onward events")
+	assert.EqualValues(t, messages, q(`SELECT count(DISTINCT aggregate_id) FROM `+ob.Table()+` WHERE event_type = 'invoice.created'`),
 		"messages with an onward event")
 	killedRounds := q(`SELECT count(DISTINCT round) FROM inbox_effects WHERE round < ` + strconv.Itoa(rounds))
-	t.Logf("INBOX-CRASH-RESULT server=%s rounds=%d rounds_that_committed_effects=%d messages=%d effects=%d onward=%d kill_phase=%v total=%v",
-		s.name, rounds, killedRounds, inboxMessages, effects, onward, killed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	toLast := q(`SELECT count(*) FROM inbox_effects WHERE round = ` + strconv.Itoa(rounds))
+	t.Logf("INBOX-CRASH-RESULT server=%s rounds=%d rounds_that_committed_effects=%d messages=%d consumed_by_the_last_child=%d effects=%d onward=%d kill_phase=%v total=%v",
+		s.name, rounds, killedRounds, messages, toLast, effects, onward, killed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }
 
 func startInboxChild(t *testing.T, s server, db *gorm.DB, dsn string, round int, last bool) *crashChild {
@@ -188,10 +192,13 @@ func TestInboxCrashChild(t *testing.T) {
 	errs := make(chan error, inboxConsumers)
 	for c := range inboxConsumers {
 		go func() {
+			first, n := round*inboxWindow/2, inboxWindow
+			if last {
+				first, n = 0, inboxTotal(round)
+			}
 			rng := rand.New(rand.NewPCG(uint64(round), uint64(c)))
-			order := rng.Perm(inboxMessages)
-			for i, m := range order {
-				id := "m-" + strconv.Itoa(m)
+			for i, m := range rng.Perm(n) {
+				id := "m-" + strconv.Itoa(first+m)
 				failing := !last && (i+c)%7 == 3
 				if err := consumeInboxCrash(db, id, round, failing, last); err != nil {
 					errs <- fmt.Errorf("consumer %d, message %s: %w", c, id, err)
@@ -214,6 +221,9 @@ func TestInboxCrashChild(t *testing.T) {
 	// (the outbox's background goroutines outlive the consumers by design).
 	os.Exit(0)
 }
+
+// inboxTotal is how many messages the children of rounds rounds deliver.
+func inboxTotal(rounds int) int { return (rounds + 1) * inboxWindow / 2 }
 
 // consumeInboxCrash delivers message id once through Consume: a business
 // row and an onward event, failing after both when failing. A deadlock
