@@ -104,8 +104,49 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 	if o.noTable != nil {
 		return o.memInbox.consume(db, inboxKey{consumer, messageID}, o.inboxRetention, o.clock, fn)
 	}
+	_, inTx := txhook.Tracked(db.Statement.ConnPool)
+	retrier, _ := o.store.(store.InboxRetrier)
+	for attempt := 1; ; attempt++ {
+		err := o.consumeOnce(db, consumer, messageID, fn)
+		var re *recordError
+		if !inTx && retrier != nil && attempt < maxRecordAttempts && errors.As(err, &re) && retrier.RetryRecord(re.err) {
+			// The record lost a race (MySQL: a deadlock between deliveries
+			// of the message that waited on one that rolled back); it is the
+			// transaction's first statement, so fn has not run.
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		break
+	}
+	if !inTx {
+		o.forgetConsumedSometimes(dbContext(db), db)
+	}
+	return nil
+}
+
+// maxRecordAttempts bounds how often Consume runs its transaction again
+// when the record lost a race: each time, one of the deliveries racing for
+// the message wins and the others then find it recorded.
+const maxRecordAttempts = 5
+
+// recordError is the error of the inbox INSERT.
+type recordError struct {
+	consumer, message, table string
+	err                      error
+}
+
+func (e *recordError) Error() string {
+	return fmt.Sprintf("outbox: record message %q of consumer %q in the inbox %s: %v", e.message, e.consumer, e.table, e.err)
+}
+
+func (e *recordError) Unwrap() error { return e.err }
+
+// consumeOnce is one transaction of Consume.
+func (o *Outbox) consumeOnce(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error) error {
 	recordErr := func(err error) error {
-		return fmt.Errorf("outbox: record message %q of consumer %q in the inbox %s: %w", messageID, consumer, o.inbox, err)
+		return &recordError{consumer: consumer, message: messageID, table: o.inbox, err: err}
 	}
 	lead := o.leadFor(db, consumer, messageID)
 	tdb := db
@@ -134,13 +175,8 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 		return nil
 	case err != nil && lead.Err() != nil:
 		return recordErr(err)
-	case err != nil:
-		return err
 	}
-	if _, inTx := txhook.Tracked(db.Statement.ConnPool); !inTx {
-		o.forgetConsumedSometimes(dbContext(db), db)
-	}
-	return nil
+	return err
 }
 
 // leadFor returns the Lead that sends the inbox INSERT with the BEGIN of

@@ -21,6 +21,7 @@ var inboxTests = map[string]func(*testing.T, backend){
 	"ConsumeRunsOnce":                 forInboxModes(testConsumeOnce),
 	"ConsumeConcurrentDuplicates":     forInboxModes(testConsumeConcurrent),
 	"ConsumeWaitsForRolledBackFirst":  forInboxModes(testConsumeWaitsForFirst),
+	"ConsumeManyWaitForRolledBack":    forInboxModes(testConsumeManyWaitForRolledBackFirst),
 	"ConsumeErrorAndPanicRecordNone":  forInboxModes(testConsumeErrorAndPanic),
 	"ConsumeTwoConsumersBothRun":      forInboxModes(testConsumeTwoConsumers),
 	"ConsumePublishCommitsWithEffect": forInboxModes(testConsumePublish),
@@ -539,4 +540,49 @@ func testConsumePreparedSession(t *testing.T, e *testEnv) {
 	}
 	assert.Zero(t, e.effects(1204), "the prepared statement ran in the transaction that rolled back")
 	assert.EqualValues(t, 3, e.inboxRows("billing"))
+}
+
+// testConsumeManyWaitForRolledBackFirst: several deliveries waiting on a
+// first one that rolls back all end without an error, and one of them runs
+// fn. On MySQL the waiters' duplicate checks hold shared locks that their
+// inserts then wait on, one another's: InnoDB ends all but one of them in
+// a deadlock, which Consume retries (its record was the transaction's first
+// statement, so nothing of fn ran).
+func testConsumeManyWaitForRolledBackFirst(t *testing.T, e *testEnv) {
+	const waiters = 4
+	started, release := make(chan struct{}), make(chan struct{})
+	errFirst := errors.New("first delivery fails")
+	firstErr := make(chan error, 1)
+	go func() {
+		firstErr <- Consume(e.db, "billing", "msg-many", func(tx *gorm.DB) error {
+			close(started)
+			<-release
+			return errFirst
+		})
+	}()
+	select {
+	case <-started:
+	case err := <-firstErr:
+		t.Fatalf("first delivery ended before running fn: %v", err)
+	}
+	var calls atomic.Int64
+	errs := make(chan error, waiters)
+	for range waiters {
+		go func() { errs <- Consume(e.db, "billing", "msg-many", effect(1301, &calls)) }()
+	}
+	// Give the waiters time to queue behind the first (they must not
+	// finish: the first still runs).
+	select {
+	case err := <-errs:
+		t.Fatalf("a delivery finished while the first still ran: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	require.ErrorIs(t, <-firstErr, errFirst)
+	for range waiters {
+		assert.NoError(t, <-errs)
+	}
+	assert.EqualValues(t, 1, calls.Load(), "one of the waiters runs fn")
+	assert.EqualValues(t, 1, e.effects(1301))
+	assert.EqualValues(t, 1, e.inboxRows("billing"))
 }

@@ -298,6 +298,14 @@ type Inbox interface {
 	ForgetConsumed(table string, before time.Time, limit int) Query
 }
 
+// InboxRetrier is an Inbox whose Consume INSERT can lose a race that
+// running its transaction again wins.
+type InboxRetrier interface {
+	// RetryRecord reports whether err, the inbox INSERT's, ended a
+	// transaction that may simply run again.
+	RetryRecord(err error) bool
+}
+
 // InboxLead is an Inbox whose Consume can travel with the BEGIN of its
 // transaction, in one round trip (see txhook.Lead).
 type InboxLead interface {

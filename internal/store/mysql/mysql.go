@@ -138,6 +138,16 @@ func consumeRow(table, consumer, messageID string, now time.Time) string {
 // of s can end it, whatever the connection's sql_mode says of backslashes.
 func literal(s string) string { return "_utf8mb4 X'" + hex.EncodeToString([]byte(s)) + "'" }
 
+// RetryRecord implements store.InboxRetrier: deliveries of one message
+// that waited on one that rolled back all hold a shared lock on the key
+// from their duplicate check and then wait on one another's to insert it;
+// InnoDB ends all but one in a deadlock (1213), which rolls their
+// transactions back, so they may run again (and find the pair recorded).
+func (d *Store) RetryRecord(err error) bool {
+	var me *mysql.MySQLError
+	return errors.As(err, &me) && me.Number == 1213
+}
+
 // ConsumeLead implements store.InboxLead.
 func (d *Store) ConsumeLead(table, consumer, messageID string, now time.Time) store.Lead {
 	return store.Lead{Text: "START TRANSACTION; " + consumeRow(table, consumer, messageID, now)}
