@@ -312,21 +312,19 @@ func (c *crashChild) kill(t *testing.T) {
 
 var errRollback = errors.New("rolled back on purpose")
 
-// TestCrashChild is the child process of TestCrashRecovery: writers that
-// commit a business row and its event per transaction (every fifth
-// transaction rolls back on purpose) and a relay whose handler records each
-// delivery. It runs until it is killed, or until its parent goes away.
-func TestCrashChild(t *testing.T) {
-	if os.Getenv(childRoleEnv) != "crash" {
-		t.Skip("helper process of TestCrashRecovery; runs only when re-executed by it")
+// startedChild reads what a re-executed child is told (its round, its
+// server) and returns fail, which ends it with a message its parent shows.
+// With watch, the child stops when its parent goes away (the parent holds
+// its stdin).
+func startedChild(name string, watch bool) (fail func(format string, args ...any), round int, s server) {
+	if watch {
+		go func() {
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			os.Exit(0)
+		}()
 	}
-	// The parent holds our stdin; if it dies, stop.
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		os.Exit(0)
-	}()
-	fail := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "crash child: "+format+"\n", args...)
+	fail = func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, name+": "+format+"\n", args...)
 		os.Exit(2)
 	}
 	round, err := strconv.Atoi(os.Getenv(crashRoundEnv))
@@ -337,6 +335,18 @@ func TestCrashChild(t *testing.T) {
 	if !ok {
 		fail("unknown server %q", os.Getenv(crashServerEnv))
 	}
+	return fail, round, s
+}
+
+// TestCrashChild is the child process of TestCrashRecovery: writers that
+// commit a business row and its event per transaction (every fifth
+// transaction rolls back on purpose) and a relay whose handler records each
+// delivery. It runs until it is killed, or until its parent goes away.
+func TestCrashChild(t *testing.T) {
+	if os.Getenv(childRoleEnv) != "crash" {
+		t.Skip("helper process of TestCrashRecovery; runs only when re-executed by it")
+	}
+	fail, round, s := startedChild("crash child", true)
 	db, err := gorm.Open(s.open(os.Getenv(crashDSNEnv)), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		fail("open: %v", err)

@@ -3,7 +3,6 @@ package reliability
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -150,25 +149,9 @@ func TestInboxCrashChild(t *testing.T) {
 	if os.Getenv(childRoleEnv) != "inbox" {
 		t.Skip("helper process of TestInboxCrash; runs only when re-executed by it")
 	}
+	// The last child runs to its end, however its parent's stdin goes.
 	last := os.Getenv("OUTBOX_INBOX_CRASH_LAST") == "1"
-	if !last {
-		go func() {
-			_, _ = io.Copy(io.Discard, os.Stdin)
-			os.Exit(0)
-		}()
-	}
-	fail := func(format string, args ...any) {
-		fmt.Fprintf(os.Stderr, "inbox child: "+format+"\n", args...)
-		os.Exit(2)
-	}
-	round, err := strconv.Atoi(os.Getenv(crashRoundEnv))
-	if err != nil {
-		fail("round: %v", err)
-	}
-	s, ok := serverNamed(os.Getenv(crashServerEnv))
-	if !ok {
-		fail("unknown server %q", os.Getenv(crashServerEnv))
-	}
+	fail, round, s := startedChild("inbox child", !last)
 	dsn := os.Getenv(crashDSNEnv)
 	if s.name == "mysql" && os.Getenv(inboxMultiEnv) == "1" {
 		cfg, err := mysqldriver.ParseDSN(dsn)
