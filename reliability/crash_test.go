@@ -84,10 +84,7 @@ func TestCrashRecovery(t *testing.T) {
 
 func testCrashRecovery(t *testing.T, s server) {
 	dsn := s.fresh(t)
-	rounds := envInt(t, crashRoundsEnv, 20)
-	seed := uint64(envInt(t, crashSeedEnv, int(rand.Int32())))
-	rng := rand.New(rand.NewPCG(seed, seed))
-	t.Logf("crash test on %s: %d rounds, seed %d (%s=%d reproduces the kill moments)", s.name, rounds, seed, crashSeedEnv, seed)
+	rounds, rng := killPlan(t, "crash test", s, crashRoundsEnv, 20, crashSeedEnv)
 
 	db := openGorm(t, s.open(dsn))
 	ob := install(t, db, outbox.Config{Logger: newLogSink().logger()})
@@ -106,30 +103,10 @@ func testCrashRecovery(t *testing.T, s server) {
 			startupKills++
 			waitKillMoment(time.Duration(rng.IntN(150)) * time.Millisecond)
 		} else {
-			child.waitReady(t)
-			// The child has connected: its sessions must show under its
-			// tag, or the wait for them to end after the kill proves
-			// nothing.
-			n, err := s.sessions(db, child.tag)
-			require.NoError(t, err)
-			require.Positive(t, n, "round %d: no session of the running child is visible under %q", r, child.tag)
+			child.waitRunning(t, s, db)
 			waitKillMoment(time.Duration(rng.IntN(300)) * time.Millisecond)
 		}
-		child.kill(t)
-		// The server may still be finishing a statement the child sent just
-		// before it died (a claim that commits after the kill): wait until
-		// its sessions are gone, so that the claims read next are exactly
-		// the dead child's.
-		eventually(t, 30*time.Second, func() error {
-			n, err := s.sessions(db, child.tag)
-			if err != nil {
-				return err
-			}
-			if n > 0 {
-				return fmt.Errorf("%d sessions of the killed child still open", n)
-			}
-			return nil
-		})
+		child.killAndWaitGone(t, s, db)
 		inflight[r] = newClaims(t, db, ob, seen)
 		require.LessOrEqual(t, len(inflight[r]), crashBatch, "round %d: more claims in flight than one batch", r)
 		maxInflight = max(maxInflight, len(inflight[r]))
@@ -191,6 +168,47 @@ func testCrashRecovery(t *testing.T, s server) {
 	t.Logf("CRASH-RESULT server=%s rounds=%d kills=%d startup_kills=%d committed=%d delivered=%d lost=%d deliveries=%d duplicated=%d max_dup_per_kill=%d claims_in_flight_at_kills=%d max_in_flight=%d batch=%d kill_phase=%v total=%v",
 		s.name, rounds, rounds, startupKills, committed, distinct, lost, deliveries, deliveries-distinct, maxPerKill,
 		totalInflight, maxInflight, crashBatch, killed.Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+}
+
+// killPlan reads a kill test's rounds (def unless roundsEnv says) and the
+// seed of its kill moments (random unless seedEnv says), logs them, and
+// returns the rounds and the source of the kill moments.
+func killPlan(t *testing.T, what string, s server, roundsEnv string, def int, seedEnv string) (int, *rand.Rand) {
+	t.Helper()
+	rounds := envInt(t, roundsEnv, def)
+	seed := uint64(envInt(t, seedEnv, int(rand.Int32())))
+	t.Logf("%s on %s: %d rounds, seed %d (%s=%d reproduces the kill moments)", what, s.name, rounds, seed, seedEnv, seed)
+	return rounds, rand.New(rand.NewPCG(seed, seed))
+}
+
+// waitRunning waits until the child is ready and checks that its sessions
+// show under its tag: otherwise the wait for them to end after the kill
+// proves nothing.
+func (c *crashChild) waitRunning(t *testing.T, s server, db *gorm.DB) {
+	t.Helper()
+	c.waitReady(t)
+	n, err := s.sessions(db, c.tag)
+	require.NoError(t, err)
+	require.Positive(t, n, "no session of the running child is visible under %q", c.tag)
+}
+
+// killAndWaitGone kills the child and waits until its sessions have left
+// the server: it may still be finishing a statement the child sent just
+// before it died (a claim, a commit), and what the test reads next must
+// be the dead child's final state.
+func (c *crashChild) killAndWaitGone(t *testing.T, s server, db *gorm.DB) {
+	t.Helper()
+	c.kill(t)
+	eventually(t, 30*time.Second, func() error {
+		n, err := s.sessions(db, c.tag)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			return fmt.Errorf("%d sessions of the killed child still open", n)
+		}
+		return nil
+	})
 }
 
 // waitKillMoment waits for the randomly chosen moment of a kill.

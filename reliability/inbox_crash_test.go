@@ -56,10 +56,7 @@ func TestInboxCrash(t *testing.T) {
 
 func testInboxCrash(t *testing.T, s server) {
 	dsn := s.fresh(t)
-	rounds := envInt(t, inboxRoundsEnv, 10)
-	seed := uint64(envInt(t, inboxSeedEnv, int(rand.Int32())))
-	rng := rand.New(rand.NewPCG(seed, seed))
-	t.Logf("inbox crash test on %s: %d rounds, seed %d (%s=%d reproduces the kill moments)", s.name, rounds, seed, inboxSeedEnv, seed)
+	rounds, rng := killPlan(t, "inbox crash test", s, inboxRoundsEnv, 10, inboxSeedEnv)
 
 	db := openGorm(t, s.open(dsn))
 	ob := install(t, db, outbox.Config{Logger: newLogSink().logger()})
@@ -68,19 +65,9 @@ func testInboxCrash(t *testing.T, s server) {
 	start := time.Now()
 	for r := range rounds {
 		child := startInboxChild(t, s, db, dsn, r, false)
-		child.waitReady(t)
+		child.waitRunning(t, s, db)
 		waitKillMoment(time.Duration(50+rng.IntN(400)) * time.Millisecond)
-		child.kill(t)
-		eventually(t, 30*time.Second, func() error {
-			n, err := s.sessions(db, child.tag)
-			if err != nil {
-				return err
-			}
-			if n > 0 {
-				return fmt.Errorf("%d sessions of the killed child still open", n)
-			}
-			return nil
-		})
+		child.killAndWaitGone(t, s, db)
 	}
 	killed := time.Since(start)
 	// The last child delivers every message once more and exits.
