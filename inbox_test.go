@@ -553,8 +553,15 @@ func testConsumeManyWaitForRolledBackFirst(t *testing.T, e *testEnv) {
 	started, release := make(chan struct{}), make(chan struct{})
 	errFirst := errors.New("first delivery fails")
 	firstErr := make(chan error, 1)
+	var blockedBy func() int64 // sessions waiting on the first's locks; nil where none can say
+	// However the test ends, the first delivery ends: its transaction must
+	// not hold the test database's cleanup.
+	var releaseOnce sync.Once
+	releaseFirst := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseFirst)
 	go func() {
 		firstErr <- Consume(e.db, "billing", "msg-many", func(tx *gorm.DB) error {
+			blockedBy = e.lockWaiters(tx)
 			close(started)
 			<-release
 			return errFirst
@@ -570,14 +577,21 @@ func testConsumeManyWaitForRolledBackFirst(t *testing.T, e *testEnv) {
 	for range waiters {
 		go func() { errs <- Consume(e.db, "billing", "msg-many", effect(1301, &calls)) }()
 	}
-	// Give the waiters time to queue behind the first (they must not
-	// finish: the first still runs).
+	// All the waiters must queue behind the first before it rolls back.
+	// The servers say when they do; SQLite and Memory mode cannot, and get
+	// a while.
+	if blockedBy != nil {
+		require.Eventually(t, func() bool { return blockedBy() >= waiters }, 10*time.Second, 10*time.Millisecond,
+			"the waiters queue on the first delivery's lock")
+	} else {
+		time.Sleep(300 * time.Millisecond) // no way to observe them waiting
+	}
 	select {
 	case err := <-errs:
 		t.Fatalf("a delivery finished while the first still ran: %v", err)
-	case <-time.After(300 * time.Millisecond):
+	default:
 	}
-	close(release)
+	releaseFirst()
 	require.ErrorIs(t, <-firstErr, errFirst)
 	for range waiters {
 		assert.NoError(t, <-errs)
@@ -585,4 +599,39 @@ func testConsumeManyWaitForRolledBackFirst(t *testing.T, e *testEnv) {
 	assert.EqualValues(t, 1, calls.Load(), "one of the waiters runs fn")
 	assert.EqualValues(t, 1, e.effects(1301))
 	assert.EqualValues(t, 1, e.inboxRows("billing"))
+}
+
+// lockWaiters returns a count of the sessions waiting on a lock that tx's
+// session holds (PostgreSQL; on MySQL/MariaDB, the sessions of the test's
+// database stuck in the inbox INSERT), in table mode, or nil.
+func (e *testEnv) lockWaiters(tx *gorm.DB) func() int64 {
+	if e.ob.Mode() == Memory {
+		return nil
+	}
+	var (
+		query  string
+		holder int64
+	)
+	switch e.name {
+	case "postgres":
+		query = "SELECT count(*) FROM pg_stat_activity WHERE ? = ANY(pg_blocking_pids(pid))"
+		if err := tx.Raw("SELECT pg_backend_pid()").Scan(&holder).Error; err != nil {
+			return nil
+		}
+	case "mysql":
+		// information_schema's InnoDB tables show a waiting transaction
+		// only now and then; the process list shows every session still
+		// executing the inbox INSERT, which returns at once unless it waits.
+		query = "SELECT count(*) FROM information_schema.PROCESSLIST WHERE DB = DATABASE() AND COMMAND = 'Query'" +
+			" AND INFO LIKE '%INSERT IGNORE INTO `" + e.ob.inbox + "`%' AND ? >= 0"
+	default:
+		return nil
+	}
+	return func() int64 {
+		var n int64
+		if err := e.db.Raw(query, holder).Scan(&n).Error; err != nil {
+			e.t.Errorf("count lock waiters: %v", err)
+		}
+		return n
+	}
 }
