@@ -55,6 +55,7 @@ type options struct {
 	fillfactor   int
 	maxIdle      int
 	cpuProfile   string
+	floors       bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -95,6 +96,7 @@ func parseFlags(args []string) (options, error) {
 	fs.IntVar(&o.maxIdle, "max-idle", 16, "SetMaxIdleConns of every pool, at least the concurrency used so connections are reused; 0 keeps database/sql's default of 2 (connection churn; see BENCHMARKS.md)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.IntVar(&o.fillfactor, "fillfactor", 0, "PostgreSQL fillfactor of the relay scenario's tables (room on a page lets the claim's update be HOT); 0 keeps the table's default of 100")
+	fs.BoolVar(&o.floors, "floors", false, "in the write scenario on PostgreSQL, also run the floor's INSERT into tables of the same columns with fewer indexes (the primary key and the two unique partial indexes; the primary key alone): what each index costs the write")
 	fs.BoolVar(&o.asyncCommit, "async-commit", false, "set synchronous_commit=off on the benchmark's PostgreSQL sessions, to see what the WAL flush costs (not a production setting for an outbox)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
