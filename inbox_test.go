@@ -144,11 +144,16 @@ func testConsumeWaitsForFirst(t *testing.T, e *testEnv) {
 	var firstReturned atomic.Bool
 	errFirst := errors.New("first delivery fails")
 	firstErr := make(chan error, 1)
+	var blockedBy func() int64
+	var releaseOnce sync.Once
+	releaseFirst := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseFirst)
 	go func() {
 		firstErr <- Consume(e.db, "billing", "msg-wait", func(tx *gorm.DB) error {
 			if err := tx.Create(&Order{Total: 303}).Error; err != nil {
 				return err
 			}
+			blockedBy = e.lockWaiters(tx)
 			close(started)
 			<-release
 			firstReturned.Store(true)
@@ -170,13 +175,21 @@ func testConsumeWaitsForFirst(t *testing.T, e *testEnv) {
 			return tx.Create(&Order{Total: 303}).Error
 		})
 	}()
-	// The second is blocked behind the first: it must not finish first.
+	// The second must queue behind the first before the first rolls back
+	// (else it would run after it trivially). The servers say when it
+	// does; SQLite and Memory mode cannot, and get a while.
+	if blockedBy != nil {
+		require.Eventually(t, func() bool { return blockedBy() >= 1 }, 10*time.Second, 10*time.Millisecond,
+			"the second delivery queues on the first's lock")
+	} else {
+		time.Sleep(200 * time.Millisecond) // no way to observe it waiting
+	}
 	select {
 	case err := <-secondErr:
 		t.Fatalf("second delivery finished while the first still ran: %v", err)
-	case <-time.After(200 * time.Millisecond):
+	default:
 	}
-	close(release)
+	releaseFirst()
 	require.ErrorIs(t, <-firstErr, errFirst)
 	require.NoError(t, <-secondErr)
 	assert.EqualValues(t, 1, secondCalls.Load())
