@@ -2,12 +2,14 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
 
@@ -79,6 +81,59 @@ func BenchmarkPublish(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
+			}
+		})
+	}
+}
+
+// BenchmarkPublishCall is one Publish of one generated event inside an
+// open transaction (rolled back at the end), beside the hand-written INSERT
+// of the same row on the same transaction ("floor"): what Publish costs
+// beyond the statement, without the commit, whose time on a shared
+// machine varies more than that difference. The floor encodes its payload
+// and draws its ID as Publish does.
+func BenchmarkPublishCall(b *testing.B) {
+	for _, backend := range benchBackends {
+		b.Run(backend, func(b *testing.B) {
+			db, ob := benchOutbox(b, backend, Config{DisableNotify: true})
+			floorSQL := `INSERT INTO ` + ob.Table() + ` (id, event_type, aggregate_type, aggregate_id, payload, occurred_at) VALUES (?, ?, ?, ?, ?, ?)`
+			if backend == "postgres" {
+				floorSQL = `INSERT INTO ` + ob.Table() + ` (id, event_type, aggregate_type, aggregate_id, payload, occurred_at) VALUES ($1::uuid, $2, $3, $4, $5, $6)`
+			}
+			floor := func(tx *gorm.DB, i int) error {
+				id, err := uuid.NewV7()
+				if err != nil {
+					return err
+				}
+				payload, err := json.Marshal(benchPayload{OrderID: uint(i), Total: i})
+				if err != nil {
+					return err
+				}
+				_, err = tx.Statement.ConnPool.ExecContext(tx.Statement.Context, floorSQL, id.String(), "order.created", "order",
+					strconv.Itoa(i), string(payload), time.Now().UTC())
+				return err
+			}
+			publish := func(tx *gorm.DB, i int) error {
+				return Publish(tx, Event{Type: "order.created", AggregateType: "order", AggregateID: strconv.Itoa(i),
+					Payload: benchPayload{OrderID: uint(i), Total: i}})
+			}
+			for _, c := range []struct {
+				name string
+				call func(*gorm.DB, int) error
+			}{{"floor", floor}, {"publish", publish}} {
+				b.Run(c.name, func(b *testing.B) {
+					tx := db.WithContext(context.Background()).Begin()
+					if tx.Error != nil {
+						b.Fatal(tx.Error)
+					}
+					defer tx.Rollback()
+					b.ReportAllocs()
+					for i := 0; b.Loop(); i++ {
+						if err := c.call(tx, i); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
 			}
 		})
 	}
