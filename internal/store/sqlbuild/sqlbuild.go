@@ -8,6 +8,7 @@ package sqlbuild
 import (
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -47,6 +48,9 @@ type Syntax struct {
 	Opaque func(ph, typ string) string
 	// Dialect is the overview's arithmetic.
 	Dialect
+
+	// inserts holds the text of InsertRows by insertShape.
+	inserts sync.Map
 }
 
 // opaque is ph through Opaque. PostgreSQL keeps one generic plan for a
@@ -203,24 +207,68 @@ func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict, returni
 	if AllGenerated(rows) {
 		conflict = ""
 	}
-	b := s.Build()
-	b.W("INSERT INTO ", s.Table, " ", insertColumns, " VALUES ")
+	args := make([]any, 0, insertColumnCount*len(rows))
 	for i := range rows {
 		e := &rows[i]
 		var headers any
 		if e.Headers != nil {
 			headers = string(e.Headers)
 		}
-		if i > 0 {
-			b.W(", ")
-		}
 		named, key, due, created := s.Lean(e, now)
-		b.W("(", b.Arg(s.IDArg(store.RowID(e.ID))), ", ", b.Arg(named), ", ", b.Arg(e.Type), ", ", b.Arg(e.AggregateType), ", ", b.Arg(e.AggregateID),
-			", ", b.Arg(key), ", ", b.Arg(string(e.Payload)), ", ", b.Arg(headers),
-			", ", b.Arg(due), ", ", b.Time(e.OccurredAt), ", ", b.Arg(created), ")")
+		args = append(args, s.IDArg(store.RowID(e.ID)), named, e.Type, e.AggregateType, e.AggregateID,
+			key, string(e.Payload), headers, due, s.TimeArg(e.OccurredAt), created)
 	}
-	b.W(conflict, returning)
-	return b.Query()
+	return store.Query{SQL: s.insertSQL(len(rows), conflict, returning), Args: args}
+}
+
+// insertColumnCount is the number of columns in insertColumns: the
+// arguments of each row of InsertRows, in that order.
+const insertColumnCount = 11
+
+// insertShape is what the text of an InsertRows statement depends on.
+type insertShape struct {
+	rows                int
+	conflict, returning string
+}
+
+// maxCachedInsertRows bounds the statements kept: Publish of a few events
+// at a time is the common case, and a caller's batch size is unbounded.
+const maxCachedInsertRows = 8
+
+// insertSQL is the text of an INSERT of n rows. It depends only on the
+// shape, and every Publish needs one: it is built once per shape.
+// Building it each time was a third of Store.Insert's CPU time (1.6 µs a
+// call on SQLite) and, with the arguments appended one by one, 9 of a
+// Publish's 44 allocations there and 19 of 44 on PostgreSQL
+// (BenchmarkPublishCall).
+func (s *Syntax) insertSQL(n int, conflict, returning string) string {
+	shape := insertShape{n, conflict, returning}
+	if n <= maxCachedInsertRows {
+		if q, ok := s.inserts.Load(shape); ok {
+			return q.(string)
+		}
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO " + s.Table + " " + insertColumns + " VALUES ")
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		for c := range insertColumnCount {
+			if c > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString(s.Placeholder(i*insertColumnCount + c + 1))
+		}
+		b.WriteByte(')')
+	}
+	b.WriteString(conflict + returning)
+	q := b.String()
+	if n <= maxCachedInsertRows {
+		s.inserts.Store(shape, q)
+	}
+	return q
 }
 
 // ReturningSeq is the RETURNING clause of an Insert that tells the seqs
