@@ -147,9 +147,8 @@ func checkNumber(b []byte, i int) (int, error) {
 			exp = -exp
 		}
 	}
-	outOfRange := errors.New("payload contains a number outside PostgreSQL numeric's range")
 	if exp >= maxNumericExponent || exp <= -maxNumericExponent || len(frac)-exp > maxNumericScale {
-		return 0, outOfRange
+		return 0, errNumberOutOfRange
 	}
 	// weight: digits before the decimal point once the exponent is applied.
 	weight, zero := 0, true
@@ -164,12 +163,15 @@ func checkNumber(b []byte, i int) (int, error) {
 		}
 	}
 	if !zero && weight > maxNumericWeight {
-		return 0, outOfRange
+		return 0, errNumberOutOfRange
 	}
 	return i, nil
 }
 
-var errNotUTF8 = errors.New("payload is not valid UTF-8")
+var (
+	errNotUTF8          = errors.New("payload is not valid UTF-8")
+	errNumberOutOfRange = errors.New("payload contains a number outside PostgreSQL numeric's range")
+)
 
 // maxValidatorDepth is the nesting encoding/json's validator gives up at,
 // calling deeper documents invalid.
