@@ -223,7 +223,7 @@ func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict, returni
 
 // insertColumnCount is the number of columns in insertColumns: the
 // arguments of each row of InsertRows, in that order.
-const insertColumnCount = 11
+var insertColumnCount = strings.Count(insertColumns, ",") + 1
 
 // insertShape is what the text of an InsertRows statement depends on.
 type insertShape struct {

@@ -1,6 +1,7 @@
 package sqlbuild
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -29,8 +30,8 @@ func TestInsertRowsShape(t *testing.T) {
 			}
 			first := s.InsertRows(rows, now, " ON CONFLICT DO NOTHING", " RETURNING seq")
 			again := s.InsertRows(rows, now, " ON CONFLICT DO NOTHING", " RETURNING seq")
-			if first.SQL != again.SQL {
-				t.Fatalf("%d rows: the text changed between calls:\n%s\n%s", n, first.SQL, again.SQL)
+			if !reflect.DeepEqual(first, again) {
+				t.Fatalf("%d rows: the statement changed between calls:\n%v\n%v", n, first, again)
 			}
 			if got, want := len(first.Args), n*insertColumnCount; got != want {
 				t.Fatalf("%d rows: %d arguments, want %d", n, got, want)
@@ -38,7 +39,7 @@ func TestInsertRowsShape(t *testing.T) {
 			if got, want := strings.Count(first.SQL, "$"), n*insertColumnCount; got != want {
 				t.Fatalf("%d rows: %d placeholders, want %d: %s", n, got, want, first.SQL)
 			}
-			last := "$" + itoa(n*insertColumnCount) + ")"
+			last := Dollar(n*insertColumnCount) + ")"
 			if !strings.Contains(first.SQL, last) {
 				t.Fatalf("%d rows: no %s in %s", n, last, first.SQL)
 			}
@@ -54,5 +55,3 @@ func TestInsertRowsShape(t *testing.T) {
 		}
 	}
 }
-
-func itoa(n int) string { return Dollar(n)[1:] }
