@@ -137,65 +137,86 @@ func testConsumeConcurrent(t *testing.T, e *testEnv) {
 // runs waits for it; the first rolls back, so the second runs fn, after the
 // first has ended.
 func testConsumeWaitsForFirst(t *testing.T, e *testEnv) {
-	started, release := make(chan struct{}), make(chan struct{})
-	// Set when the first's fn returns: its transaction rolls back after
-	// that (and may release the second before the first's Consume call
-	// has returned).
-	var firstReturned atomic.Bool
-	errFirst := errors.New("first delivery fails")
-	firstErr := make(chan error, 1)
-	var blockedBy func() int64
-	var releaseOnce sync.Once
-	releaseFirst := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(releaseFirst)
-	go func() {
-		firstErr <- Consume(e.db, "billing", "msg-wait", func(tx *gorm.DB) error {
-			if err := tx.Create(&Order{Total: 303}).Error; err != nil {
-				return err
-			}
-			blockedBy = e.lockWaiters(tx)
-			close(started)
-			<-release
-			firstReturned.Store(true)
-			return errFirst
-		})
-	}()
-	select {
-	case <-started:
-	case err := <-firstErr:
-		t.Fatalf("first delivery ended before running fn: %v", err)
-	}
+	first := e.holdDelivery(t, "msg-wait", func(tx *gorm.DB) error { return tx.Create(&Order{Total: 303}).Error })
 	secondErr := make(chan error, 1)
 	var secondRanAfterFirst atomic.Bool
 	var secondCalls atomic.Int64
 	go func() {
 		secondErr <- Consume(e.db, "billing", "msg-wait", func(tx *gorm.DB) error {
 			secondCalls.Add(1)
-			secondRanAfterFirst.Store(firstReturned.Load())
+			secondRanAfterFirst.Store(first.returned.Load())
 			return tx.Create(&Order{Total: 303}).Error
 		})
 	}()
-	// The second must queue behind the first before the first rolls back
-	// (else it would run after it trivially). The servers say when it
-	// does; SQLite and Memory mode cannot, and get a while.
-	if blockedBy != nil {
-		require.Eventually(t, func() bool { return blockedBy() >= 1 }, 10*time.Second, 10*time.Millisecond,
-			"the second delivery queues on the first's lock")
-	} else {
-		time.Sleep(200 * time.Millisecond) // no way to observe it waiting
-	}
-	select {
-	case err := <-secondErr:
-		t.Fatalf("second delivery finished while the first still ran: %v", err)
-	default:
-	}
-	releaseFirst()
-	require.ErrorIs(t, <-firstErr, errFirst)
+	// Else the second would run after the first trivially.
+	first.waitQueued(t, 1, secondErr)
+	first.release()
+	require.ErrorIs(t, <-first.err, errHeld)
 	require.NoError(t, <-secondErr)
 	assert.EqualValues(t, 1, secondCalls.Load())
 	assert.True(t, secondRanAfterFirst.Load(), "the second ran fn only after the first's had returned")
 	assert.EqualValues(t, 1, e.effects(303))
 	assert.EqualValues(t, 1, e.inboxRows("billing"))
+}
+
+// heldDelivery is a delivery whose fn keeps its transaction open until
+// released and then fails: deliveries of the same message that arrive
+// meanwhile queue behind its inbox record, and run once it rolls back.
+type heldDelivery struct {
+	release   func()       // lets fn return errHeld; idempotent, and run at the test's cleanup
+	err       chan error   // Consume's result
+	returned  atomic.Bool  // set when fn returns, before the rollback
+	blockedBy func() int64 // the sessions waiting on its locks; nil where none can say
+}
+
+var errHeld = errors.New("held delivery fails")
+
+// holdDelivery starts a delivery of msg to "billing" whose fn runs effect
+// and then holds, and returns once fn holds. However the test ends, it is
+// released: its transaction must not hold the test database's cleanup.
+func (e *testEnv) holdDelivery(t *testing.T, msg string, effect func(tx *gorm.DB) error) *heldDelivery {
+	t.Helper()
+	h := &heldDelivery{err: make(chan error, 1)}
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	h.release = func() { once.Do(func() { close(release) }) }
+	t.Cleanup(h.release)
+	go func() {
+		h.err <- Consume(e.db, "billing", msg, func(tx *gorm.DB) error {
+			if err := effect(tx); err != nil {
+				return err
+			}
+			h.blockedBy = e.lockWaiters(tx)
+			close(started)
+			<-release
+			h.returned.Store(true)
+			return errHeld
+		})
+	}()
+	select {
+	case <-started:
+	case err := <-h.err:
+		t.Fatalf("held delivery ended before running fn: %v", err)
+	}
+	return h
+}
+
+// waitQueued waits until n deliveries queue on h's lock, as the server
+// says (SQLite and Memory mode cannot, and get a while), and fails if one
+// of them, reporting on done, finished meanwhile.
+func (h *heldDelivery) waitQueued(t *testing.T, n int64, done <-chan error) {
+	t.Helper()
+	if h.blockedBy != nil {
+		require.Eventually(t, func() bool { return h.blockedBy() >= n }, 10*time.Second, 10*time.Millisecond,
+			"deliveries queue on the held delivery's lock")
+	} else {
+		time.Sleep(300 * time.Millisecond) // no way to observe them waiting
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("a delivery finished while the held one still ran: %v", err)
+	default:
+	}
 }
 
 func testConsumeErrorAndPanic(t *testing.T, e *testEnv) {
@@ -563,49 +584,16 @@ func testConsumePreparedSession(t *testing.T, e *testEnv) {
 // statement, so nothing of fn ran).
 func testConsumeManyWaitForRolledBackFirst(t *testing.T, e *testEnv) {
 	const waiters = 4
-	started, release := make(chan struct{}), make(chan struct{})
-	errFirst := errors.New("first delivery fails")
-	firstErr := make(chan error, 1)
-	var blockedBy func() int64 // sessions waiting on the first's locks; nil where none can say
-	// However the test ends, the first delivery ends: its transaction must
-	// not hold the test database's cleanup.
-	var releaseOnce sync.Once
-	releaseFirst := func() { releaseOnce.Do(func() { close(release) }) }
-	t.Cleanup(releaseFirst)
-	go func() {
-		firstErr <- Consume(e.db, "billing", "msg-many", func(tx *gorm.DB) error {
-			blockedBy = e.lockWaiters(tx)
-			close(started)
-			<-release
-			return errFirst
-		})
-	}()
-	select {
-	case <-started:
-	case err := <-firstErr:
-		t.Fatalf("first delivery ended before running fn: %v", err)
-	}
+	first := e.holdDelivery(t, "msg-many", func(*gorm.DB) error { return nil })
 	var calls atomic.Int64
 	errs := make(chan error, waiters)
 	for range waiters {
 		go func() { errs <- Consume(e.db, "billing", "msg-many", effect(1301, &calls)) }()
 	}
 	// All the waiters must queue behind the first before it rolls back.
-	// The servers say when they do; SQLite and Memory mode cannot, and get
-	// a while.
-	if blockedBy != nil {
-		require.Eventually(t, func() bool { return blockedBy() >= waiters }, 10*time.Second, 10*time.Millisecond,
-			"the waiters queue on the first delivery's lock")
-	} else {
-		time.Sleep(300 * time.Millisecond) // no way to observe them waiting
-	}
-	select {
-	case err := <-errs:
-		t.Fatalf("a delivery finished while the first still ran: %v", err)
-	default:
-	}
-	releaseFirst()
-	require.ErrorIs(t, <-firstErr, errFirst)
+	first.waitQueued(t, waiters, errs)
+	first.release()
+	require.ErrorIs(t, <-first.err, errHeld)
 	for range waiters {
 		assert.NoError(t, <-errs)
 	}
