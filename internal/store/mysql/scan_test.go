@@ -24,7 +24,7 @@ import (
 // were committed while the claim's scan ran. The scan is a locking read and
 // sees rows committed after the statement began; a predecessor probe
 // inside the same statement reads an older snapshot and does not. Here the
-// scan is slowed down on purpose on a first row, and another session
+// scan is held on purpose at a first row, and another session
 // commits two events of one aggregate meanwhile: the claim may return the
 // first, never the second (it returned both before dropOvertaking).
 func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
@@ -44,6 +44,25 @@ func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	}
 	exec(db, d.Insert([]store.Event{ev("first", "other")}, now, false))
 
+	// The test holds the gate on a connection of its own; the claim's scan
+	// waits for it on its first row, its statement begun, until released.
+	gate := "outbox_scan_" + t.Name()
+	hold, err := db.Conn(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = hold.Close() }()
+	var got int
+	require.NoError(t, hold.QueryRowContext(t.Context(), "SELECT GET_LOCK(?, 0)", gate).Scan(&got))
+	require.Equal(t, 1, got, "the test takes the gate")
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			_, err := hold.ExecContext(context.Background(), "DO RELEASE_LOCK(?)", gate)
+			require.NoError(t, err)
+		}
+	}
+	defer release() // a failing run must not leave the claim waiting
+
 	type result struct {
 		batch []store.Claimed
 		err   error
@@ -51,23 +70,23 @@ func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		later := now.Add(time.Hour)
-		// Three seconds on the first row: room for the other session's commit on a loaded machine (1 s was once too short in CI).
-		b, err := d.claim(context.Background(), db, store.ClaimSpec{Now: later, Lease: later.Add(time.Hour), Limit: 10, Ordered: true}, 3*time.Second)
+		b, err := d.claim(context.Background(), db, store.ClaimSpec{Now: later, Lease: later.Add(time.Hour), Limit: 10, Ordered: true}, gate)
 		done <- result{b, err}
 	}()
-	sleeping := func() int {
+	waiting := func() int {
 		var n int
 		require.NoError(t, db.QueryRowContext(t.Context(),
-			"SELECT COUNT(*) FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID() AND info LIKE 'SELECT%SLEEP(%'").Scan(&n))
+			"SELECT COUNT(*) FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID() AND info LIKE 'SELECT%GET_LOCK(%'").Scan(&n))
 		return n
 	}
-	// The claim is sleeping on its first row: its snapshot is taken.
-	require.Eventually(t, func() bool { return sleeping() > 0 }, 10*time.Second, 5*time.Millisecond, "the claim to sleep on its first row")
+	// The claim waits at its first row: its statement has begun.
+	require.Eventually(t, func() bool { return waiting() > 0 }, 10*time.Second, 5*time.Millisecond, "the claim to wait at its first row")
 	tx, err := db.BeginTx(t.Context(), nil)
 	require.NoError(t, err)
 	exec(tx, d.Insert([]store.Event{ev("n", "one"), ev("n+1", "one")}, now, false))
 	require.NoError(t, tx.Commit())
-	require.Equal(t, 1, sleeping(), "the commit must land while the claim's scan runs")
+	require.Equal(t, 1, waiting(), "the commit must land while the claim's scan runs")
+	release()
 	res := <-done
 	require.NoError(t, res.err)
 	var ids []string
@@ -99,7 +118,7 @@ func openStore(t *testing.T) (*Store, *sql.DB) {
 	t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE " + name) })
 	c := cfg.Clone()
 	c.DBName = name
-	// The delay is a SLEEP() in the claim's WHERE. It names no column, so
+	// The gate is a GET_LOCK() in the claim's WHERE. It names no column, so
 	// with index condition pushdown (which MariaDB uses on the pending
 	// index since status is an ENUM) it is evaluated inside InnoDB, holding
 	// the index page's latch: other sessions' INSERTs into that page wait
