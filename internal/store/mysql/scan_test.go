@@ -46,10 +46,13 @@ func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 
 	// The test holds the gate on a connection of its own; the claim's scan
 	// waits for it on its first row, its statement begun, until released.
-	gate := "outbox_scan_" + t.Name()
+	// Named locks are server-wide: the gate is named after the test's own
+	// database, so that runs from other checkouts do not contend for it.
 	hold, err := db.Conn(t.Context())
 	require.NoError(t, err)
 	defer func() { _ = hold.Close() }()
+	var gate string
+	require.NoError(t, hold.QueryRowContext(t.Context(), "SELECT CONCAT('outbox_', DATABASE())").Scan(&gate))
 	var got int
 	require.NoError(t, hold.QueryRowContext(t.Context(), "SELECT GET_LOCK(?, 0)", gate).Scan(&got))
 	require.Equal(t, 1, got, "the test takes the gate")
