@@ -17,6 +17,9 @@ import (
 type Filter struct {
 	// IDs matches these event IDs.
 	IDs []string
+	// Keys matches these idempotency keys (an event's key is its ID when
+	// its publisher set none).
+	Keys []string
 	// Statuses matches these statuses: [StatusPending], [StatusSent],
 	// [StatusFailed]. Anything else is [ErrInvalidFilter].
 	Statuses []Status
@@ -95,7 +98,7 @@ func (o *Outbox) usable(db *gorm.DB) error {
 // filter is f as the store takes it.
 func (f *Filter) filter() store.Filter {
 	return store.Filter{
-		IDs: f.IDs, Statuses: statusStrings(f.Statuses), Types: f.Types,
+		IDs: f.IDs, Keys: f.Keys, Statuses: statusStrings(f.Statuses), Types: f.Types,
 		AggregateType: f.AggregateType, AggregateID: f.AggregateID,
 		CreatedSince: f.CreatedSince, CreatedUntil: f.CreatedUntil, ErrorContains: f.ErrorContains,
 	}
@@ -113,26 +116,14 @@ func statusStrings(ss []Status) []string {
 	return out
 }
 
-// queryRows runs a query of rows in the store's row order.
-func queryRows(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]Row, error) {
-	rows, err := pool.QueryContext(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return nil, err
+// publicRow is a row as the store read it.
+func publicRow(r store.Row) Row {
+	return Row{
+		ID: r.ID, Seq: r.Seq, EventType: r.EventType, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
+		IdempotencyKey: r.Key, Payload: r.Payload, Headers: r.Headers, Status: Status(r.Status), Attempts: r.Attempts,
+		LastError: r.LastError, AvailableAt: r.AvailableAt, LockedUntil: r.LockedUntil, OccurredAt: r.OccurredAt,
+		CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, SentAt: r.SentAt,
 	}
-	got, err := store.ScanRows(rows)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]Row, len(got))
-	for i, r := range got {
-		out[i] = Row{
-			ID: r.ID, Seq: r.Seq, EventType: r.EventType, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
-			IdempotencyKey: r.Key, Payload: r.Payload, Headers: r.Headers, Status: Status(r.Status), Attempts: r.Attempts,
-			LastError: r.LastError, AvailableAt: r.AvailableAt, LockedUntil: r.LockedUntil, OccurredAt: r.OccurredAt,
-			CreatedAt: r.CreatedAt, UpdatedAt: r.UpdatedAt, SentAt: r.SentAt,
-		}
-	}
-	return out, nil
 }
 
 // List returns one page of the rows matching p.Filter, oldest first (or
@@ -155,10 +146,13 @@ func (o *Outbox) List(db *gorm.DB, p ListParams) ([]Row, error) {
 	if limit == 0 {
 		limit = defaultListLimit
 	}
-	q := o.store.List(store.Page{Filter: p.filter(), Limit: limit, AfterSeq: p.AfterSeq, BeforeSeq: p.BeforeSeq, Newest: p.Newest})
-	out, err := queryRows(ctx, db.Statement.ConnPool, q)
+	rows, err := o.store.List(ctx, db.Statement.ConnPool, store.Page{Filter: p.filter(), Limit: limit, AfterSeq: p.AfterSeq, BeforeSeq: p.BeforeSeq, Newest: p.Newest})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: list events: %w", err)
+	}
+	out := make([]Row, len(rows))
+	for i, r := range rows {
+		out[i] = publicRow(r)
 	}
 	return out, nil
 }
@@ -170,14 +164,14 @@ func (o *Outbox) Get(db *gorm.DB, id string) (Row, error) {
 	if err := o.usable(db); err != nil {
 		return Row{}, err
 	}
-	out, err := queryRows(ctx, db.Statement.ConnPool, o.store.Get(id))
+	r, found, err := o.store.Get(ctx, db.Statement.ConnPool, id)
 	if err != nil {
 		return Row{}, fmt.Errorf("outbox: get event %s: %w", id, err)
 	}
-	if len(out) == 0 {
+	if !found {
 		return Row{}, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
-	return out[0], nil
+	return publicRow(r), nil
 }
 
 // Count returns how many rows match f: what a dry run of Replay (with
@@ -193,9 +187,8 @@ func (o *Outbox) Count(db *gorm.DB, f Filter) (int64, error) {
 	if err := f.validate(); err != nil {
 		return 0, err
 	}
-	q := o.store.Count(f.filter())
-	var n int64
-	if err := db.Statement.ConnPool.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&n); err != nil {
+	n, err := o.store.Count(ctx, db.Statement.ConnPool, f.filter())
+	if err != nil {
 		return 0, fmt.Errorf("outbox: count events: %w", err)
 	}
 	return n, nil
@@ -224,37 +217,11 @@ func (o *Outbox) Replay(db *gorm.DB, f Filter) (int, error) {
 		return 0, fmt.Errorf("%w: replay changes only failed rows; statuses %v leave them out", ErrInvalidFilter, f.Statuses)
 	}
 	f.Statuses = []Status{StatusFailed}
-	sf := f.filter()
-	pool := db.Statement.ConnPool
-	lim := o.limits
-	total := 0
-	var after int64
-	for {
-		ids, last, err := selectSeqs(ctx, pool, o.store.ReplaySelect(sf, after, lim.AdminScan))
-		if err != nil {
-			return total, fmt.Errorf("outbox: replay events: %w", err)
-		}
-		for batch := range slices.Chunk(ids, lim.AdminBatch) {
-			now := o.now()
-			n, err := execCount(ctx, pool, o.store.ReplayUpdate(sf, batch, now))
-			if err != nil {
-				return total, fmt.Errorf("outbox: replay %d events: %w", len(batch), err)
-			}
-			total += n
-			if n > 0 {
-				// In the replay's transaction when db is one; on its own
-				// otherwise, after the replay (the entry, not the event,
-				// is what a failure here loses: it is reported).
-				if _, err := execCount(ctx, pool, o.store.RecordReplays(batch, now, actorFrom(ctx))); err != nil {
-					return total, fmt.Errorf("outbox: replayed %d events but could not record it in their history: %w", n, err)
-				}
-			}
-		}
-		if len(ids) < lim.AdminScan {
-			return total, nil
-		}
-		after = last
+	n, err := o.store.Replay(ctx, db.Statement.ConnPool, store.Replay{Filter: f.filter(), Now: o.now, Actor: actorFrom(ctx)})
+	if err != nil {
+		return n, fmt.Errorf("outbox: replay events: %w", err)
 	}
+	return n, nil
 }
 
 // Purge deletes the sent and failed rows matching f and returns how many it
@@ -284,35 +251,11 @@ func (o *Outbox) Purge(db *gorm.DB, f Filter) (int, error) {
 	if len(f.Statuses) == 0 {
 		f.Statuses = []Status{StatusSent, StatusFailed}
 	}
-	sf := f.filter()
-	pool := db.Statement.ConnPool
-	lim := o.limits
-	total := 0
-	for {
-		ids, _, err := selectSeqs(ctx, pool, o.store.PurgeSelect(sf, lim.AdminScan))
-		if err != nil {
-			return total, fmt.Errorf("outbox: purge events: %w", err)
-		}
-		deleted := 0
-		for batch := range slices.Chunk(ids, lim.AdminBatch) {
-			n, err := execCount(ctx, pool, o.store.PurgeDelete(sf, batch))
-			if err != nil {
-				return total, fmt.Errorf("outbox: purge %d events: %w", len(batch), err)
-			}
-			deleted += n
-			if n > 0 {
-				if _, err := execCount(ctx, pool, o.store.PurgeAttempts(batch)); err != nil {
-					return total + deleted, fmt.Errorf("outbox: purged %d events but not their history: %w", n, err)
-				}
-			}
-		}
-		total += deleted
-		// deleted == 0: every row selected changed under us; stop rather
-		// than select them again.
-		if len(ids) < lim.AdminScan || deleted == 0 {
-			return total, nil
-		}
+	n, err := o.store.Purge(ctx, db.Statement.ConnPool, f.filter())
+	if err != nil {
+		return n, fmt.Errorf("outbox: purge events: %w", err)
 	}
+	return n, nil
 }
 
 // IDColumn is the SQL expression, over the outbox table's own columns, that
@@ -320,33 +263,4 @@ func (o *Outbox) Purge(db *gorm.DB, f Filter) (int, error) {
 // is a UUID column and named_id the ID a publisher chose (schema version 3,
 // docs/schema.md). Select it from the table, unqualified, for SQL of your
 // own: SELECT <IDColumn> AS event_id FROM <Table>.
-func (o *Outbox) IDColumn() string { return o.store.IDExpr() }
-
-// selectSeqs reads a query's seqs, and the last one.
-func selectSeqs(ctx context.Context, pool gorm.ConnPool, q store.Query) ([]int64, int64, error) {
-	rows, err := pool.QueryContext(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer rows.Close()
-	var (
-		seqs []int64
-		last int64
-	)
-	for rows.Next() {
-		if err := rows.Scan(&last); err != nil {
-			return nil, 0, err
-		}
-		seqs = append(seqs, last)
-	}
-	return seqs, last, rows.Err()
-}
-
-func execCount(ctx context.Context, pool gorm.ConnPool, q store.Query) (int, error) {
-	res, err := pool.ExecContext(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return 0, err
-	}
-	n, err := res.RowsAffected()
-	return int(n), err
-}
+func (o *Outbox) IDColumn() string { return o.store.IDColumn() }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/maint"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -287,26 +289,34 @@ func failRows(t *testing.T, e *testEnv, typ, msg string) {
 		Updates(map[string]any{"status": StatusFailed, "last_error": msg, "attempts": 3}).Error)
 }
 
+// The rows one Replay or Purge pass reads and one of its statements
+// changes (sqlbuild's adminScan and adminBatch): the batch tests write more
+// than one of each.
+const (
+	adminScanRows  = 10000
+	adminBatchRows = 1000
+)
+
 func testAdminReplayBatches(t *testing.T, b backend) {
 	e := b.setup(t)
 	skipPureGo(t, e)
-	lim := e.ob.limits
-	publishN(t, e.db, "bulk", lim.AdminScan+lim.AdminBatch+5)
+	const bulk = adminScanRows + adminBatchRows + 5
+	publishN(t, e.db, "bulk", bulk)
 	publishN(t, e.db, "other", 3)
 	if b.logical { // Logical mode's Publish writes no row: the relay writes them, failed
 		fail := func(context.Context, Event) error { return Permanent(errors.New("boom")) }
 		e.ob.Handle("bulk", fail)
 		e.ob.Handle("other", fail)
 		drain(t, e.relay(RelayConfig{}))
-		require.EqualValues(t, e.ob.limits.AdminScan+e.ob.limits.AdminBatch+5+3, e.count("status = ? AND attempts = 1", StatusFailed))
+		require.EqualValues(t, bulk+3, e.count("status = ? AND attempts = 1", StatusFailed))
 	} else {
 		failRows(t, e, "bulk", "boom")
 		failRows(t, e, "other", "boom")
 	}
 	n, err := e.ob.Replay(e.db.WithContext(t.Context()), Filter{Types: []string{"bulk"}, Statuses: []Status{StatusFailed}})
 	require.NoError(t, err)
-	assert.Equal(t, lim.AdminScan+lim.AdminBatch+5, n)
-	assert.EqualValues(t, lim.AdminScan+lim.AdminBatch+5, e.count("status = ? AND attempts = 0", StatusPending))
+	assert.Equal(t, bulk, n)
+	assert.EqualValues(t, bulk, e.count("status = ? AND attempts = 0", StatusPending))
 	assert.EqualValues(t, 3, e.count("status = ?", StatusFailed))
 }
 
@@ -348,13 +358,13 @@ func testAdminPurge(t *testing.T, b backend) {
 func testAdminPurgeBatches(t *testing.T, b backend) {
 	e := b.setup(t)
 	skipPureGo(t, e)
-	publishN(t, e.db, "bulk", e.ob.limits.AdminScan+e.ob.limits.AdminBatch+7)
+	publishN(t, e.db, "bulk", adminScanRows+adminBatchRows+7)
 	publishN(t, e.db, "keep", 2)
 	if b.logical { // Logical mode's Publish writes no row: the relay writes them, bulk sent and keep pending
 		e.ob.Handle("bulk", func(context.Context, Event) error { return nil })
 		e.ob.Handle("keep", func(context.Context, Event) error { return RetryAfter(errors.New("later"), time.Hour) })
 		drain(t, e.relay(RelayConfig{}))
-		require.EqualValues(t, e.ob.limits.AdminScan+e.ob.limits.AdminBatch+7, e.count("status = ?", StatusSent))
+		require.EqualValues(t, adminScanRows+adminBatchRows+7, e.count("status = ?", StatusSent))
 		require.EqualValues(t, 2, e.count("status = ?", StatusPending))
 	} else {
 		require.NoError(t, e.db.Table(e.ob.Table()).Where("event_type = ?", "bulk").
@@ -362,7 +372,7 @@ func testAdminPurgeBatches(t *testing.T, b backend) {
 	}
 	n, err := e.ob.Purge(e.db.WithContext(t.Context()), Filter{Types: []string{"bulk", "keep"}})
 	require.NoError(t, err)
-	assert.Equal(t, e.ob.limits.AdminScan+e.ob.limits.AdminBatch+7, n)
+	assert.Equal(t, adminScanRows+adminBatchRows+7, n)
 	assert.EqualValues(t, 2, e.count(""))
 }
 
@@ -520,9 +530,11 @@ func testRetentionDeletesOnlySent(t *testing.T, b backend) {
 	require.NoError(t, e.db.Table(e.ob.Table()).Where("named_id IN ?", []string{"later-00000", "bad-00000"}).Update("sent_at", e.timeArg(e.ob.now())).Error)
 
 	e.clock.Advance(48 * time.Hour)
-	n, err := e.ob.deleteSent(ctx, e.db, time.Hour, defaultStatementTimeout)
+	sqlDB, err := e.db.DB()
 	require.NoError(t, err)
-	assert.Equal(t, 3, n)
+	n, err := maint.Retention(e.ob.store, nil, sqlDB, time.Hour, defaultStatementTimeout, e.ob.now).Pass(ctx)
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, n)
 	assert.EqualValues(t, 0, e.count("status = ?", StatusSent))
 	assert.EqualValues(t, 2, e.count("status = ?", StatusFailed), "failed rows are never deleted")
 	assert.EqualValues(t, 4, e.count("status = ?", StatusPending), "pending rows are never deleted")

@@ -1,10 +1,12 @@
 package outbox
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,7 +20,9 @@ import (
 // the root is the public face and may use every internal package; below
 // it, each package may import only those listed for it (of this module's
 // packages), so that the engine knows no source, no source knows another,
-// and a store knows only the store seam. Test files are not held to it.
+// and a store knows only the seam, the shared SQL and the stores it builds
+// on. Every internal package must have a rule. Test files are not held to
+// it.
 func TestImportRules(t *testing.T) {
 	const mod = "github.com/gorm-outbox/outbox/"
 	allowed := map[string][]string{
@@ -27,12 +31,34 @@ func TestImportRules(t *testing.T) {
 		"internal/txhook":          {},
 		"internal/store":           {"internal/errs"},
 		"internal/store/sqlbuild":  {"internal/store"},
-		"internal/store/postgres":  {"internal/errs", "internal/store", "internal/store/sqlbuild"},
-		"internal/store/mysql":     {"internal/errs", "internal/store", "internal/store/sqlbuild"},
-		"internal/store/sqlite":    {"internal/errs", "internal/store", "internal/store/sqlbuild"},
 		"internal/store/storetest": {"internal/errs", "internal/store"},
 		"internal/engine":          {"internal/errs", "internal/store"},
 		"internal/wal":             {"internal/engine", "internal/errs", "internal/store"},
+		"internal/maint":           {"internal/engine", "internal/store"},
+		"internal/overview":        {"internal/store"},
+		"internal/pgtest":          {},
+		"internal/outagetest":      {".", "outboxtest"}, // the public API, for the adapters' outage tests
+	}
+	// A store (internal/store/<database>) may build on another store.
+	dirs, err := filepath.Glob("internal/store/*")
+	require.NoError(t, err)
+	var stores []string
+	for _, d := range dirs {
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() && allowed[d] == nil {
+			stores = append(stores, d)
+		}
+	}
+	for _, d := range stores {
+		allowed[d] = append([]string{"internal/errs", "internal/store", "internal/store/sqlbuild"}, slices.DeleteFunc(slices.Clone(stores), func(o string) bool { return o == d })...)
+	}
+	all, err := filepath.Glob("internal/*")
+	require.NoError(t, err)
+	all = append(all, dirs...)
+	for _, d := range all {
+		if fi, err := os.Stat(d); err == nil && fi.IsDir() {
+			_, ok := allowed[d]
+			assert.True(t, ok, "%s has no import rule: add it here and to ARCHITECTURE.md", d)
+		}
 	}
 	for dir, may := range allowed {
 		files, err := filepath.Glob(filepath.Join(dir, "*.go"))
@@ -52,8 +78,58 @@ func TestImportRules(t *testing.T) {
 					continue
 				}
 				rel := strings.TrimPrefix(path, mod)
+				if path == strings.TrimSuffix(mod, "/") {
+					rel = "."
+				}
 				assert.True(t, slices.Contains(may, rel), "%s imports %s, which ARCHITECTURE.md does not allow it", f, path)
 			}
 		}
 	}
+}
+
+// TestArchitectureRoles keeps ARCHITECTURE.md's table of the store's roles
+// equal to the interfaces of internal/store/store.go: every role with its
+// methods, no more, no fewer. DB (what a method runs on) and Lead (what
+// InboxLead returns) are not roles.
+func TestArchitectureRoles(t *testing.T) {
+	src, err := os.ReadFile("internal/store/store.go")
+	require.NoError(t, err)
+	f, err := parser.ParseFile(token.NewFileSet(), "store.go", src, 0)
+	require.NoError(t, err)
+	code := map[string][]string{}
+	for _, d := range f.Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.TYPE {
+			continue
+		}
+		for _, sp := range gd.Specs {
+			ts := sp.(*ast.TypeSpec)
+			it, ok := ts.Type.(*ast.InterfaceType)
+			if !ok || !ts.Name.IsExported() || ts.Name.Name == "DB" || ts.Name.Name == "Lead" {
+				continue
+			}
+			var methods []string
+			for _, m := range it.Methods.List {
+				for _, n := range m.Names {
+					methods = append(methods, n.Name)
+				}
+			}
+			slices.Sort(methods)
+			code[ts.Name.Name] = methods
+		}
+	}
+	doc, err := os.ReadFile("ARCHITECTURE.md")
+	require.NoError(t, err)
+	row := regexp.MustCompile("(?m)^\\| `(\\w+)` \\| [^|]+ \\| (`\\w+`(?:, `\\w+`)*) \\|$")
+	docs := map[string][]string{}
+	for _, m := range row.FindAllStringSubmatch(string(doc), -1) {
+		var methods []string
+		for _, name := range strings.Split(m[2], ", ") {
+			methods = append(methods, strings.Trim(name, "`"))
+		}
+		slices.Sort(methods)
+		docs[m[1]] = methods
+	}
+	require.NotEmpty(t, docs, "ARCHITECTURE.md has no table of roles")
+	assert.Equal(t, code, docs, "ARCHITECTURE.md's roles and their methods, against internal/store/store.go")
 }

@@ -148,9 +148,9 @@ const relayCycleBatch = 100
 func BenchmarkRelayCycle(b *testing.B) {
 	for _, backend := range benchBackends {
 		b.Run(backend, func(b *testing.B) {
-			db, ob := benchOutbox(b, backend, Config{DisableNotify: true})
+			db, ob := benchOutbox(b, backend, Config{DisableNotify: true, RetainSent: RetainForever})
 			ob.Handle("order.created", func(context.Context, Event) error { return nil })
-			relay := mustRelay(b, ob, db, RelayConfig{BatchSize: relayCycleBatch, RetainSent: RetainForever})
+			relay := mustRelay(b, ob, db, RelayConfig{BatchSize: relayCycleBatch})
 			ctx := context.Background()
 			events := make([]Event, relayCycleBatch)
 			var (

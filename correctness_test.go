@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
 	"log/slog"
 	"net/url"
 	"os"
@@ -16,6 +15,8 @@ import (
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
 
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/jackc/pglogrepl"
@@ -271,11 +272,8 @@ func testRelayConfigLimits(t *testing.T, b backend) {
 		r, err := ob.Relay(e.db, c.cfg)
 		require.ErrorIs(t, err, ErrInvalidConfig, "returned at construction: %+v", c.cfg)
 		assert.ErrorContains(t, err, c.what)
-		_, err = r.ProcessOnce(t.Context())
-		require.ErrorIs(t, err, ErrInvalidConfig, "%+v", c.cfg)
-		require.ErrorIs(t, r.Run(t.Context()), ErrInvalidConfig)
+		assert.Nil(t, r, "no relay")
 	}
-	assert.Contains(t, logs.String(), "the relay is not running", "Run logs it too")
 
 	// A transaction is not a relay's database, and says so at once.
 	tx := e.db.Begin()

@@ -36,9 +36,6 @@ type outcome = store.Outcome
 // sum. A streamed batch holds whole transactions, so it exceeds BatchSize
 // when one transaction published more events than that.
 func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
-	if r.err != nil {
-		return 0, r.err
-	}
 	if r.stream != nil {
 		n, err := r.stream.Once(ctx)
 		if err != nil {
@@ -67,15 +64,6 @@ func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent in
 	if err != nil || b == nil {
 		return 0, 0, err
 	}
-	if r.cfg.WaitReplicas > 0 {
-		if err := r.waitReplicas(ctx); err != nil {
-			// Undelivered and no attempt counted: due again at once.
-			for i := range b.Items() {
-				b.Record(i, engine.Result{Kind: engine.Deferred})
-			}
-			return len(b.Items()), 0, errors.Join(err, b.Close(ctx, err))
-		}
-	}
 	down, err := r.fanout().Process(ctx, b)
 	if down != nil {
 		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
@@ -83,12 +71,17 @@ func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent in
 	return len(b.Items()), b.Sent(), err
 }
 
-// fanout is the engine's delivery of a batch for this relay.
+// fanout is the engine's delivery of a batch for this relay, from either
+// source.
 func (r *Relay) fanout() *engine.Fanout {
-	return &engine.Fanout{
+	f := &engine.Fanout{
 		Workers: r.cfg.Workers, Ordered: r.cfg.OrderByAggregate, Policy: r.policy,
 		Attempt: r.attempt, Report: r.report,
 	}
+	if r.cfg.WaitReplicas > 0 {
+		f.Gate = (&engine.Standbys{Replicas: r.o.replicas(), DB: r.table.DB, Want: r.cfg.WaitReplicas, Timeout: r.cfg.StatementTimeout}).Wait
+	}
+	return f
 }
 
 // attempt runs the handlers of one event within HandlerTimeout, with its
@@ -113,7 +106,7 @@ func (r *Relay) report(c *claimed, res engine.Result, err error, took time.Durat
 		return
 	}
 	r.o.delivered(Delivery{
-		Event: Event(c.Event), Attempt: c.Attempts, Status: Status(res.Status()), Err: err,
+		Event: Event(c.Event), Attempt: c.Attempts, Outcome: Outcome(res.Outcome()), Status: Status(res.Status()), Err: err,
 		Duration: took, Latency: r.o.now().Sub(c.CreatedAt),
 	})
 }
@@ -144,8 +137,7 @@ func (r *Relay) ensureOrdering(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	name, ddl := r.o.store.OrderingIndex()
-	if err := store.Ensure(ctx, sqlDB, r.o.store, name, ddl...); err != nil {
+	if err := r.o.store.EnsureOrdering(ctx, sqlDB); err != nil {
 		return fmt.Errorf("outbox: create the per-aggregate ordering index: %w", err)
 	}
 	r.orderingDone = true
@@ -156,47 +148,4 @@ func (r *Relay) ensureOrdering(ctx context.Context) error {
 func (o *Outbox) replicas() store.Replicas {
 	s, _ := o.store.(store.Replicas)
 	return s
-}
-
-// waitReplicas waits until WaitReplicas standbys have flushed the WAL
-// up to where it is now, which holds every event the batch just claimed
-// (each committed before the claim's snapshot): polling every few
-// milliseconds, for up to StatementTimeout.
-func (r *Relay) waitReplicas(ctx context.Context) error {
-	s := r.o.replicas()
-	sqlDB, err := rawDB(r.db)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.StatementTimeout)
-	defer cancel()
-	var lsn string
-	q := s.WALInsertPosition()
-	if err := sqlDB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&lsn); err != nil {
-		return fmt.Errorf("outbox: read the WAL position to await the standbys: %w", err)
-	}
-	wait := time.Millisecond
-	flushed := 0 // by the last count that answered
-	for {
-		var n int
-		q := s.ReplicasFlushed(lsn)
-		err := sqlDB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&n)
-		switch {
-		case err == nil && n >= r.cfg.WaitReplicas:
-			return nil
-		case err == nil:
-			flushed = n
-		case ctx.Err() == nil:
-			return fmt.Errorf("outbox: read the standbys' positions: %w", err)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w: %d of the %d standbys RelayConfig.WaitReplicas asks for flushed WAL position %s within %v; the batch is handed back undelivered",
-				ErrReplicasBehind, flushed, r.cfg.WaitReplicas, lsn, r.cfg.StatementTimeout)
-		case <-t.C:
-		}
-		wait = min(2*wait, 20*time.Millisecond)
-	}
 }

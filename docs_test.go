@@ -35,7 +35,7 @@ var documented = map[string]struct {
 	"RelayConfig.Lease":            {defaultLease, minLease.String()},
 	"RelayConfig.StatementTimeout": {defaultStatementTimeout, minStatementTimeout.String()},
 	"RelayConfig.OrderByAggregate": {false, ""},
-	"RelayConfig.RetainSent":       {defaultRetainSent, ""},
+	"Config.RetainSent":            {defaultRetainSent, ""},
 	"Config.Mode":                  {"Persistent", ""},
 	"Config.Table":                 {DefaultTable, ""},
 	"Config.Logger":                {"slog.Default()", ""},

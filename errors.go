@@ -19,6 +19,12 @@ var (
 	// for another event (other idempotency key); the first write keeps it.
 	ErrIDConflict = errs.ErrIDConflict
 
+	// ErrInvalidInboxID: [Consume] was given a consumer name or message
+	// ID it cannot record (empty, longer than [MaxInboxIDLen] characters,
+	// not valid UTF-8 or holding a NUL byte); fn is not called. A broker
+	// consumer terminates such a message: no redelivery can record it.
+	ErrInvalidInboxID = errors.New("outbox: invalid inbox consumer or message ID")
+
 	// ErrInvalidConfig: a [Config] or [RelayConfig] value is unusable, such
 	// as an unsafe table name or a negative batch size.
 	ErrInvalidConfig = errs.ErrInvalidConfig
@@ -63,6 +69,13 @@ var (
 	// back; db.Use (a restart) creates the slot again.
 	ErrNoSlot = errs.ErrNoSlot
 
+	// ErrUnsupportedFeature: the database's store does not implement the
+	// feature an operation needs (the inbox, the overview, the event
+	// history, wake-ups across processes, standbys): every store the
+	// module ships implements all of them but where the docs say
+	// otherwise (Logical mode and WaitReplicas need PostgreSQL).
+	ErrUnsupportedFeature = errs.ErrUnsupportedFeature
+
 	// ErrMemoryMode: the operation needs a table, and a [Memory] outbox keeps
 	// none.
 	ErrMemoryMode = errors.New("outbox: operation needs Persistent mode (Memory mode keeps no table)")
@@ -75,7 +88,7 @@ var (
 	// ErrReplicasBehind: with RelayConfig.WaitReplicas, fewer standbys
 	// than it asks for flushed a batch's WAL in time; the batch was handed
 	// back undelivered, to be claimed again.
-	ErrReplicasBehind = errors.New("outbox: the standbys have not flushed the batch's WAL")
+	ErrReplicasBehind = errs.ErrReplicasBehind
 )
 
 // Permanent wraps err to tell the relay that retrying cannot help: the event

@@ -131,27 +131,24 @@ func ExampleOutbox_Handle() {
 	// audit:  order.paid 1
 }
 
-// Relay checks its configuration when it is built, and a relay built from a
-// refused configuration keeps the error: Run returns it too, so a caller
-// that starts the relay in a goroutine still sees it.
+// Relay checks its configuration when it is built: a refused configuration
+// is an error and no relay. Retention is the table's setting, in Config.
 func ExampleOutbox_Relay() {
 	db, done := openDB()
 	defer done()
-	ob := outbox.Plugin(outbox.Config{Logger: quiet})
+	ob := outbox.Plugin(outbox.Config{Logger: quiet, RetainSent: 24 * time.Hour})
 	if err := db.Use(ob); err != nil {
 		log.Fatal(err)
 	}
 	ob.Handle("order.created", func(ctx context.Context, e outbox.Event) error { return nil })
 
 	bad, err := ob.Relay(db, outbox.RelayConfig{BatchSize: -1})
-	fmt.Println("refused:", errors.Is(err, outbox.ErrInvalidConfig))
-	fmt.Println("Run refuses too:", errors.Is(bad.Run(context.Background()), outbox.ErrInvalidConfig))
+	fmt.Println("refused:", errors.Is(err, outbox.ErrInvalidConfig), bad == nil)
 
 	relay, err := ob.Relay(db, outbox.RelayConfig{
 		BatchSize:   50,
 		MaxAttempts: 5,
 		Lease:       30 * time.Second,
-		RetainSent:  24 * time.Hour,
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -162,8 +159,7 @@ func ExampleOutbox_Relay() {
 	n, err := relay.ProcessOnce(context.Background())
 	fmt.Println("claimed", n, err)
 	// Output:
-	// refused: true
-	// Run refuses too: true
+	// refused: true true
 	// claimed 1 <nil>
 }
 

@@ -64,7 +64,7 @@ func ExampleOutbox_RelayGroup() {
 		log.Fatal(err)
 	}
 	for _, name := range group.Names() {
-		st, err := group.Stats(name)
+		st, err := ob.Stats(tenants[name])
 		if err != nil {
 			log.Fatal(err)
 		}

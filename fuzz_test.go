@@ -156,7 +156,7 @@ type publishEnv struct {
 
 func newPublishEnv(t testing.TB, fdb *fuzzDB) *publishEnv {
 	e := &publishEnv{name: fdb.name, db: fdb.open(t)}
-	e.ob = outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler), DisableNotify: true})
+	e.ob = outbox.Plugin(outbox.Config{Logger: slog.New(slog.DiscardHandler), DisableNotify: true, RetainSent: outbox.RetainForever})
 	require.NoError(t, e.db.Use(e.ob))
 	require.NoError(t, e.db.AutoMigrate(&fuzzOrder{}))
 	e.ob.Handle(outbox.AnyEvent, func(_ context.Context, ev outbox.Event) error {
@@ -165,7 +165,7 @@ func newPublishEnv(t testing.TB, fdb *fuzzDB) *publishEnv {
 		e.mu.Unlock()
 		return nil
 	})
-	e.relay = outboxtest.Relay(t, e.ob, e.db, outbox.RelayConfig{RetainSent: outbox.RetainForever})
+	e.relay = outboxtest.Relay(t, e.ob, e.db, outbox.RelayConfig{})
 	return e
 }
 

@@ -344,7 +344,7 @@ func (e *testEnv) count(where string, args ...any) int64 {
 func (e *testEnv) record(id string) Row {
 	e.t.Helper()
 	var r Row
-	require.NoError(e.t, e.db.Table(e.ob.Table()).Where(e.ob.store.IDExpr()+" = ?", id).Take(&r).Error)
+	require.NoError(e.t, e.db.Table(e.ob.Table()).Where(e.ob.store.IDColumn()+" = ?", id).Take(&r).Error)
 	if e.name == "mysql" {
 		// The columns hold UTC; the driver labels them with the DSN's loc.
 		for _, p := range []*time.Time{&r.AvailableAt, &r.OccurredAt, &r.CreatedAt, &r.UpdatedAt, r.LockedUntil, r.SentAt} {
@@ -419,16 +419,11 @@ func (r *Relay) claim(ctx context.Context, now, lease time.Time, ids []string, l
 func (r *Relay) seqsOf(ctx context.Context, ids []string) ([]int64, error) {
 	var seqs []int64
 	for _, id := range ids {
-		q := r.o.store.Get(id)
-		rs, err := r.table.DB.QueryContext(ctx, q.SQL, q.Args...)
+		row, found, err := r.o.store.Get(ctx, r.table.DB, id)
 		if err != nil {
 			return nil, err
 		}
-		rows, err := store.ScanRows(rs)
-		if err != nil {
-			return nil, err
-		}
-		for _, row := range rows {
+		if found {
 			seqs = append(seqs, row.Seq)
 		}
 	}

@@ -2,7 +2,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"log/slog"
 	"time"
@@ -22,8 +21,8 @@ type HistoryEntry struct {
 	// Attempt is the attempt's number (1 for the first after the event
 	// was written or replayed); 0 for a replay.
 	Attempt int
-	// Outcome is HistoryRetry, HistoryFailed or HistoryReplayed.
-	Outcome string
+	// Outcome is OutcomeRetry, OutcomeFailed or OutcomeReplayed.
+	Outcome Outcome
 	// Error is the handler's error (a replay's: the error the event had
 	// when it was replayed).
 	Error string
@@ -31,13 +30,6 @@ type HistoryEntry struct {
 	// not given, and for attempts.
 	Actor string
 }
-
-// The outcomes of a [HistoryEntry].
-const (
-	HistoryRetry    = "retry"    // failed; to be tried again
-	HistoryFailed   = "failed"   // failed; the relay gave up (StatusFailed)
-	HistoryReplayed = "replayed" // set pending again by Replay
-)
 
 type actorKey struct{}
 
@@ -70,44 +62,22 @@ func (o *Outbox) History(db *gorm.DB, id string) ([]HistoryEntry, error) {
 	if err := o.usable(db); err != nil {
 		return nil, err
 	}
-	var out []HistoryEntry
-	q := o.store.Attempts(id)
-	err := eachRow(ctx, db.Statement.ConnPool, q, func(rows *sql.Rows) error {
-		var (
-			a          HistoryEntry
-			at         store.DBTime
-			errText, x *string
-		)
-		if err := rows.Scan(&at, &a.Attempt, &a.Outcome, &errText, &x); err != nil {
-			return err
-		}
-		a.At = at.T
-		if errText != nil {
-			a.Error = *errText
-		}
-		if x != nil {
-			a.Actor = *x
-		}
-		out = append(out, a)
-		return nil
-	})
+	h, ok := o.store.(store.History)
+	if !ok {
+		return nil, o.unsupported("History")
+	}
+	got, err := h.Attempts(ctx, db.Statement.ConnPool, id)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: read the history of event %q: %w", id, err)
+	}
+	out := make([]HistoryEntry, len(got))
+	for i, a := range got {
+		out[i] = HistoryEntry{At: a.At, Attempt: a.Attempt, Outcome: Outcome(a.Outcome), Error: a.Error, Actor: a.Actor}
 	}
 	return out, nil
 }
 
-// forgetAttempts deletes the history entries older than olderThan, in
-// batches, as retention deletes sent rows.
-func (o *Outbox) forgetAttempts(ctx context.Context, db *gorm.DB, olderThan, stmtTimeout time.Duration) error {
-	_, err := o.deleteBatches(ctx, db, stmtTimeout, func(batch int) store.Query { return o.store.ForgetAttempts(o.now().Add(-olderThan), batch) })
-	if err != nil {
-		return fmt.Errorf("outbox: delete old attempts: %w", err)
-	}
-	return nil
-}
-
-// historyFailed is engine.Table.HistoryFailed: logged once per episode.
+// historyFailed is engine.Table.OutcomeFailed: logged once per episode.
 func (o *Outbox) historyFailed() func(error) {
 	var failing engine.Episode
 	return func(err error) {

@@ -3,9 +3,12 @@ package outbox
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/maint"
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -42,7 +45,7 @@ func testHistory(t *testing.T, b backend) {
 	h, err := e.ob.History(db, "h-00000")
 	require.NoError(t, err)
 	require.Len(t, h, 2)
-	assert.Equal(t, []string{HistoryRetry, HistoryFailed}, []string{h[0].Outcome, h[1].Outcome})
+	assert.Equal(t, []Outcome{OutcomeRetry, OutcomeFailed}, []Outcome{h[0].Outcome, h[1].Outcome})
 	assert.Equal(t, []int{1, 2}, []int{h[0].Attempt, h[1].Attempt})
 	assert.Contains(t, h[0].Error, "first: broker busy")
 	assert.Contains(t, h[1].Error, "second: 422")
@@ -50,6 +53,27 @@ func testHistory(t *testing.T, b backend) {
 	none, err := e.ob.History(db, "ok-00000")
 	require.NoError(t, err)
 	assert.Empty(t, none, "a delivery that succeeds leaves no entry")
+
+	// An event whose ID the outbox generated: in Logical mode it is
+	// delivered from the stream, and its failed attempt is written to the
+	// table by the stream, with its history entry as any other.
+	var genID atomic.Value
+	e.ob.Handle("g", func(_ context.Context, ev Event) error {
+		genID.Store(ev.ID)
+		return Permanent(errors.New("g: refused"))
+	})
+	require.NoError(t, Publish(e.db, Event{Type: "g"}))
+	_, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	id, _ := genID.Load().(string)
+	require.NotEmpty(t, id, "the generated event was delivered")
+	g, err := e.ob.History(db, id)
+	require.NoError(t, err)
+	if assert.Len(t, g, 1, "one entry for the failed attempt of a generated event") {
+		assert.Equal(t, OutcomeFailed, g[0].Outcome)
+		assert.Equal(t, 1, g[0].Attempt)
+		assert.Contains(t, g[0].Error, "g: refused")
+	}
 
 	n, err := e.ob.Replay(e.db.WithContext(WithActor(t.Context(), "alice@ops")), Filter{IDs: []string{"h-00000"}})
 	require.NoError(t, err)
@@ -60,7 +84,7 @@ func testHistory(t *testing.T, b backend) {
 	h, err = e.ob.History(db, "h-00000")
 	require.NoError(t, err)
 	require.Len(t, h, 3, "the replay is an entry; the delivery after it none")
-	assert.Equal(t, HistoryReplayed, h[2].Outcome)
+	assert.Equal(t, OutcomeReplayed, h[2].Outcome)
 	assert.Equal(t, "alice@ops", h[2].Actor)
 	assert.Contains(t, h[2].Error, "second: 422", "the error the replay went past")
 	row, err = e.ob.Get(db, "h-00000")
@@ -73,7 +97,10 @@ func testHistory(t *testing.T, b backend) {
 	e.ob.Handle("p", func(context.Context, Event) error { return Permanent(errors.New("no")) })
 	_, err = r.ProcessOnce(t.Context())
 	require.NoError(t, err)
-	require.NoError(t, e.ob.forgetAttempts(t.Context(), e.db, 30*time.Minute, time.Minute))
+	sqlDB, err := e.db.DB()
+	require.NoError(t, err)
+	_, err = maint.Retention(e.ob.store, e.ob.store.(store.History), sqlDB, 30*time.Minute, time.Minute, e.ob.now).Pass(t.Context())
+	require.NoError(t, err)
 	h, err = e.ob.History(db, "h-00000")
 	require.NoError(t, err)
 	assert.Empty(t, h, "older than the retention window")
@@ -82,7 +109,7 @@ func testHistory(t *testing.T, b backend) {
 	require.Len(t, h, 1, "newer: kept")
 
 	// A purge deletes the history with the row.
-	_, err = e.ob.Purge(db, Filter{IDs: []string{"p-00000"}})
+	_, err = e.ob.Purge(db, Filter{IDs: []string{"p-00000", id}})
 	require.NoError(t, err)
 	var left int64
 	require.NoError(t, e.db.Table(e.ob.Table()+"_attempts").Count(&left).Error)
@@ -103,10 +130,10 @@ func BenchmarkFailurePath(b *testing.B) {
 				name = backend + "/nohistory"
 			}
 			b.Run(name, func(b *testing.B) {
-				db, ob := benchOutbox(b, backend, Config{DisableNotify: true})
+				db, ob := benchOutbox(b, backend, Config{DisableNotify: true, RetainSent: RetainForever})
 				ob.noHistory = !history
 				ob.Handle("order.created", func(context.Context, Event) error { return errors.New("503 from the broker") })
-				relay, err := ob.Relay(db, RelayConfig{BatchSize: relayCycleBatch, RetainSent: RetainForever,
+				relay, err := ob.Relay(db, RelayConfig{BatchSize: relayCycleBatch,
 					Backoff: func(int) time.Duration { return 0 }, MaxAttempts: 1 << 30})
 				if err != nil {
 					b.Fatal(err)

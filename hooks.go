@@ -167,12 +167,12 @@ func (o *Outbox) observesDeliveries() bool {
 
 // memoryDelivery is the Delivery memory mode reports for one event.
 func memoryDelivery(e Event, errs []error, matched bool, began, dispatchStart time.Time) Delivery {
-	d := Delivery{Event: e, Status: StatusSent, Duration: time.Since(began), Latency: time.Since(dispatchStart)}
+	d := Delivery{Event: e, Outcome: OutcomeSent, Status: StatusSent, Duration: time.Since(began), Latency: time.Since(dispatchStart)}
 	switch {
 	case !matched:
-		d.Status, d.Err = StatusFailed, noHandler(e)
+		d.Outcome, d.Status, d.Err = OutcomeFailed, StatusFailed, noHandler(e)
 	case len(errs) > 0:
-		d.Status, d.Err = StatusFailed, joinErrs(errs)
+		d.Outcome, d.Status, d.Err = OutcomeFailed, StatusFailed, joinErrs(errs)
 	}
 	return d
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/gorm-outbox/outbox/internal/maint"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/txhook"
 	"gorm.io/gorm"
@@ -62,8 +63,8 @@ var errConsumed = errors.New("outbox: message already consumed")
 //
 // An empty consumer or message ID, one longer than [MaxInboxIDLen]
 // characters, or one that is not valid UTF-8 or holds a NUL byte is an error
-// wrapping [ErrInvalidEvent], and fn is not called; a db without the plugin
-// is [ErrNotInstalled].
+// wrapping [ErrInvalidInboxID], and fn is not called; a db without the
+// plugin is [ErrNotInstalled].
 //
 // The record costs one INSERT and no round trip of its own where the
 // driver can send it with the transaction's BEGIN: on PostgreSQL through
@@ -104,12 +105,15 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 	if o.noTable != nil {
 		return o.memInbox.consume(db, inboxKey{consumer, messageID}, o.inboxRetention, o.clock, fn)
 	}
+	in, ok := o.store.(store.Inbox)
+	if !ok {
+		return o.unsupported("Consume")
+	}
 	_, inTx := txhook.Tracked(db.Statement.ConnPool)
-	retrier, _ := o.store.(store.InboxRetrier)
 	for attempt := 1; ; attempt++ {
-		err := o.consumeOnce(db, consumer, messageID, fn)
+		err := o.consumeOnce(db, in, consumer, messageID, fn)
 		var re *recordError
-		if !inTx && retrier != nil && attempt < maxRecordAttempts && errors.As(err, &re) && retrier.RetryRecord(re.err) {
+		if !inTx && attempt < maxRecordAttempts && errors.As(err, &re) && in.RetryRecord(re.err) {
 			// The record lost a race (MySQL: a deadlock between deliveries
 			// of the message that waited on one that rolled back); it is the
 			// transaction's first statement, so fn has not run.
@@ -121,7 +125,7 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 		break
 	}
 	if !inTx {
-		o.forgetConsumedSometimes(dbContext(db), db)
+		o.forgetConsumedSometimes(dbContext(db), db, in)
 	}
 	return nil
 }
@@ -144,7 +148,7 @@ func (e *recordError) Error() string {
 func (e *recordError) Unwrap() error { return e.err }
 
 // consumeOnce is one transaction of Consume.
-func (o *Outbox) consumeOnce(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error) error {
+func (o *Outbox) consumeOnce(db *gorm.DB, in store.Inbox, consumer, messageID string, fn func(tx *gorm.DB) error) error {
 	recordErr := func(err error) error {
 		return &recordError{consumer: consumer, message: messageID, table: o.inbox, err: err}
 	}
@@ -155,17 +159,14 @@ func (o *Outbox) consumeOnce(db *gorm.DB, consumer, messageID string, fn func(tx
 	}
 	err := tdb.Transaction(func(tx *gorm.DB) error {
 		n, ran := lead.Ran()
+		recorded := n > 0
 		if !ran {
-			q := o.store.Consume(o.inbox, consumer, messageID, o.now())
-			res, err := tx.Statement.ConnPool.ExecContext(dbContext(tx), q.SQL, q.Args...)
-			if err == nil {
-				n, err = res.RowsAffected()
-			}
-			if err != nil {
+			var err error
+			if recorded, err = in.Record(dbContext(tx), tx.Statement.ConnPool, o.inbox, consumer, messageID, o.now()); err != nil {
 				return recordErr(err)
 			}
 		}
-		if n == 0 {
+		if !recorded {
 			return errConsumed
 		}
 		return fn(tx)
@@ -209,8 +210,7 @@ func (o *Outbox) leadFor(db *gorm.DB, consumer, messageID string) *txhook.Lead {
 		}
 		s.lead.Store(leadYes)
 	}
-	l := il.ConsumeLead(o.inbox, consumer, messageID, o.now())
-	return &txhook.Lead{Begin: l.Begin, Query: l.Query.SQL, Args: l.Query.Args, Text: l.Text}
+	return &txhook.Lead{Starter: il.RecordLead(o.inbox, consumer, messageID, o.now())}
 }
 
 // Whether a site's database takes a txhook.Lead.
@@ -221,7 +221,7 @@ const (
 )
 
 // CheckInboxID reports whether [Consume] takes s as a consumer name or a
-// message ID: nil, or the error wrapping [ErrInvalidEvent] that Consume
+// message ID: nil, or the error wrapping [ErrInvalidInboxID] that Consume
 // would return. A broker consumer uses it to tell a message whose ID can
 // never be recorded (to terminate) from an error of its own handler.
 func CheckInboxID(s string) error { return validInboxID("ID", s) }
@@ -229,11 +229,11 @@ func CheckInboxID(s string) error { return validInboxID("ID", s) }
 func validInboxID(what, s string) error {
 	switch {
 	case s == "":
-		return fmt.Errorf("%w: empty %s", ErrInvalidEvent, what)
+		return fmt.Errorf("%w: empty %s", ErrInvalidInboxID, what)
 	case !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0:
-		return fmt.Errorf("%w: %s is not valid UTF-8 text without NUL bytes", ErrInvalidEvent, what)
+		return fmt.Errorf("%w: %s is not valid UTF-8 text without NUL bytes", ErrInvalidInboxID, what)
 	case utf8.RuneCountInString(s) > MaxInboxIDLen:
-		return fmt.Errorf("%w: %s is %d characters long, longer than the inbox's %d", ErrInvalidEvent, what, utf8.RuneCountInString(s), MaxInboxIDLen)
+		return fmt.Errorf("%w: %s is %d characters long, longer than the inbox's %d", ErrInvalidInboxID, what, utf8.RuneCountInString(s), MaxInboxIDLen)
 	}
 	return nil
 }
@@ -242,7 +242,7 @@ func validInboxID(what, s string) error {
 // retention window, at most once per inboxForgetEvery, and again on the
 // next call while batches come back full. A failure is logged, not
 // returned: the Consume that triggered it has committed.
-func (o *Outbox) forgetConsumedSometimes(ctx context.Context, db *gorm.DB) {
+func (o *Outbox) forgetConsumedSometimes(ctx context.Context, db *gorm.DB, in store.Inbox) {
 	if o.inboxRetention == RetainForever {
 		return
 	}
@@ -251,33 +251,21 @@ func (o *Outbox) forgetConsumedSometimes(ctx context.Context, db *gorm.DB) {
 	if now.UnixNano() < next || !o.inboxForgetAt.CompareAndSwap(next, now.Add(inboxForgetEvery).UnixNano()) {
 		return
 	}
-	n, err := o.forgetConsumed(ctx, db)
+	sqlDB, err := rawDB(db)
+	if err != nil {
+		return
+	}
+	batch := o.limits.RetentionBatch
+	// Past the caller's cancellation (its Consume has committed), but
+	// bounded: a DELETE stuck behind a lock must not hold Consume's return.
+	expiry := maint.InboxExpiry(in, sqlDB, o.inbox, batch, o.inboxRetention, inboxForgetTimeout, o.now)
+	n, err := expiry.Pass(context.WithoutCancel(ctx))
 	switch {
 	case err != nil:
 		o.logger.WarnContext(ctx, "outbox: deleting expired inbox entries failed; will retry", slog.String("table", o.inbox), slog.Any("error", err))
-	case n >= o.limits.RetentionBatch:
+	case n >= int64(batch):
 		o.inboxForgetAt.Store(0)
 	}
-}
-
-// forgetConsumed deletes one batch of pairs consumed before the retention
-// window and returns how many it deleted.
-func (o *Outbox) forgetConsumed(ctx context.Context, db *gorm.DB) (int, error) {
-	sqlDB, err := rawDB(db)
-	if err != nil {
-		return 0, err
-	}
-	q := o.store.ForgetConsumed(o.inbox, o.now().Add(-o.inboxRetention), o.limits.RetentionBatch)
-	// Past the caller's cancellation (its Consume has committed), but
-	// bounded: a DELETE stuck behind a lock must not hold Consume's return.
-	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), inboxForgetTimeout)
-	defer cancel()
-	res, err := sqlDB.ExecContext(dctx, q.SQL, q.Args...)
-	if err != nil {
-		return 0, fmt.Errorf("outbox: delete expired inbox entries: %w", err)
-	}
-	n, err := res.RowsAffected()
-	return int(n), err
 }
 
 type inboxKey struct{ consumer, message string }

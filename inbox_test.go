@@ -366,7 +366,7 @@ func testConsumeBadInput(t *testing.T, e *testEnv) {
 		{"", "m"}, {"c", ""}, {long, "m"}, {"c", long}, {"c", "bad\xff"}, {"c", "nul\x00"},
 	} {
 		err := Consume(e.db, c.consumer, c.message, fn)
-		assert.ErrorIs(t, err, ErrInvalidEvent, "consumer %q message %q", c.consumer, c.message)
+		assert.ErrorIs(t, err, ErrInvalidInboxID, "consumer %q message %q", c.consumer, c.message)
 	}
 	assert.ErrorIs(t, Consume(e.db, "c", "m", nil), ErrInvalidEvent)
 	assert.EqualValues(t, 0, calls.Load())
@@ -378,7 +378,7 @@ func testConsumeBadInput(t *testing.T, e *testEnv) {
 // TestCheckInboxID: the check the adapters use is Consume's own.
 func TestCheckInboxID(t *testing.T) {
 	for _, bad := range []string{"", strings.Repeat("é", MaxInboxIDLen+1), "bad\xff", "nul\x00"} {
-		assert.ErrorIs(t, CheckInboxID(bad), ErrInvalidEvent, "%q", bad)
+		assert.ErrorIs(t, CheckInboxID(bad), ErrInvalidInboxID, "%q", bad)
 	}
 	assert.NoError(t, CheckInboxID(strings.Repeat("é", MaxInboxIDLen)))
 	assert.NoError(t, CheckInboxID("evt-0192"))

@@ -2,13 +2,11 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
-	"github.com/gorm-outbox/outbox/internal/wal"
-	"github.com/jackc/pgx/v5/pgconn"
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 )
 
@@ -25,11 +23,11 @@ func (o *Outbox) emit(ctx context.Context, pool gorm.ConnPool, enc []encoded) er
 	for i := range enc {
 		rows[i] = rowOf(&enc[i])
 	}
-	content, err := wal.Message(rows)
+	content, prefix, err := logical.message(rows, o.slot)
 	if err != nil {
 		return fmt.Errorf("outbox: encode %d events for the WAL: %w", len(enc), err)
 	}
-	emitted, err := o.wal.Emit(ctx, pool, o.slot, wal.Prefix(o.slot), content)
+	emitted, err := o.wal.Emit(ctx, pool, o.slot, prefix, content)
 	if err != nil {
 		if len(enc) == 1 {
 			return fmt.Errorf("outbox: emit event %s (%s): %w", enc[0].Event.ID, enc[0].Event.Type, err)
@@ -56,24 +54,20 @@ func (o *Outbox) dropReusedID(ctx context.Context, e *engine.Event) {
 		eventAttrs(Event(*e), nil)...)
 }
 
-// replicationConfig is the replication connection's configuration: the
-// DSN the *gorm.DB was opened with unless LogicalConfig.ReplicationDSN is
-// set.
-func (r *Relay) replicationConfig() (*pgconn.Config, error) {
-	dsn := r.o.replicationDSN
-	if dsn == "" {
-		if d, ok := r.db.Dialector.(*postgres.Dialector); ok && d.Config != nil {
-			dsn = d.Config.DSN
-		}
-	}
-	if dsn == "" {
-		return nil, fmt.Errorf("%w: Logical mode needs a replication connection and the *gorm.DB was not opened from a DSN: set Config.Logical.ReplicationDSN", ErrInvalidConfig)
-	}
-	cfg, err := pgconn.ParseConfig(dsn)
-	if err != nil {
-		// The DSN may hold a password: name the field, not its value.
-		return nil, fmt.Errorf("%w: the replication DSN does not parse (%T)", ErrInvalidConfig, err)
-	}
-	wal.Prepare(cfg)
-	return cfg, nil
+// stream is Logical mode's source of new events for one relay: it streams
+// the slot (Run), or delivers what was committed before the call (Once,
+// ProcessOnce's streaming side).
+type stream interface {
+	Run(ctx context.Context)
+	Once(ctx context.Context) (int, error)
+}
+
+// logical is Logical mode's machinery, set by store_postgres.go: the WAL
+// message, and a relay's stream. A program built without the PostgreSQL
+// store (build tags, docs/databases.md) links none of it, nor the
+// replication protocol's packages; Logical mode then fails at db.Use, as
+// on any database without the store.Logical role.
+var logical interface {
+	message(rows []store.Event, slot string) (content []byte, prefix string, err error)
+	stream(r *Relay, sqlDB *sql.DB) (stream, error)
 }

@@ -58,9 +58,9 @@ func TestLogicalReplicationConnectionTimeout(t *testing.T) {
 	} {
 		e.ob.replicationDSN = c.dsn
 		r := e.relay(RelayConfig{})
-		conn, err := pgconn.ConnectConfig(t.Context(), r.repl)
+		conn, err := pgconn.ConnectConfig(t.Context(), r.stream.(*wal.Relay).Repl)
 		require.NoError(t, err)
-		got, err := wal.SessionTimeout(t.Context(), conn, e.ob.wal)
+		got, err := wal.SessionTimeout(t.Context(), conn)
 		_ = conn.Close(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, c.want, got, "%s", c.dsn)

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"context"
 	"fmt"
 	"strings"
 
@@ -20,7 +19,10 @@ func SchemaSQL(dialect, table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return s.Schema() + "\n" + s.InboxSchema(DefaultInboxTable), nil
+	if in, ok := s.(store.Inbox); ok {
+		return s.Schema() + "\n" + in.InboxSchema(DefaultInboxTable), nil
+	}
+	return s.Schema(), nil
 }
 
 // InboxSchemaSQL returns the DDL that creates the inbox table named table
@@ -31,7 +33,11 @@ func InboxSchemaSQL(dialect, table string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	return s.InboxSchema(table), nil
+	in, ok := s.(store.Inbox)
+	if !ok {
+		return "", fmt.Errorf("%w: the inbox on %s", ErrUnsupportedFeature, s.Name())
+	}
+	return in.InboxSchema(table), nil
 }
 
 // UpgradeSQL returns the statements that upgrade an outbox table of the
@@ -60,10 +66,10 @@ func UpgradeSQLFrom(dialect, table string, from int) (string, error) {
 		}
 		b.WriteString(script)
 	}
-	if from < 3 && b.Len() > 0 {
+	if in, ok := s.(store.Inbox); ok && from < 3 && b.Len() > 0 {
 		// Version 3 brought the inbox table; db.Use creates it beside
 		// any outbox table.
-		b.WriteString("\n" + s.InboxSchema(DefaultInboxTable))
+		b.WriteString("\n" + in.InboxSchema(DefaultInboxTable))
 	}
 	return b.String(), nil
 }
@@ -72,7 +78,7 @@ func storeByName(dialect, table string) (store.Store, error) {
 	if !validTable(table) {
 		return nil, fmt.Errorf("%w: Table %q %s", ErrInvalidConfig, table, tableRule(table))
 	}
-	return store.Open(context.Background(), dialect, nil, table)
+	return store.ByName(dialect, table)
 }
 
 // Migrate creates the outbox table and its indexes if they do not exist. It
@@ -104,20 +110,13 @@ func (o *Outbox) Migrate(db *gorm.DB) error {
 	if err != nil {
 		return err
 	}
-	v, err := s.Version(ctx, sqlDB)
-	if err != nil {
-		return fmt.Errorf("outbox: read the schema of %s: %w", o.table, err)
+	if err := s.Migrate(ctx, sqlDB); err != nil {
+		return fmt.Errorf("outbox: migrate table %s to schema version %d: %w", o.table, store.SchemaVersion, err)
 	}
-	if v > 0 && v < store.SchemaVersion {
-		if err := store.Upgrade(ctx, sqlDB, s, v); err != nil {
-			return fmt.Errorf("outbox: upgrade table %s to schema version %d: %w", o.table, store.SchemaVersion, err)
+	if in, ok := s.(store.Inbox); ok {
+		if err := in.MigrateInbox(ctx, sqlDB, o.inbox); err != nil {
+			return fmt.Errorf("outbox: create the inbox table %s: %w", o.inbox, err)
 		}
-	}
-	if err := store.Create(ctx, sqlDB, s); err != nil {
-		return fmt.Errorf("outbox: create table %s: %w", o.table, err)
-	}
-	if err := store.CreateDDL(ctx, sqlDB, s, s.InboxSchema(o.inbox)); err != nil {
-		return fmt.Errorf("outbox: create the inbox table %s: %w", o.inbox, err)
 	}
 	return nil
 }

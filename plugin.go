@@ -14,9 +14,6 @@ import (
 
 	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/gorm-outbox/outbox/internal/store"
-	_ "github.com/gorm-outbox/outbox/internal/store/mysql"    // registers the MySQL/MariaDB store
-	_ "github.com/gorm-outbox/outbox/internal/store/postgres" // registers the PostgreSQL store
-	_ "github.com/gorm-outbox/outbox/internal/store/sqlite"   // registers the SQLite store
 	"github.com/gorm-outbox/outbox/internal/txhook"
 	"gorm.io/gorm"
 )
@@ -121,6 +118,14 @@ type Config struct {
 	// the message ID. Defaults to "outbox_inbox".
 	InboxTable string
 
+	// RetainSent is how long the table keeps sent rows, and their event
+	// history, before the relays delete them, in small batches;
+	// [RetainForever] keeps them. A sent row also makes its idempotency
+	// key a no-op for as long as it is kept. It is the table's setting:
+	// give every Outbox of one table the same. Failed rows are never
+	// deleted automatically. Defaults to 72 hours.
+	RetainSent time.Duration
+
 	// InboxRetention is how long [Consume] keeps a consumed message's
 	// record: a redelivery after that runs the consumer's function again.
 	// [RetainForever] keeps every record. Defaults to 7 days.
@@ -180,6 +185,7 @@ type Outbox struct {
 	keys     recentKeys              // memory mode's idempotency keys
 	memInbox memInbox                // memory mode's inbox
 
+	retainSent     time.Duration
 	inbox          string
 	inboxRetention time.Duration
 	inboxForgetAt  atomic.Int64 // UnixNano before which Consume deletes no expired pairs
@@ -225,6 +231,7 @@ func Plugin(cfg Config) *Outbox {
 		maxPayload: cmp.Or(cfg.MaxPayloadBytes, encode.DefaultMaxPayload),
 		clock:      time.Now,
 
+		retainSent:     cmp.Or(cfg.RetainSent, defaultRetainSent),
 		inbox:          cmp.Or(cfg.InboxTable, DefaultInboxTable),
 		inboxRetention: cmp.Or(cfg.InboxRetention, defaultInboxRetention),
 
@@ -243,6 +250,8 @@ func Plugin(cfg Config) *Outbox {
 		o.cfgErr = fmt.Errorf("%w: InboxTable %q %s", ErrInvalidConfig, o.inbox, tableRule(o.inbox))
 	case strings.EqualFold(o.inbox, o.table):
 		o.cfgErr = fmt.Errorf("%w: InboxTable and Table are both %q", ErrInvalidConfig, o.table)
+	case cfg.RetainSent < 0 && cfg.RetainSent != RetainForever:
+		o.cfgErr = fmt.Errorf("%w: RetainSent %v is negative (RetainForever keeps sent rows)", ErrInvalidConfig, cfg.RetainSent)
 	case cfg.InboxRetention < 0 && cfg.InboxRetention != RetainForever:
 		o.cfgErr = fmt.Errorf("%w: InboxRetention %v is negative (RetainForever keeps every record)", ErrInvalidConfig, cfg.InboxRetention)
 	case cfg.MaxPayloadBytes < 0:
@@ -413,4 +422,9 @@ func rawDB(db *gorm.DB) (*sql.DB, error) {
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	return d, nil
+}
+
+// unsupported is the error of an operation whose feature the store lacks.
+func (o *Outbox) unsupported(feature string) error {
+	return fmt.Errorf("%w: %s on %s", ErrUnsupportedFeature, feature, o.store.Name())
 }

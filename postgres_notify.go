@@ -48,7 +48,7 @@ type notifier struct {
 	poke    chan struct{}
 	running atomic.Bool
 	failing atomic.Bool
-	stmt    string // the NOTIFY; only the running loop touches it
+	notify  func(context.Context, store.DB) error // the NOTIFY; only the running loop touches it
 }
 
 func newNotifier(o *Outbox, n store.Notifier, db *sql.DB) *notifier {
@@ -122,14 +122,14 @@ func (n *notifier) send(conn *sql.Conn) *sql.Conn {
 	if conn == nil {
 		conn, err = n.db.Conn(ctx)
 	}
-	if err == nil && n.stmt == "" {
-		n.stmt, err = n.n.NotifySQL(ctx, conn)
+	if err == nil && n.notify == nil {
+		n.notify, err = n.n.PrepareNotify(ctx, conn)
 	}
 	if err == nil {
-		_, err = conn.ExecContext(ctx, n.stmt)
+		err = n.notify(ctx, conn)
 	}
 	if err != nil {
-		n.stmt = ""
+		n.notify = nil
 		if conn != nil {
 			_ = conn.Close()
 			conn = nil

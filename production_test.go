@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/maint"
 	"github.com/gorm-outbox/outbox/internal/store"
 	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
 	pgstore "github.com/gorm-outbox/outbox/internal/store/postgres"
@@ -361,7 +362,7 @@ func testRetention(t *testing.T, b backend) {
 	e.ob.Handle("bad", func(context.Context, Event) error { return Permanent(errors.New("no")) })
 	publishN(t, e.db, "ok", 1200) // more than one delete batch
 	publishN(t, e.db, "bad", 3)
-	r := e.relay(RelayConfig{BatchSize: 1000, RetainSent: time.Hour})
+	r := e.relay(RelayConfig{BatchSize: 1000})
 	for {
 		n, err := r.ProcessOnce(t.Context())
 		require.NoError(t, err)
@@ -379,14 +380,17 @@ func testRetention(t *testing.T, b backend) {
 		e.parkInTable(t)
 	}
 
-	n, err := e.ob.deleteSent(t.Context(), e.db, time.Hour, defaultStatementTimeout)
+	sqlDB, err := e.db.DB()
 	require.NoError(t, err)
-	assert.Equal(t, 0, n, "nothing is old enough yet")
+	retain := maint.Retention(e.ob.store, nil, sqlDB, time.Hour, defaultStatementTimeout, e.ob.now)
+	n, err := retain.Pass(t.Context())
+	require.NoError(t, err)
+	assert.EqualValues(t, 0, n, "nothing is old enough yet")
 
 	e.clock.Advance(31 * time.Minute)
-	n, err = e.ob.deleteSent(t.Context(), e.db, time.Hour, defaultStatementTimeout)
+	n, err = retain.Pass(t.Context())
 	require.NoError(t, err)
-	assert.Equal(t, 1200, n)
+	assert.EqualValues(t, 1200, n)
 	assert.EqualValues(t, 1, e.count("status = ?", StatusSent), "a younger sent row stays")
 	assert.EqualValues(t, 3, e.count("status = ?", StatusFailed), "failed rows are never deleted")
 	assert.EqualValues(t, 2, e.count("status = ?", StatusPending))
@@ -421,7 +425,7 @@ func testClaimPlan(t *testing.T, b backend) {
 		// From: the watermark at the pending rows, as the relay's walk puts it.
 		c := store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 100, Ordered: ordered, From: sent + 1, Gaps: []int64{7, 9}}
 		var plan []string
-		explain := func(prefix string, q store.Query, scan func(*sql.Rows) string) {
+		explain := func(prefix string, q sqlbuild.Query, scan func(*sql.Rows) string) {
 			rows, err := e.db.Raw(prefix+q.SQL, q.Args...).Rows()
 			require.NoError(t, err)
 			for rows.Next() {
@@ -431,13 +435,13 @@ func testClaimPlan(t *testing.T, b backend) {
 		}
 		switch d := e.ob.store.(type) {
 		case *pgstore.Store:
-			explain("EXPLAIN ", d.ClaimUpdate(c, sqlbuild.SkipLocked), func(rows *sql.Rows) string {
+			explain("EXPLAIN ", d.ClaimUpdate(c), func(rows *sql.Rows) string {
 				var line string
 				require.NoError(t, rows.Scan(&line))
 				return line
 			})
 		case *sqlitestore.Store:
-			explain("EXPLAIN QUERY PLAN ", d.ClaimUpdate(c, ""), func(rows *sql.Rows) string {
+			explain("EXPLAIN QUERY PLAN ", d.ClaimUpdate(c), func(rows *sql.Rows) string {
 				var id, parent, notused int
 				var detail string
 				require.NoError(t, rows.Scan(&id, &parent, &notused, &detail))
@@ -634,19 +638,11 @@ func (s *syncBuffer) String() string {
 
 // testGeneratedEventsInsertPlainly: events whose ID and key the publisher
 // generated cannot be duplicates, so their INSERT goes without the conflict
-// clause (a speculative insertion costs PostgreSQL more); a statement with
-// any event the caller named keeps it, and its duplicate is still a no-op.
+// clause (a speculative insertion costs PostgreSQL more: sqlbuild's
+// TestInsertRowsShape checks the statement); a statement with any event
+// the caller named keeps it, and its duplicate is still a no-op.
 func testGeneratedEventsInsertPlainly(t *testing.T, b backend) {
 	e := b.setup(t)
-	conflict := func(q store.Query) bool {
-		return strings.Contains(q.SQL, "ON CONFLICT") || strings.Contains(q.SQL, "ON DUPLICATE KEY")
-	}
-	now := e.ob.now()
-	gen := store.Event{ID: "g", Type: "x", Key: "g", Payload: []byte("{}"), Generated: true}
-	named := store.Event{ID: "n", Type: "x", Key: "k", Payload: []byte("{}")}
-	assert.False(t, conflict(e.ob.store.Insert([]store.Event{gen, gen}, now, true)), "generated events only: no conflict clause")
-	assert.True(t, conflict(e.ob.store.Insert([]store.Event{gen, named}, now, true)), "a named event keeps the conflict clause")
-
 	c := &collector{}
 	e.ob.Handle("x", c.handle)
 	require.NoError(t, Publish(e.db, Event{Type: "x", IdempotencyKey: "once"}))

@@ -8,7 +8,6 @@ import (
 
 	"github.com/gorm-outbox/outbox/internal/encode"
 	"github.com/gorm-outbox/outbox/internal/store"
-	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
 	"github.com/gorm-outbox/outbox/internal/txhook"
 	"gorm.io/gorm"
 )
@@ -103,12 +102,9 @@ func (o *Outbox) encodeAll(events []Event, generated []bool, now time.Time) ([]e
 	return encode.All(&c, events, generated, now)
 }
 
-// insert writes enc with one statement and returns the seqs of the rows it
-// wrote, when the store can say (DeliverAfterCommit claims them). It goes
-// straight to the transaction's connection, not through GORM's logger, which
-// would print the payload arguments of a slow statement. With tell, it
-// adds the IDs of the events it skipped as duplicates in skipped (one per
-// event of enc).
+// insert writes enc and returns the seqs of the rows it wrote, when the
+// store can say (DeliverAfterCommit claims them). With skipped (one per
+// event of enc), it marks the events it skipped as duplicates.
 func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, now time.Time, skipped []bool) ([]int64, error) {
 	rows := make([]store.Event, len(enc))
 	for i := range enc {
@@ -116,64 +112,17 @@ func (o *Outbox) insert(ctx context.Context, pool gorm.ConnPool, enc []encoded, 
 	}
 	// Only DeliverAfterCommit needs the seqs: reading them back costs the
 	// writer a result set (on PostgreSQL and SQLite, a RETURNING clause).
-	want := o.deliverAfterCommit
-	q := o.store.Insert(rows, now, want)
-	seqs, n, err := o.execInsert(ctx, pool, q, rows, want)
+	ins, err := o.store.Insert(ctx, pool, rows, now, o.deliverAfterCommit)
 	if err != nil {
 		if len(enc) == 1 {
 			return nil, fmt.Errorf("outbox: insert event %s (%s): %w", enc[0].ID, enc[0].Type, err)
 		}
 		return nil, fmt.Errorf("outbox: insert %d events: %w", len(enc), err)
 	}
-	if n == len(enc) {
-		return seqs, nil
+	if ins.Written == len(enc) {
+		return ins.Seqs, nil
 	}
-	return seqs, o.checkSkipped(ctx, pool, enc, now, skipped)
-}
-
-// execInsert runs an INSERT and returns the seqs of the rows it wrote
-// (nil when not wanted or when the store cannot say) and how many it wrote
-// (-1 when unknown).
-func (o *Outbox) execInsert(ctx context.Context, pool gorm.ConnPool, q store.Query, rows []store.Event, want bool) ([]int64, int, error) {
-	if want && o.store.Returning() {
-		rs, err := pool.QueryContext(ctx, q.SQL, q.Args...)
-		if err != nil {
-			return nil, 0, err
-		}
-		defer rs.Close()
-		seqs := make([]int64, 0, len(rows))
-		for rs.Next() {
-			var seq int64
-			if err := rs.Scan(&seq); err != nil {
-				return nil, 0, err
-			}
-			seqs = append(seqs, seq)
-		}
-		return seqs, len(seqs), rs.Err()
-	}
-	res, err := pool.ExecContext(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return nil, 0, err
-	}
-	n64, err := res.RowsAffected()
-	if err != nil {
-		return nil, -1, nil
-	}
-	n := int(n64)
-	if !want || n != len(rows) || !sqlbuild.AllGenerated(rows) {
-		// A conflict clause makes the row count and the first seq say
-		// nothing exact about which rows were written.
-		return nil, n, nil
-	}
-	first, err := res.LastInsertId()
-	if err != nil {
-		return nil, n, nil
-	}
-	seqs := make([]int64, n)
-	for i := range seqs {
-		seqs[i] = first + int64(i)
-	}
-	return seqs, n, nil
+	return ins.Seqs, o.checkSkipped(ctx, pool, enc, now, skipped)
 }
 
 // checkSkipped runs when an INSERT skipped rows (or could not say): a row
@@ -194,7 +143,7 @@ func (o *Outbox) checkSkipped(ctx context.Context, pool gorm.ConnPool, enc []enc
 			keys = append(keys, enc[i].IdempotencyKey)
 		}
 	}
-	held, err := store.HeldIDs(ctx, pool, o.store, ids, keys)
+	held, err := o.store.Held(ctx, pool, ids, keys)
 	if err != nil {
 		return fmt.Errorf("outbox: check skipped events: %w", err)
 	}
@@ -262,18 +211,9 @@ func (o *Outbox) publishEncoded(tx *gorm.DB, enc []encoded, tell bool, now time.
 		// streams it after the commit.
 		return skipped, o.emit(ctx, pool, enc)
 	}
-	var seqs []int64
-	for off := 0; off < len(enc); off += o.limits.InsertRows {
-		end := min(off+o.limits.InsertRows, len(enc))
-		var sk []bool
-		if tell {
-			sk = skipped[off:end]
-		}
-		s, err := o.insert(ctx, pool, enc[off:end], now, sk)
-		if err != nil {
-			return nil, err
-		}
-		seqs = append(seqs, s...)
+	seqs, err := o.insert(ctx, pool, enc, now, skipped)
+	if err != nil {
+		return nil, err
 	}
 	if tell {
 		// The same event twice in one call is written once, by the first.

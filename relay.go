@@ -3,19 +3,16 @@ package outbox
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/engine"
+	"github.com/gorm-outbox/outbox/internal/maint"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/txhook"
-	"github.com/gorm-outbox/outbox/internal/wal"
-	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
@@ -78,12 +75,6 @@ type RelayConfig struct {
 	// Defaults to false.
 	OrderByAggregate bool
 
-	// RetainSent is how long sent rows are kept before Run deletes them, in
-	// small batches; [RetainForever] keeps them. A sent row also makes its
-	// idempotency key a no-op for as long as it is kept. Failed rows are
-	// never deleted automatically. Defaults to 72 hours.
-	RetainSent time.Duration
-
 	// WaitReplicas, on PostgreSQL, delivers a claimed batch only once at
 	// least this many standbys (pg_stat_replication) have flushed the WAL
 	// that holds its events to disk, so that a failover to one of them
@@ -101,14 +92,42 @@ type RelayConfig struct {
 	WaitReplicas int
 }
 
+// Outcome is what a delivery attempt came to ([Delivery]), or an entry
+// of an event's history records ([HistoryEntry]).
+type Outcome string
+
+// The outcomes.
+const (
+	// OutcomeSent: delivered.
+	OutcomeSent Outcome = "sent"
+	// OutcomeRetry: failed; to be tried again after a backoff (the row
+	// stays StatusPending).
+	OutcomeRetry Outcome = "retry"
+	// OutcomeFailed: failed for good, by a [Permanent] error or as the
+	// last of RelayConfig.MaxAttempts attempts (StatusFailed).
+	OutcomeFailed Outcome = "failed"
+	// OutcomeHandedBack: the handler reported its destination down
+	// ([Unavailable]): the event was handed back undelivered and the
+	// attempt not counted.
+	OutcomeHandedBack Outcome = "handed_back"
+	// OutcomeReplayed, in a history only: set pending again by
+	// [Outbox.Replay].
+	OutcomeReplayed Outcome = "replayed"
+)
+
 // Delivery describes one delivery attempt, for [Hooks.Delivered].
 type Delivery struct {
 	// Event is the event as its handlers received it.
 	Event Event
 	// Attempt is the attempt number, 1 for the first.
 	Attempt int
+	// Outcome is what the attempt came to, by the relay's one policy:
+	// OutcomeSent, OutcomeRetry, OutcomeFailed or OutcomeHandedBack (in
+	// Memory mode, which does not retry, OutcomeSent or OutcomeFailed).
+	Outcome Outcome
 	// Status is the row's status after the attempt: StatusSent,
-	// StatusPending (a retry is scheduled) or StatusFailed.
+	// StatusPending (a retry is scheduled, or handed back) or
+	// StatusFailed.
 	Status Status
 	// Err is the handlers' error, nil when delivered.
 	Err error
@@ -126,7 +145,6 @@ const (
 	defaultPollInterval     = 500 * time.Millisecond
 	defaultMaxAttempts      = 10
 	defaultLease            = time.Minute
-	defaultRetainSent       = 72 * time.Hour
 	defaultStatementTimeout = 10 * time.Second
 )
 
@@ -151,14 +169,12 @@ type Relay struct {
 	o   *Outbox
 	db  *gorm.DB
 	cfg RelayConfig
-	err error
 
-	repl   *pgconn.Config // Logical mode's replication connection
 	policy *engine.Policy
 	table  *engine.Table
-	stream *wal.Relay // Logical mode's source of new events
-	site   *site      // db's: the commits that wake this relay
-	gate   *gate      // a RelayGroup's turns, which every batch takes; nil: none
+	stream stream // Logical mode's source of new events
+	site   *site  // db's: the commits that wake this relay
+	gate   *gate  // a RelayGroup's turns, which every batch takes; nil: none
 
 	orderingMu   sync.Mutex
 	orderingDone bool
@@ -170,10 +186,8 @@ type Relay struct {
 // drive it with [Relay.ProcessOnce].
 //
 // An invalid configuration (a negative value, an outbox that was never
-// installed or keeps no table) is returned as an error wrapping
-// [ErrInvalidConfig] or the cause's sentinel. The relay returned with it is
-// not nil: its methods, Run included, return the same error, so that a
-// caller that drops it still sees it when the relay is started.
+// installed or keeps no table) is a nil relay and an error wrapping
+// [ErrInvalidConfig] or the cause's sentinel.
 func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 	r := &Relay{o: o, db: db, cfg: cfg}
 	r.cfg.BatchSize = cmp.Or(cfg.BatchSize, defaultBatchSize)
@@ -181,7 +195,6 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 	r.cfg.PollInterval = cmp.Or(cfg.PollInterval, defaultPollInterval)
 	r.cfg.MaxAttempts = cmp.Or(cfg.MaxAttempts, defaultMaxAttempts)
 	r.cfg.Lease = cmp.Or(cfg.Lease, defaultLease)
-	r.cfg.RetainSent = cmp.Or(cfg.RetainSent, defaultRetainSent)
 	r.cfg.StatementTimeout = min(cmp.Or(cfg.StatementTimeout, defaultStatementTimeout), r.cfg.Lease)
 	if r.cfg.Backoff == nil {
 		r.cfg.Backoff = DefaultBackoff
@@ -190,29 +203,25 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 		MaxAttempts: r.cfg.MaxAttempts, Backoff: r.cfg.Backoff, Now: o.now, Logger: o.logger,
 		Attrs: func(e *engine.Event, err error) []any { return eventAttrs(Event(*e), err) },
 	}
-	if r.err = r.check(cfg); r.err != nil {
-		return r, r.err
+	if err := r.check(cfg); err != nil {
+		return nil, err
 	}
 	sqlDB, err := rawDB(db)
 	if err != nil {
-		r.err = err
-		return r, err
+		return nil, err
 	}
 	r.site = o.siteOf(sqlDB)
 	r.table = &engine.Table{
 		Store: o.store, DB: sqlDB, Now: o.now, Lease: r.cfg.Lease,
 		StatementTimeout: r.cfg.StatementTimeout, Ordered: r.cfg.OrderByAggregate,
-		WalkEvery: engine.WalkEvery,
-		History:   !o.noHistory, HistoryFailed: o.historyFailed(),
+		WalkEvery: engine.WalkEvery, HistoryFailed: o.historyFailed(),
+	}
+	if h, ok := o.store.(store.History); ok && !o.noHistory {
+		r.table.History = h
 	}
 	if o.wal != nil {
-		r.stream = &wal.Relay{
-			Slot: o.slot, Repl: r.repl, DB: sqlDB, Logical: o.wal, Store: o.store, Table: r.table,
-			Fanout: r.fanout(), Logger: o.logger, Now: o.now,
-			BatchSize: r.cfg.BatchSize, Lease: r.cfg.Lease, StatementTimeout: r.cfg.StatementTimeout,
-			PollInterval: r.cfg.PollInterval, Ordered: r.cfg.OrderByAggregate,
-			EnsureOrdering: r.ensureOrdering, Dropped: o.dropReusedID,
-			SlotLost: func() { o.slotLost.Add(1) },
+		if r.stream, err = logical.stream(r, sqlDB); err != nil {
+			return nil, err
 		}
 	}
 	return r, nil
@@ -243,7 +252,6 @@ func (r *Relay) check(c RelayConfig) error {
 		{c.HandlerTimeout < 0, fmt.Sprintf("HandlerTimeout %v is negative", c.HandlerTimeout)},
 		{c.HandlerTimeout > r.cfg.Lease, fmt.Sprintf("HandlerTimeout %v exceeds Lease %v (a handler must end before the claim does)", c.HandlerTimeout, r.cfg.Lease)},
 		{c.StatementTimeout < 0 || (c.StatementTimeout > 0 && c.StatementTimeout < minStatementTimeout), fmt.Sprintf("StatementTimeout %v is below %v", c.StatementTimeout, minStatementTimeout)},
-		{c.RetainSent < 0 && c.RetainSent != RetainForever, fmt.Sprintf("RetainSent %v is negative (RetainForever keeps sent rows)", c.RetainSent)},
 		{c.WaitReplicas < 0, fmt.Sprintf("WaitReplicas %d is negative", c.WaitReplicas)},
 	} {
 		if f.wrong {
@@ -266,12 +274,6 @@ func (r *Relay) check(c RelayConfig) error {
 	if _, inTx := txhook.Tracked(r.db.Statement.ConnPool); inTx {
 		return fmt.Errorf("%w: Relay needs the *gorm.DB the plugin is installed on, not a transaction: it runs its own statements and transactions", ErrInvalidConfig)
 	}
-	if r.o.wal != nil {
-		var err error
-		if r.repl, err = r.replicationConfig(); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
@@ -282,17 +284,13 @@ func (r *Relay) check(c RelayConfig) error {
 // backs off, logging once per outage rather than per attempt; while a
 // handler reports its destination down ([Unavailable]) it pauses and
 // probes, counting no attempts and logging once per episode. It also
-// deletes sent rows older than RetainSent.
+// deletes sent rows older than Config.RetainSent.
 //
 // When ctx is cancelled, Run stops claiming, lets deliveries in progress
 // finish (they are bounded by their lease deadline), hands the batch's
 // undelivered events back for other relays, records the outcomes and
 // returns nil. It returns an error only for an invalid configuration.
 func (r *Relay) Run(ctx context.Context) error {
-	if r.err != nil {
-		r.o.logger.ErrorContext(ctx, "outbox: the relay is not running", slog.Any("error", r.err))
-		return r.err
-	}
 	w := r.site.wakers.add()
 	defer r.site.wakers.remove(w)
 
@@ -304,12 +302,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		bg.Add(1)
 		go func() { defer bg.Done(); r.listen(bgCtx, n, w) }()
 	}
-	if r.cfg.RetainSent != RetainForever {
-		bg.Add(1)
-		go func() { defer bg.Done(); r.retain(bgCtx) }()
-	}
 	bg.Add(1)
-	go func() { defer bg.Done(); r.rollLoop(bgCtx) }()
+	go func() { defer bg.Done(); maint.Run(bgCtx, r.o.logger, r.services()...) }()
 	if r.stream != nil {
 		// The stream delivers new events; the loop below retries those
 		// the stream wrote to the table.
@@ -317,109 +311,13 @@ func (r *Relay) Run(ctx context.Context) error {
 		go func() { defer bg.Done(); r.stream.Run(bgCtx) }()
 	}
 
-	var (
-		dbDown   engine.Episode // the outbox table cannot be reached
-		destDown engine.Episode // a handler reported its destination down
-		behind   engine.Episode // WaitReplicas: the standbys lag
-		// A failed attempt is cheap: resume soon after an outage.
-		dbRetry = engine.Backoff{Min: r.cfg.PollInterval, Max: max(5*time.Second, r.cfg.PollInterval)}
-		probe   engine.Probe
-		timer   = time.NewTimer(0)
-	)
-	defer timer.Stop()
-	<-timer.C
-	wait := func(d time.Duration, wakeable bool) {
-		timer.Reset(d)
-		var wake <-chan struct{}
-		var fresh <-chan []int64
-		if wakeable {
-			wake = w.wake
-			fresh = r.site.fresh
-		}
-		select {
-		case <-ctx.Done():
-		case <-timer.C:
-		case <-wake:
-		case ids := <-fresh:
-			if !destDown.On() { // while it is down, the probes find these events
-				r.deliverFresh(ctx, ids)
-			}
-		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
+	loop := &engine.Loop{
+		Process: r.process, BatchSize: r.cfg.BatchSize, PollInterval: r.cfg.PollInterval,
+		Wake: w.wake, Fresh: r.site.fresh, Logger: r.o.logger,
+		// The database may be another server now (a promoted standby),
+		// whose seqs need not follow those seen before.
+		Recovered: r.table.Resweep,
 	}
-	for ctx.Err() == nil {
-		limit := r.cfg.BatchSize
-		if destDown.On() {
-			limit = 1 // probe with one event
-		}
-		n, sent, err := r.process(ctx, nil, limit)
-		if ctx.Err() != nil {
-			break
-		}
-		switch {
-		case err != nil && IsUnavailable(err):
-			if destDown.Begin() {
-				r.o.logger.WarnContext(ctx, "outbox: destination unavailable; delivery paused, probing with one event at a time with backoff (attempts are not counted)", slog.Any("error", err))
-			}
-			wait(probe.Pause(err), false)
-			continue
-		case errors.Is(err, ErrReplicasBehind):
-			if behind.Begin() {
-				r.o.logger.WarnContext(ctx, "outbox: delivery paused until the standbys RelayConfig.WaitReplicas asks for have flushed the events (attempts are not counted)", slog.Any("error", err))
-			}
-			wait(dbRetry.Next(), false)
-			continue
-		case err != nil:
-			if dbDown.Begin() {
-				r.o.logger.ErrorContext(ctx, "outbox: relay cannot reach the outbox table; retrying with backoff", slog.Any("error", err))
-			}
-			wait(dbRetry.Next(), false)
-			continue
-		}
-		if was, _ := behind.End(); was {
-			r.o.logger.InfoContext(ctx, "outbox: the standbys caught up; delivering")
-			dbRetry.Reset()
-		}
-		if was, _ := dbDown.End(); was {
-			r.o.logger.InfoContext(ctx, "outbox: relay recovered")
-			dbRetry.Reset()
-			// The database may be another server now (a promoted
-			// standby), whose seqs need not follow those seen before.
-			r.table.Resweep()
-		}
-		// Resumed once a delivery went through: a probe that failed for
-		// another reason says nothing about the destination.
-		if sent > 0 {
-			if was, paused := destDown.End(); was {
-				r.o.logger.InfoContext(ctx, "outbox: destination available again; delivery resumed", slog.Duration("paused", paused))
-			}
-			probe.Reset()
-		}
-		if n >= limit {
-			continue // more may be due right away
-		}
-		wait(r.cfg.PollInterval, true)
-	}
+	loop.Run(ctx)
 	return nil
-}
-
-// deliverFresh claims and delivers events this process just committed
-// (Config.DeliverAfterCommit), through the same claim as any batch.
-func (r *Relay) deliverFresh(ctx context.Context, ids []int64) {
-	for len(ids) > 0 {
-		n := min(len(ids), r.cfg.BatchSize)
-		if _, _, err := r.process(ctx, ids[:n], n); err != nil {
-			if ctx.Err() == nil && !IsUnavailable(err) {
-				// The regular claim picks these events up; nothing is lost.
-				r.o.logger.WarnContext(ctx, "outbox: delivering right after commit failed; the relay will retry", slog.Any("error", err))
-			}
-			return
-		}
-		ids = ids[n:]
-	}
 }

@@ -42,9 +42,10 @@ const defaultMaxActive = 4
 // Each database keeps what is its own: its claims and outcomes in its own
 // table through its own connection pool, its wake-ups (a commit in this
 // process, and on PostgreSQL its own LISTEN connection, since NOTIFY is per
-// database), its retention and its [Stats]. Each database runs a relay
-// loop of its own (a few goroutines that mostly wait); what the group
-// bounds is the work: the claims, deliveries and outcome writes in flight.
+// database), its retention and its [Outbox.Stats] (read through its
+// *gorm.DB). Each database runs a relay loop of its own (a few goroutines
+// that mostly wait); what the group bounds is the work: the claims,
+// deliveries and outcome writes in flight.
 // In Logical mode each database streams its own slot, which the group does
 // not throttle; the retries of its table do take turns.
 type RelayGroup struct {
@@ -79,7 +80,7 @@ func (o *Outbox) RelayGroup(cfg RelayGroupConfig) (*RelayGroup, error) {
 }
 
 // Add adds db, on which the group's Outbox must be installed, under name,
-// which names it in [RelayGroup.Stats] and [RelayGroup.Remove]. While Run
+// which names it in [RelayGroup.Names] and [RelayGroup.Remove]. While Run
 // runs its relay starts at once. A name
 // already in the group, or a configuration [Outbox.Relay] refuses for db,
 // is an error.
@@ -134,21 +135,6 @@ func (g *RelayGroup) Names() []string {
 	}
 	slices.Sort(names)
 	return names
-}
-
-// ErrUnknownMember is returned, wrapped, by [RelayGroup.Stats] for a name
-// that is not in the group.
-var ErrUnknownMember = errors.New("outbox: no database of that name in the relay group")
-
-// Stats returns [Outbox.Stats] of the database added under name.
-func (g *RelayGroup) Stats(name string) (Stats, error) {
-	g.mu.Lock()
-	m, ok := g.members[name]
-	g.mu.Unlock()
-	if !ok {
-		return Stats{}, fmt.Errorf("%w: %q", ErrUnknownMember, name)
-	}
-	return g.o.Stats(m.db)
 }
 
 // Run runs the relays of every database in the group, and of those added

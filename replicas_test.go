@@ -47,3 +47,29 @@ func TestWaitReplicas(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, called.Load())
 }
+
+// TestWaitReplicasLogical: in Logical mode the gate holds the events the
+// relay streams as it holds the table's: a streamed batch whose WAL no
+// standby has flushed is written to the table undelivered, due at once and
+// no attempt counted, where the table's relay holds it the same way.
+func TestWaitReplicasLogical(t *testing.T) {
+	t.Parallel()
+	e := logicalBackend(t).setup(t) // a server without standbys
+	var called atomic.Bool
+	e.ob.Handle("x", func(context.Context, Event) error { called.Store(true); return nil })
+	require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x"}, Event{Type: "x"}))
+	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
+	_, err := r.ProcessOnce(t.Context())
+	require.ErrorIs(t, err, ErrReplicasBehind)
+	assert.False(t, called.Load(), "nothing delivered from the stream")
+	rows, err := e.ob.List(e.db.WithContext(t.Context()), ListParams{})
+	require.NoError(t, err)
+	require.Len(t, rows, 3, "the streamed events wait in the table")
+	for _, row := range rows {
+		assert.Equal(t, StatusPending, row.Status)
+		assert.Zero(t, row.Attempts, "no attempt counted")
+	}
+	_, err = r.ProcessOnce(t.Context())
+	require.ErrorIs(t, err, ErrReplicasBehind, "the table's relay holds them too")
+	assert.False(t, called.Load())
+}

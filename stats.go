@@ -1,12 +1,9 @@
 package outbox
 
 import (
-	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/gorm-outbox/outbox/internal/store"
 	"gorm.io/gorm"
 )
 
@@ -62,51 +59,35 @@ func (o *Outbox) Stats(db *gorm.DB) (Stats, error) {
 	if err := o.usable(db); err != nil {
 		return st, err
 	}
-	q := o.store.Stats()
-	rows, err := db.Statement.ConnPool.QueryContext(ctx, q.SQL, q.Args...)
+	pool := db.Statement.ConnPool
+	counts, err := o.store.Stats(ctx, pool)
 	if err != nil {
 		return st, fmt.Errorf("outbox: stats: %w", err)
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			status string
-			n      int64
-			oldest store.DBTime
-		)
-		if err := rows.Scan(&status, &n, &oldest); err != nil {
-			return st, fmt.Errorf("outbox: stats: %w", err)
-		}
-		switch Status(status) {
+	for _, c := range counts {
+		switch Status(c.Status) {
 		case StatusPending:
-			st.Pending = n
-			if !oldest.T.IsZero() {
-				st.OldestPending = max(o.now().Sub(oldest.T), 0)
+			st.Pending = c.N
+			if !c.Oldest.IsZero() {
+				st.OldestPending = max(o.now().Sub(c.Oldest), 0)
 			}
 		case StatusSent:
-			st.Sent = n
+			st.Sent = c.N
 		case StatusFailed:
-			st.Failed = n
+			st.Failed = c.N
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return st, fmt.Errorf("outbox: stats: %w", err)
-	}
 	if st.Failed > 0 {
-		q := o.store.FailedSince(o.now().Add(-time.Hour))
-		if err := db.Statement.ConnPool.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&st.FailedLastHour); err != nil {
+		if st.FailedLastHour, err = o.store.FailedSince(ctx, pool, o.now().Add(-time.Hour)); err != nil {
 			return st, fmt.Errorf("outbox: stats: %w", err)
 		}
 	}
 	if o.wal != nil {
-		q := o.wal.SlotStats(o.slot)
-		err := db.Statement.ConnPool.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&st.SlotActive, &st.SlotLagBytes)
-		switch {
-		case errors.Is(err, sql.ErrNoRows):
-			return st, fmt.Errorf("outbox: stats: %w: slot %s", ErrNoSlot, o.slot)
-		case err != nil:
+		ss, err := o.wal.SlotStats(ctx, pool, o.slot)
+		if err != nil {
 			return st, fmt.Errorf("outbox: stats of slot %s: %w", o.slot, err)
 		}
+		st.SlotActive, st.SlotLagBytes = ss.Active, ss.LagBytes
 	}
 	return st, nil
 }

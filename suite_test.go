@@ -330,7 +330,7 @@ func testMemoryMode(t *testing.T, b backend) {
 	require.ErrorIs(t, err, ErrMemoryMode)
 	r, err := e.ob.Relay(e.db, RelayConfig{})
 	require.ErrorIs(t, err, ErrMemoryMode)
-	require.ErrorIs(t, r.Run(t.Context()), ErrMemoryMode)
+	assert.Nil(t, r)
 }
 
 func testMemoryHandlerFailures(t *testing.T, b backend) {
@@ -654,7 +654,9 @@ func testDisableAutoMigrate(t *testing.T, b backend) {
 	ddl, err := SchemaSQL(b.name, DefaultTable)
 	require.NoError(t, err)
 	// One statement at a time: MySQL runs one per Exec.
-	for _, st := range store.SplitDDL(ddl) {
+	stmts, err := store.SplitDDL(ddl)
+	require.NoError(t, err)
+	for _, st := range stmts {
 		require.NoError(t, db.Exec(st.SQL).Error)
 	}
 	assert.True(t, db.Migrator().HasTable(DefaultInboxTable), "SchemaSQL creates the inbox too")

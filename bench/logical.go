@@ -152,7 +152,7 @@ func logicalRelay(ctx context.Context, pg *pgServer, opts options, t *table) err
 // running, then times one relay's Run until its handler has seen them all.
 func logicalDrain(ctx context.Context, pg *pgServer, mode outbox.Mode, batch, n int, timeout time.Duration) (float64, error) {
 	tableName := "drain_" + mode.String()
-	cfg := outbox.Config{Table: tableName, Mode: mode, Logger: warnLogger}
+	cfg := outbox.Config{Table: tableName, Mode: mode, Logger: warnLogger, RetainSent: outbox.RetainForever}
 	if mode == outbox.Logical {
 		cfg.Logical.Slot = "bench_drain_slot"
 	}
@@ -198,7 +198,7 @@ func logicalDrain(ctx context.Context, pg *pgServer, mode outbox.Mode, batch, n 
 	defer stop()
 	errc := make(chan error, 1)
 	start := time.Now()
-	relay, err := ob.Relay(db, outbox.RelayConfig{BatchSize: batch, Workers: 4, RetainSent: outbox.RetainForever})
+	relay, err := ob.Relay(db, outbox.RelayConfig{BatchSize: batch, Workers: 4})
 	if err != nil {
 		return 0, err
 	}

@@ -101,7 +101,7 @@ func (ms *metrics) delivered(d outbox.Delivery) {
 	a := ms.attrs(d.Event.Type, outcome(d), errType)
 	ms.deliveries.Add(ctx, 1, a.deliveries)
 	ms.duration.Record(ctx, d.Duration.Seconds(), a.duration)
-	if d.Status != outbox.StatusPending {
+	if d.Outcome == outbox.OutcomeSent || d.Outcome == outbox.OutcomeFailed {
 		// Only the attempt that ends an event's wait measures it.
 		ms.wait.Record(ctx, max(d.Latency-d.Duration, 0).Seconds(), a.wait)
 	}
@@ -146,19 +146,21 @@ func (ms *metrics) attrs(eventType, outcome, errType string) *attrSets {
 	return v.(*attrSets)
 }
 
-// outcome classifies one attempt. The attempt that fails an event for
-// good is failed whatever the cause, so that counting failed counts every
-// such event; no_handler marks the attempts before it.
+// outcome classifies one attempt by the relay's own outcome
+// (Delivery.Outcome). The attempt that fails an event for good is failed
+// whatever the cause, so that counting failed counts every such event;
+// no_handler marks the retries before it.
 func outcome(d outbox.Delivery) string {
-	switch {
-	case d.Err == nil:
+	switch d.Outcome {
+	case outbox.OutcomeSent:
 		return OutcomeSent
-	case d.Status == outbox.StatusFailed:
+	case outbox.OutcomeFailed:
 		return OutcomeFailed
-	case errors.Is(d.Err, outbox.ErrNoHandler):
-		return OutcomeNoHandler
-	case outbox.IsUnavailable(d.Err) && !outbox.IsPermanent(d.Err):
+	case outbox.OutcomeHandedBack:
 		return OutcomeUnavailable
+	}
+	if errors.Is(d.Err, outbox.ErrNoHandler) {
+		return OutcomeNoHandler
 	}
 	return OutcomeRetry
 }

@@ -69,13 +69,12 @@ const defaultRefresh = 5 * time.Second
 // Handler returns the dashboard of the outbox ob installed on db. ob may be
 // nil: then the outbox installed on db (db.Use(outbox.Plugin(...))) is
 // used, and every request fails with [outbox.ErrNotInstalled] when there
-// is none. The handler reads the table with ob's exported functions
+// is none. The handler reads the table only with ob's exported functions
 // ([outbox.Outbox.List], [outbox.Outbox.Count], [outbox.Outbox.Get],
-// [outbox.Outbox.Stats]) and one query of its own, the search box's
-// lookup of an idempotency key through [outbox.Outbox.IDColumn] and
-// [outbox.Outbox.Table] ([outbox.Filter] has no key field), and acts with
-// [outbox.Outbox.Replay] and [outbox.Outbox.Purge], as the outbox command
-// does. Each request's context governs its database calls.
+// [outbox.Outbox.Overview], [outbox.Outbox.History]; the search box finds
+// an idempotency key with [outbox.Filter.Keys]), with no SQL of its own,
+// and acts with [outbox.Outbox.Replay] and [outbox.Outbox.Purge], as the
+// outbox command does. Each request's context governs its database calls.
 //
 // Mount it at a path ending in a slash, behind the service's
 // authentication:
@@ -363,182 +362,296 @@ func (h *handler) bulk(ctx context.Context, db *gorm.DB, verb string, fm form, f
 
 type field struct{ Name, Value string }
 
+// defaultLimit is the list's page size when the request gives none.
+const defaultLimit = 50
+
 func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	q := r.URL.Query()
-	raw := readForm(q)
-	p := listPage{base: h.live(h.base(w, r, "events")), Form: raw}
-	p.Choices = p.Form.statusChoices()
-	// Until it is read, the form shows the limit as given, so that a 400
-	// about it shows what to fix.
-	p.Form.Limit = q.Get("limit")
 	db := h.db.WithContext(ctx)
-	p.Newest = q.Get("order") == "newest"
-	vals := raw.values() // the filter as the URL gave it, search text included
-	if s := q.Get("limit"); s != "" {
-		vals.Set("limit", s)
+	b := h.live(h.base(w, r, "events"))
+	lp, err := h.readList(db, r.URL.Query())
+	var pg listRows
+	if err == nil {
+		pg, err = h.readRows(db, lp)
 	}
-	if p.Newest {
-		vals.Set("order", "newest")
+	if err != nil {
+		h.listError(w, r, b, lp, err)
+		return
 	}
-	p.Chips = chips(raw, vals)
-	// The search text is resolved into the field it names: what the page
-	// lists, and what its bulk actions act on, is that concrete filter.
-	fm, sr, err := h.resolve(db, raw)
+	p, err := h.listPage(ctx, db, b, lp, pg)
+	if err != nil {
+		h.dbError(w, r, "count events", err)
+		return
+	}
+	h.render(w, r, http.StatusOK, "list.html", p)
+}
+
+// listParams is the list's request as read: the filter, the page size,
+// the cursor and the order.
+type listParams struct {
+	// raw is the filter as the URL gave it, search text included.
+	raw form
+	// limitText is the page size as the URL gave it, "" for none: until
+	// it is read, the form shows it, so that a 400 about it shows what to
+	// fix.
+	limitText string
+	newest    bool
+	// vals is raw with the page size (unless the default) and the order:
+	// what every link of the page keeps.
+	vals  url.Values
+	chips []chip
+	// fm is raw with the search text resolved into the field it names:
+	// what the page lists, and what its bulk actions act on, is that
+	// concrete filter.
+	fm     form
+	search search
+	filter outbox.Filter
+	limit  int
+	// Paging is keyset on seq, both ways, in either order: after= lists
+	// the rows with a greater seq, before= those with a smaller one, each
+	// cursor the seq of the row at the page's edge. Rows written meanwhile
+	// take greater seqs, so no page shifts under the operator. At most one
+	// is set.
+	after, before int64
+}
+
+// badRequest is a list request the operator must change: a 400, shown on
+// the list page with the form as given.
+type badRequest struct{ msg string }
+
+func (e badRequest) Error() string { return e.msg }
+
+// dbFailure is a database call of the list that failed: what it did.
+type dbFailure struct {
+	what string
+	err  error
+}
+
+func (e dbFailure) Error() string { return e.what + ": " + e.err.Error() }
+
+func (e dbFailure) Unwrap() error { return e.err }
+
+// readList reads the list's request q, resolving its search text. On an
+// error, lp holds what was read before it, for the page that shows it: a
+// badSearch or badRequest, or a dbFailure.
+func (h *handler) readList(db *gorm.DB, q url.Values) (lp listParams, err error) {
+	lp = listParams{raw: readForm(q), limitText: q.Get("limit"), newest: q.Get("order") == "newest"}
+	lp.vals = lp.raw.values()
+	if lp.limitText != "" {
+		lp.vals.Set("limit", lp.limitText)
+	}
+	if lp.newest {
+		lp.vals.Set("order", "newest")
+	}
+	lp.chips = chips(lp.raw, lp.vals)
+	fm, sr, err := h.resolve(db, lp.raw)
 	if err != nil {
 		if isBadSearch(err) {
-			p.Error = err.Error()
-			h.render(w, r, http.StatusBadRequest, "list.html", p)
-			return
+			return lp, err
 		}
-		h.dbError(w, r, "search", err)
-		return
+		return lp, dbFailure{"search", err}
 	}
-	p.Search = sr
-	p.Chips = chips(raw, vals, sr)
-	f, err := fm.filter(h.now())
-	if err != nil {
-		p.Error = err.Error()
-		h.render(w, r, http.StatusBadRequest, "list.html", p)
-		return
+	lp.fm, lp.search = fm, sr
+	lp.chips = chips(lp.raw, lp.vals, sr)
+	if lp.filter, err = lp.fm.filter(h.now()); err != nil {
+		return lp, badRequest{err.Error()}
 	}
-	limit := 50
-	if s := q.Get("limit"); s != "" {
-		if limit, err = strconv.Atoi(s); err != nil || limit < 1 || limit > 1000 {
-			p.Error = fmt.Sprintf("limit %q: want a number from 1 to 1000", s)
-			h.render(w, r, http.StatusBadRequest, "list.html", p)
-			return
-		}
-		vals.Set("limit", strconv.Itoa(limit))
+	if lp.limit, err = readLimit(lp.limitText); err != nil {
+		return lp, err
 	}
-	if limit == 50 {
-		vals.Del("limit")
+	lp.vals.Del("limit")
+	if lp.limit != defaultLimit {
+		lp.vals.Set("limit", strconv.Itoa(lp.limit))
 	}
-	// Paging is keyset on seq, both ways, in either order: after= lists the
-	// rows with a greater seq, before= those with a smaller one, each
-	// cursor the seq of the row at the page's edge. Rows written meanwhile
-	// take greater seqs, so no page shifts under the operator.
-	var after, before int64
+	lp.after, lp.before, err = readCursor(q)
+	return lp, err
+}
+
+// readLimit reads the page size s, "" for the default.
+func readLimit(s string) (int, error) {
+	if s == "" {
+		return defaultLimit, nil
+	}
+	limit, err := strconv.Atoi(s)
+	if err != nil || limit < 1 || limit > 1000 {
+		return 0, badRequest{fmt.Sprintf("limit %q: want a number from 1 to 1000", s)}
+	}
+	return limit, nil
+}
+
+// readCursor reads the page's cursor: after= or before=, each a row's
+// seq, at most one of them.
+func readCursor(q url.Values) (after, before int64, err error) {
 	for _, c := range []struct {
 		name string
 		dst  *int64
 	}{{"after", &after}, {"before", &before}} {
 		if s := q.Get(c.name); s != "" {
 			if *c.dst, err = strconv.ParseInt(s, 10, 64); err != nil || *c.dst < 1 {
-				p.Error = fmt.Sprintf("%s %q: want a row's seq", c.name, s)
-				h.render(w, r, http.StatusBadRequest, "list.html", p)
-				return
+				return 0, 0, badRequest{fmt.Sprintf("%s %q: want a row's seq", c.name, s)}
 			}
 		}
 	}
 	if after > 0 && before > 0 {
-		p.Error = "after and before: give one (a page is next to one row)"
-		h.render(w, r, http.StatusBadRequest, "list.html", p)
+		return 0, 0, badRequest{"after and before: give one (a page is next to one row)"}
+	}
+	return after, before, nil
+}
+
+// listError shows why the list cannot be shown: a 400 on the list page,
+// as lp was read until then, or the database's error.
+func (h *handler) listError(w http.ResponseWriter, r *http.Request, b base, lp listParams, err error) {
+	var failed dbFailure
+	if errors.As(err, &failed) {
+		h.dbError(w, r, failed.what, failed.err)
 		return
 	}
+	p := listPage{base: b, Form: lp.raw, Search: lp.search, Chips: lp.chips, Newest: lp.newest, Choices: lp.raw.statusChoices()}
+	p.Form.Limit = lp.limitText
+	p.Error = err.Error()
+	h.render(w, r, http.StatusBadRequest, "list.html", p)
+}
+
+// listRows is the page of rows read for a listParams.
+type listRows struct {
+	rows  []outbox.Row // in the list's order
+	total int64        // the rows the filter matches
+	// more: there is a page beyond, in the direction read.
+	more bool
+	// back: the page was read backwards (Previous).
+	back bool
+	// after and before are the cursor the page was read at: the
+	// request's, or none when reading backwards reached the start.
+	after, before int64
+}
+
+// readRows reads the page lp asks for, and counts the rows its filter
+// matches.
+func (h *handler) readRows(db *gorm.DB, lp listParams) (listRows, error) {
+	pg := listRows{after: lp.after, before: lp.before}
 	// Backwards is against the list's order: read the other way, then turn
 	// the page round.
-	back := (!p.Newest && before > 0) || (p.Newest && after > 0)
+	pg.back = (!lp.newest && lp.before > 0) || (lp.newest && lp.after > 0)
 	// One more row than shown tells whether there is a page beyond.
-	lp := outbox.ListParams{Filter: f, Limit: limit + 1, Newest: p.Newest != back, AfterSeq: after, BeforeSeq: before}
-	rows, err := h.ob.List(db, lp)
+	rows, err := h.ob.List(db, outbox.ListParams{Filter: lp.filter, Limit: lp.limit + 1, Newest: lp.newest != pg.back, AfterSeq: lp.after, BeforeSeq: lp.before})
 	if errors.Is(err, outbox.ErrInvalidFilter) {
-		p.Error = err.Error()
-		h.render(w, r, http.StatusBadRequest, "list.html", p)
-		return
+		return pg, badRequest{err.Error()}
 	}
 	if err != nil {
-		h.dbError(w, r, "list events", err)
-		return
+		return pg, dbFailure{"list events", err}
 	}
-	more := len(rows) > limit // a page beyond, in the direction read
-	if back && !more {
+	pg.more = len(rows) > lp.limit
+	if pg.back && !pg.more {
 		// Back at the start: show the first page, full.
-		after, before, back = 0, 0, false
-		lp = outbox.ListParams{Filter: f, Limit: limit + 1, Newest: p.Newest}
-		if rows, err = h.ob.List(db, lp); err != nil {
-			h.dbError(w, r, "list events", err)
-			return
+		pg.after, pg.before, pg.back = 0, 0, false
+		if rows, err = h.ob.List(db, outbox.ListParams{Filter: lp.filter, Limit: lp.limit + 1, Newest: lp.newest}); err != nil {
+			return pg, dbFailure{"list events", err}
 		}
-		more = len(rows) > limit
+		pg.more = len(rows) > lp.limit
 	}
-	if more {
-		rows = rows[:limit]
+	if pg.more {
+		rows = rows[:lp.limit]
 	}
-	if back {
+	if pg.back {
 		slices.Reverse(rows)
 	}
-	if p.Total, err = h.ob.Count(db, f); err != nil {
-		h.dbError(w, r, "count events", err)
-		return
+	pg.rows = rows
+	if pg.total, err = h.ob.Count(db, lp.filter); err != nil {
+		return pg, dbFailure{"count events", err}
 	}
-	link := func(name string, seq int64) string {
-		v := cloneValues(vals)
-		v.Set(name, strconv.FormatInt(seq, 10))
-		return "events?" + v.Encode()
+	return pg, nil
+}
+
+// listPage is the list's template data for the page pg read for lp. Its
+// error is the database's, counting what a bulk action would act on.
+func (h *handler) listPage(ctx context.Context, db *gorm.DB, b base, lp listParams, pg listRows) (listPage, error) {
+	p := listPage{
+		base: b, Form: lp.raw, Search: lp.search, Chips: lp.chips, Newest: lp.newest, Choices: lp.raw.statusChoices(),
+		Rows: pg.rows, Total: pg.total, From: pg.after + pg.before, Back: pg.back,
+		Hidden: hiddenFields(lp.fm),
+		Pick:   h.opts.AllowActions && len(pg.rows) > 0,
 	}
-	// forward and backward are the cursors' names in the list's order.
-	forward, backward := "after", "before"
-	if p.Newest {
-		forward, backward = "before", "after"
-	}
-	cursor := after + before
-	hasNext := (!back && more) || (back && len(rows) > 0)
-	hasPrev := back || cursor > 0
-	switch {
-	case len(rows) > 0:
-		if hasNext {
-			p.Next = link(forward, rows[len(rows)-1].Seq)
-		}
-		if hasPrev {
-			p.Prev = link(backward, rows[0].Seq)
-		}
-	case cursor > 0: // past the end: back to the rows before the cursor
-		edge := cursor + 1
-		if p.Newest {
-			edge = cursor - 1
-		}
-		if edge > 0 {
-			p.Prev = link(backward, edge)
-		}
-	}
-	if cursor > 0 {
-		p.First = "events?" + vals.Encode()
-	}
-	here := cloneValues(vals)
-	if after > 0 {
-		here.Set("after", strconv.FormatInt(after, 10))
-	} else if before > 0 {
-		here.Set("before", strconv.FormatInt(before, 10))
-	}
-	p.Here = "events"
-	if len(here) > 0 {
-		p.Here += "?" + here.Encode()
-	}
-	p.Rows = rows
-	p.From = cursor
-	p.Back = back
-	p.Form.Limit = strconv.Itoa(limit)
-	// The bulk actions carry the resolved filter: they act on what the page
-	// lists even if the search text would read otherwise by then.
-	hv := fm.values()
-	for _, name := range formFields {
-		for _, v := range hv[name] {
-			p.Hidden = append(p.Hidden, field{name, v})
-		}
-	}
-	p.Pick = h.opts.AllowActions && len(rows) > 0
+	p.Form.Limit = strconv.Itoa(lp.limit)
+	p.Next, p.Prev, p.First = lp.pageLinks(pg)
+	p.Here = lp.here(pg)
 	if h.opts.AllowActions && p.Total > 0 {
 		for _, verb := range []string{"replay", "purge"} {
-			a, err := h.bulk(ctx, db, verb, fm, f, p.Total)
+			a, err := h.bulk(ctx, db, verb, lp.fm, lp.filter, p.Total)
 			if err != nil {
-				h.dbError(w, r, "count events", err)
-				return
+				return p, err
 			}
 			p.Bulk = append(p.Bulk, a)
 		}
 	}
-	h.render(w, r, http.StatusOK, "list.html", p)
+	return p, nil
+}
+
+// link is the URL of the list lp with the cursor name=seq.
+func (lp listParams) link(name string, seq int64) string {
+	v := cloneValues(lp.vals)
+	v.Set(name, strconv.FormatInt(seq, 10))
+	return "events?" + v.Encode()
+}
+
+// pageLinks returns the URLs of the pages next to pg and of the first
+// page, "" where there is none.
+func (lp listParams) pageLinks(pg listRows) (next, prev, first string) {
+	// forward and backward are the cursors' names in the list's order.
+	forward, backward := "after", "before"
+	if lp.newest {
+		forward, backward = "before", "after"
+	}
+	cursor := pg.after + pg.before
+	switch {
+	case len(pg.rows) > 0:
+		if pg.more || pg.back {
+			next = lp.link(forward, pg.rows[len(pg.rows)-1].Seq)
+		}
+		if pg.back || cursor > 0 {
+			prev = lp.link(backward, pg.rows[0].Seq)
+		}
+	case cursor > 0: // past the end: back to the rows before the cursor
+		edge := cursor + 1
+		if lp.newest {
+			edge = cursor - 1
+		}
+		if edge > 0 {
+			prev = lp.link(backward, edge)
+		}
+	}
+	if cursor > 0 {
+		first = "events?" + lp.vals.Encode()
+	}
+	return next, prev, first
+}
+
+// here is the URL of the page pg, cursor included: where an action
+// started there sends the browser back to.
+func (lp listParams) here(pg listRows) string {
+	v := cloneValues(lp.vals)
+	if pg.after > 0 {
+		v.Set("after", strconv.FormatInt(pg.after, 10))
+	} else if pg.before > 0 {
+		v.Set("before", strconv.FormatInt(pg.before, 10))
+	}
+	if len(v) == 0 {
+		return "events"
+	}
+	return "events?" + v.Encode()
+}
+
+// hiddenFields are the bulk actions' form fields: the resolved filter fm,
+// so that they act on what the page lists even if the search text would
+// read otherwise by then.
+func hiddenFields(fm form) []field {
+	var out []field
+	hv := fm.values()
+	for _, name := range formFields {
+		for _, v := range hv[name] {
+			out = append(out, field{name, v})
+		}
+	}
+	return out
 }
 
 // search is how the list read its search box.
@@ -565,10 +678,9 @@ func isBadSearch(err error) bool {
 // an event: an event ID, an idempotency key, an event type; then, when it
 // reads "type:id", an aggregate; else an event type none has yet. It
 // returns fm with the text moved into that field, and how it read it.
-// The library's Filter has no idempotency key, so the key is looked up with
-// one query of the dashboard's own, through the key's unique index
-// (docs/schema.md: idempotency_key is NULL when the key is the ID, which
-// Get finds).
+// The key is looked up with [outbox.Filter.Keys], through the key's unique
+// index (docs/schema.md: idempotency_key is NULL when the key is the ID,
+// which Get finds first).
 func (h *handler) resolve(db *gorm.DB, fm form) (form, search, error) {
 	text := fm.Query
 	fm.Query = ""
@@ -592,14 +704,13 @@ func (h *handler) resolve(db *gorm.DB, fm form) (form, search, error) {
 	} else if !errors.Is(err, outbox.ErrNotFound) {
 		return fm, sr, err
 	}
-	var keyed []string
-	if err := db.Raw("SELECT "+h.ob.IDColumn()+" FROM "+h.ob.Table()+" WHERE idempotency_key = ?", text).
-		Scan(&keyed).Error; err != nil {
+	keyed, err := h.ob.List(db, outbox.ListParams{Filter: outbox.Filter{Keys: []string{text}}, Limit: 1})
+	if err != nil {
 		return fm, sr, fmt.Errorf("find idempotency key: %w", err)
 	}
 	if len(keyed) > 0 {
-		sr.As, sr.Note = "idempotency key", "of event "+keyed[0]
-		return asID(keyed[0])
+		sr.As, sr.Note = "idempotency key", "of event "+keyed[0].ID
+		return asID(keyed[0].ID)
 	}
 	asType := func() (form, search, error) {
 		if fm.Types != "" {
@@ -744,7 +855,7 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		// Exact where the history has the replay: the row's error is the
 		// one the last entry, a replay, went past.
 		last := hist[n-1]
-		d.BeforeReplay = last.Outcome == outbox.HistoryReplayed && last.Error == *row.LastError
+		d.BeforeReplay = last.Outcome == outbox.OutcomeReplayed && last.Error == *row.LastError
 		if d.BeforeReplay {
 			d.Replayed = &last
 		}

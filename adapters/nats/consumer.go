@@ -401,7 +401,7 @@ func (c *Consumer) process(ctx context.Context, h *held, msg jetstream.Msg) {
 		}
 	case outbox.IsPermanent(err):
 		c.term(ctx, h, msg, "outbox/nats: terminating a message whose Handle failed permanently", append(attrs, slog.String("error", err.Error())))
-	case !called && errors.Is(err, outbox.ErrInvalidEvent):
+	case !called && errors.Is(err, outbox.ErrInvalidInboxID):
 		// Consume refused the ID itself (too long, not UTF-8, a NUL).
 		c.term(ctx, h, msg, "outbox/nats: terminating a message with an invalid message ID", append(attrs, slog.String("error", err.Error())))
 	case ctx.Err() != nil:

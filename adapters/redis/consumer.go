@@ -216,7 +216,8 @@ func NewConsumer(db *gorm.DB, rdb ConsumerClient, cfg ConsumerConfig) (*Consumer
 // decoded, given its message ID and run through [outbox.Consume]:
 //
 //   - nil (the effect committed, or a duplicate skipped): XACK, only then;
-//   - a [outbox.Permanent] error (or one wrapping [outbox.ErrInvalidEvent]),
+//   - a [outbox.Permanent] error (or one wrapping [outbox.ErrInvalidEvent]
+//     or [outbox.ErrInvalidInboxID]),
 //     an entry that does not decode or has no message ID: the entry will
 //     never succeed; it is moved to DeadLetterStream if set, acknowledged,
 //     and logged at Error with its identifiers;
@@ -359,7 +360,7 @@ func (c *Consumer) process(ctx context.Context, msg goredis.XMessage) {
 		c.ack(ctx, m, id)
 	case ctx.Err() != nil:
 		// Shutting down: the entry stays pending and is claimed later.
-	case outbox.IsPermanent(err) || errors.Is(err, outbox.ErrInvalidEvent):
+	case outbox.IsPermanent(err) || errors.Is(err, outbox.ErrInvalidEvent) || errors.Is(err, outbox.ErrInvalidInboxID):
 		c.terminate(ctx, m, id, "permanent error", err)
 	default:
 		c.log.WarnContext(ctx, "outbox/redis: consuming a message failed; left pending, retried after ClaimIdle",

@@ -242,7 +242,7 @@ func (c *Consumer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			beforeAck(w, r)
 		}
 		w.WriteHeader(http.StatusNoContent)
-	case outbox.IsPermanent(err) || errors.Is(err, outbox.ErrInvalidEvent):
+	case outbox.IsPermanent(err) || errors.Is(err, outbox.ErrInvalidEvent) || errors.Is(err, outbox.ErrInvalidInboxID):
 		c.log.ErrorContext(ctx, "outbox/webhook: message failed permanently; refused", append(attrs, slog.Any("error", err))...)
 		http.Error(w, "message refused", http.StatusUnprocessableEntity)
 	case outbox.IsUnavailable(err):

@@ -35,6 +35,20 @@ type Result struct {
 	Down error
 }
 
+// Outcome is what the attempt came to: "sent", "retry", "failed" or
+// "handed_back" (outbox.Outcome).
+func (r Result) Outcome() string {
+	switch {
+	case r.Kind == Sent:
+		return "sent"
+	case r.Kind == Failed && r.Out.Status == "failed":
+		return "failed"
+	case r.Kind == Failed:
+		return "retry"
+	}
+	return "handed_back"
+}
+
 // Status is the row's status after the result.
 func (r Result) Status() string {
 	switch r.Kind {

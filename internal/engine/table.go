@@ -27,11 +27,12 @@ type Table struct {
 	// WalkEvery spaces the watermark's walks while claims are not full
 	// (WalkEvery for a relay); zero walks before every claim.
 	WalkEvery time.Duration
-	// History records each failed attempt in the store's history table,
-	// after the mark that records it on the row. It is best effort: an
-	// entry that cannot be written is reported to HistoryFailed (no event
-	// is at stake) and not retried.
-	History       bool
+	// History, when not nil, records each failed attempt in the event
+	// history, after the outcome statement that records it on the row,
+	// whichever source the attempt came from. It is best effort: an entry
+	// that cannot be written is reported to HistoryFailed (no event is at
+	// stake) and not retried.
+	History       store.History
 	HistoryFailed func(error)
 
 	wm watermark
@@ -145,46 +146,59 @@ func (b *TableBatch) Close(context.Context, error) error { return b.w.Close() }
 
 // MarkSent records the rows at seqs delivered under lease.
 func (t *Table) MarkSent(ctx context.Context, seqs []int64, lease time.Time) error {
-	now := t.Now()
-	return t.execChunks(ctx, len(seqs), func(i, j int) store.Query { return t.Store.MarkSent(seqs[i:j], now, lease) })
+	_, err := t.Store.MarkSent(ctx, t.DB, seqs, t.Now(), lease)
+	return err
 }
 
 // Release hands the rows at seqs back undelivered.
 func (t *Table) Release(ctx context.Context, seqs []int64, lease time.Time) error {
-	now := t.Now()
-	return t.execChunks(ctx, len(seqs), func(i, j int) store.Query { return t.Store.Release(seqs[i:j], now, lease) })
+	_, err := t.Store.Release(ctx, t.DB, seqs, t.Now(), lease)
+	return err
 }
 
-// MarkFailed records failed attempts.
+// MarkFailed records failed attempts, and each in the event history.
 func (t *Table) MarkFailed(ctx context.Context, outs []store.Outcome, lease time.Time) error {
 	now := t.Now()
-	if err := t.execChunks(ctx, len(outs), func(i, j int) store.Query { return t.Store.MarkFailed(outs[i:j], now, lease) }); err != nil {
+	if _, err := t.Store.MarkFailed(ctx, t.DB, outs, now, lease); err != nil {
 		return err
 	}
-	if t.History {
-		seqs := make([]int64, len(outs))
-		for i, o := range outs {
-			seqs[i] = o.Seq
-		}
-		err := t.execChunks(ctx, len(seqs), func(i, j int) store.Query { return t.Store.RecordAttempts(seqs[i:j], now) })
-		if err != nil && t.HistoryFailed != nil {
-			t.HistoryFailed(err)
-		}
+	seqs := make([]int64, len(outs))
+	for i, o := range outs {
+		seqs[i] = o.Seq
 	}
+	t.recordAttempts(ctx, seqs, now)
 	return nil
 }
 
-// execChunks runs the statements build returns for n rows, as many rows
-// at a time as the store's outcome statements take.
-func (t *Table) execChunks(ctx context.Context, n int, build func(i, j int) store.Query) error {
-	chunk := t.Store.Limits().OutcomeRows
-	for i := 0; i < n; i += chunk {
-		q := build(i, min(i+chunk, n))
-		if _, err := t.DB.ExecContext(ctx, q.SQL, q.Args...); err != nil {
-			return err
+// Park writes events of a stream to the table (store.Logical.Park): a
+// failed attempt among them gets its history entry as one the table's
+// relay recorded would. It returns the seq of each row written, by ID.
+func (t *Table) Park(ctx context.Context, lg store.Logical, rows []store.ParkRow) (map[string]int64, error) {
+	now := t.Now()
+	inserted, err := lg.Park(ctx, t.DB, rows, now)
+	if err != nil {
+		return nil, err
+	}
+	var failed []int64
+	for i := range rows {
+		// A failed attempt: counted, and not leased to the stream.
+		if seq, ok := inserted[rows[i].Event.ID]; ok && rows[i].Attempts > 0 && rows[i].Lease.IsZero() {
+			failed = append(failed, seq)
 		}
 	}
-	return nil
+	t.recordAttempts(ctx, failed, now)
+	return inserted, nil
+}
+
+// recordAttempts writes the history entries of the failed attempts an
+// outcome statement at now just recorded on the rows at seqs.
+func (t *Table) recordAttempts(ctx context.Context, seqs []int64, now time.Time) {
+	if t.History == nil || len(seqs) == 0 {
+		return
+	}
+	if _, err := t.History.RecordAttempts(ctx, t.DB, seqs, now); err != nil && t.HistoryFailed != nil {
+		t.HistoryFailed(err)
+	}
 }
 
 // FlushAfter is how long a recorded outcome may wait for others to share

@@ -25,17 +25,15 @@ func TestTableSource(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	s := sqlite.New(store.DefaultTable)
-	require.NoError(t, store.Create(t.Context(), db, s))
-	name, ddl := s.OrderingIndex()
-	require.NoError(t, store.Ensure(t.Context(), db, s, name, ddl...))
+	require.NoError(t, s.Migrate(t.Context(), db))
+	require.NoError(t, s.EnsureOrdering(t.Context(), db))
 	clock := t0
 	now := func() time.Time { return clock }
 	var rows []store.Event
 	for _, id := range []string{"a1", "b1", "a2", "c1", "d1"} {
 		rows = append(rows, store.Event{ID: id, Type: "x", AggregateType: "a", AggregateID: id[:1], Key: id, NamedID: true, Payload: []byte("{}"), OccurredAt: t0})
 	}
-	q := s.Insert(rows, t0, false)
-	_, err = db.Exec(q.SQL, q.Args...)
+	_, err = s.Insert(t.Context(), db, rows, t0, false)
 	require.NoError(t, err)
 
 	table := &Table{Store: s, DB: db, Now: now, Lease: time.Minute, StatementTimeout: 10 * time.Second, Ordered: true}

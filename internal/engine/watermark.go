@@ -83,32 +83,6 @@ func (w *watermark) claimed(rows []store.Claimed, limit int) {
 	}
 }
 
-type walkRow struct {
-	seq          int64
-	open, leased bool
-	leaseEnd     time.Time
-}
-
-func readWalk(ctx context.Context, db *sql.DB, q store.Query) ([]walkRow, error) {
-	rs, err := db.QueryContext(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rs.Close()
-	var out []walkRow
-	for rs.Next() {
-		var r walkRow
-		var open, leased int
-		var end store.DBTime
-		if err := rs.Scan(&r.seq, &open, &leased, &end); err != nil {
-			return nil, err
-		}
-		r.open, r.leased, r.leaseEnd = open == 1, leased == 1, end.T
-		out = append(out, r)
-	}
-	return out, rs.Err()
-}
-
 // advance moves the watermark up to the first open row, not leased, that
 // the last claim did not reach; open rows the claim passed over, not leased
 // (behind their aggregate), are deferred to the retry index, so that
@@ -131,14 +105,31 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 		return nil
 	}
 	w.walked = now
-	var deferred []int64
+	w.expire(now)
+	rows, err := s.Walk(ctx, db, w.from, min(max(WalkBatches*limit, 100), MaxWalkRows), w.gapList(), now)
+	if err != nil {
+		return err
+	}
+	next, deferred := w.walk(w.filled(rows), now)
+	if len(deferred) > 0 {
+		if _, err := s.Defer(ctx, db, deferred, now); err != nil {
+			return err
+		}
+	}
+	w.from = next
+	return nil
+}
+
+// expire forgets the gaps older than SweepEvery (a rolled-back
+// transaction's seq never fills; the sweep finds a late commit), and looks
+// at a row in flight whose lease has passed as a gap is: its relay may
+// have died; a claim takes it if it is still new.
+func (w *watermark) expire(now time.Time) {
 	for seq, seen := range w.gaps {
 		if now.Sub(seen) >= SweepEvery {
 			delete(w.gaps, seq)
 		}
 	}
-	// A row in flight whose lease has passed is looked at as a gap is:
-	// its relay may have died; a claim takes it if it is still new.
 	for seq, end := range w.held {
 		if !end.After(now) {
 			delete(w.held, seq)
@@ -147,84 +138,89 @@ func (w *watermark) advance(ctx context.Context, db *sql.DB, s store.Walker, now
 			}
 		}
 	}
-	rows, err := readWalk(ctx, db, s.Walk(w.from, min(max(WalkBatches*limit, 100), MaxWalkRows), w.gapList(), now))
-	if err != nil {
-		return err
-	}
-	// The gaps that filled: a row no longer new, or leased (its relay has
-	// it), leaves the list; a new one, unleased, the claim takes through
-	// Gaps.
-	rows = slices.DeleteFunc(rows, func(r walkRow) bool {
-		if r.seq < w.from && (!r.open || r.leased) {
-			delete(w.gaps, r.seq)
-			if r.open && len(w.held) < MaxGaps {
-				w.held[r.seq] = r.leaseEnd
+}
+
+// filled takes the rows at the gaps out of a walk's rows, and the gaps
+// that filled out of the list: a row no longer new, or leased (its relay
+// has it), leaves it; a new one, unleased, the claim takes through Gaps.
+// It returns the rest, from the watermark on, in seq order.
+func (w *watermark) filled(rows []store.WalkRow) []store.WalkRow {
+	rows = slices.DeleteFunc(rows, func(r store.WalkRow) bool {
+		if r.Seq < w.from && (!r.Open || r.Leased) {
+			delete(w.gaps, r.Seq)
+			if r.Open && len(w.held) < MaxGaps {
+				w.held[r.Seq] = r.LeaseEnd
 			}
 		}
-		return r.seq < w.from
+		return r.Seq < w.from
 	})
-	slices.SortFunc(rows, func(a, b walkRow) int { return cmp.Compare(a.seq, b.seq) })
-	next := w.from
+	slices.SortFunc(rows, func(a, b store.WalkRow) int { return cmp.Compare(a.Seq, b.Seq) })
+	return rows
+}
+
+// walk moves over rows from the watermark up to the first open row, not
+// leased, that the last claim did not reach: the seqs it passes that hold
+// no row are gaps, the rows in flight are held, and the open rows the
+// claim passed over are returned to be deferred.
+func (w *watermark) walk(rows []store.WalkRow, now time.Time) (next int64, deferred []int64) {
+	next = w.from
 	if w.unknown && len(rows) > 0 {
 		// No row to go by yet (the first sweep found an empty table): the
 		// seqs below the first row are not gaps, whatever the sequence
 		// gave out before (a table emptied by retention or TRUNCATE).
-		next, w.unknown = rows[0].seq, false
+		next, w.unknown = rows[0].Seq, false
 	}
-walk:
 	for _, r := range rows {
-		for g := next; g < r.seq && len(w.gaps) < MaxGaps; g++ {
+		for g := next; g < r.Seq && len(w.gaps) < MaxGaps; g++ {
 			w.gaps[g] = now
 		}
 		switch {
-		case r.open && r.leased:
+		case r.Open && r.Leased:
 			// In flight: its relay marks it, or hands it back to the retry
 			// index. Should that relay die, the row is looked at once its
 			// lease has passed (and, past MaxGaps such rows, the next sweep
 			// finds it).
 			if len(w.held) < MaxGaps {
-				w.held[r.seq] = r.leaseEnd
+				w.held[r.Seq] = r.LeaseEnd
 			}
-		case r.open && r.seq >= w.frontier:
-			next = r.seq
-			break walk
-		case r.open:
-			deferred = append(deferred, r.seq)
+		case r.Open && r.Seq >= w.frontier:
+			return r.Seq, deferred
+		case r.Open:
+			deferred = append(deferred, r.Seq)
 		}
-		next = r.seq + 1
+		next = r.Seq + 1
 	}
-	if len(deferred) > 0 {
-		q := s.Defer(deferred, now)
-		if _, err := db.ExecContext(ctx, q.SQL, q.Args...); err != nil {
-			return err
-		}
-	}
-	w.from = next
-	return nil
+	return next, deferred
 }
 
 // sweep lowers the watermark to the lowest open row not leased (one scan of
 // the table: a row a dead relay held, or one committed long after it took
 // its seq), or, with none, to SweepLookback below the highest seq.
 func (w *watermark) sweep(ctx context.Context, db *sql.DB, s store.Walker, now time.Time) error {
-	q := s.LowOpen(now)
-	var low, high sql.NullInt64
-	if err := db.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&low, &high); err != nil {
+	low, high, err := s.LowOpen(ctx, db, 0, now)
+	if err != nil {
 		return err
 	}
 	first := w.swept.IsZero()
 	w.swept = now
-	to := w.from
 	if first {
-		to = high.Int64 + 1
-		w.unknown = !high.Valid
+		w.unknown = high == 0
+		w.from = high + 1
 	}
-	if high.Valid {
-		to = min(to, max(high.Int64+1-SweepLookback, 0))
-	}
-	if low.Valid {
-		to = min(to, low.Int64)
-	}
-	w.from = to
+	w.from = lowMark(w.from, low, high, SweepLookback)
 	return nil
+}
+
+// lowMark is the sweep's rule: below the mark now, at the lowest open row
+// when there is one (low), and never higher than lookback below the
+// highest seq (high), so that the transactions that took seqs and have not
+// committed yet are not passed over; 0 stands for none.
+func lowMark(mark, low, high, lookback int64) int64 {
+	if high > 0 {
+		mark = min(mark, max(high+1-lookback, 0))
+	}
+	if low > 0 {
+		mark = min(mark, low)
+	}
+	return mark
 }

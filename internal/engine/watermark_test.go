@@ -120,23 +120,12 @@ func wmEvent(id, typ, aggID string) store.Event {
 }
 
 // wmInsert writes events as Publish does and returns their seqs.
-func wmInsert(t *testing.T, q store.Querier, s store.Store, evs ...store.Event) []int64 {
+func wmInsert(t *testing.T, q store.DB, s store.Store, evs ...store.Event) []int64 {
 	t.Helper()
-	require.True(t, s.Returning())
-	var seqs []int64
-	for chunk := range slices.Chunk(evs, s.Limits().InsertRows) {
-		stmt := s.Insert(chunk, t0, true)
-		rs, err := q.QueryContext(context.Background(), stmt.SQL, stmt.Args...)
-		require.NoError(t, err)
-		for rs.Next() {
-			var seq int64
-			require.NoError(t, rs.Scan(&seq))
-			seqs = append(seqs, seq)
-		}
-		require.NoError(t, rs.Err())
-		require.NoError(t, rs.Close())
-	}
-	require.Len(t, seqs, len(evs), "every event written")
+	ins, err := s.Insert(context.Background(), q, evs, t0, true)
+	require.NoError(t, err)
+	seqs := ins.Seqs
+	require.Len(t, seqs, len(evs), "every event written, the seq of each told")
 	slices.Sort(seqs)
 	return seqs
 }
@@ -198,11 +187,10 @@ func TestWatermark(t *testing.T) {
 			t.Parallel()
 			setup := func(t *testing.T) *wmEnv {
 				s, db := be.open(t)
-				require.NoError(t, store.Create(t.Context(), db, s))
+				require.NoError(t, s.Migrate(t.Context(), db))
 				_, walks := s.(store.Walker)
 				require.True(t, walks, "%s is a store.Walker", be.name)
-				name, ddl := s.OrderingIndex()
-				require.NoError(t, store.Ensure(t.Context(), db, s, name, ddl...))
+				require.NoError(t, s.EnsureOrdering(t.Context(), db))
 				return &wmEnv{t: t, s: s, db: db, clock: &wmClock{t: t0}}
 			}
 

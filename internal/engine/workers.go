@@ -19,6 +19,9 @@ type Fanout struct {
 	Attempt func(ctx context.Context, it *Item) error
 	// Report tells observers of an attempt's outcome.
 	Report func(it *Item, r Result, err error, took time.Duration)
+	// Gate, when set, holds every batch before its first delivery
+	// (Standbys.Wait): an error hands the batch back undelivered.
+	Gate func(ctx context.Context) error
 }
 
 // Deliver delivers items. A worker starts an item only while ctx is live,
@@ -152,10 +155,19 @@ type Batch interface {
 	Close(ctx context.Context, gone error) error
 }
 
-// Process delivers a batch and closes it. down is the first Unavailable
-// error a handler returned; err, that the outcomes are not (all) durable,
-// or that the source's hold was gone.
+// Process delivers a batch and closes it. down is why the batch, or its
+// rest, was handed back undelivered: the first Unavailable error a handler
+// returned, or the gate's; err, that the outcomes are not (all) durable, or
+// that the source's hold was gone.
 func (f *Fanout) Process(ctx context.Context, b Batch) (down, err error) {
+	if f.Gate != nil && len(b.Items()) > 0 {
+		if gerr := f.Gate(ctx); gerr != nil {
+			for i := range b.Items() {
+				b.Record(i, Result{Kind: Deferred, Down: gerr})
+			}
+			return gerr, b.Close(ctx, nil)
+		}
+	}
 	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.Deadline())
 	defer cancel()
 	down, gone := f.Deliver(ctx, bctx, b.Items(), b.Stale, b.Record)

@@ -15,4 +15,8 @@ var (
 	ErrServerSetting      = errors.New("outbox: database server setting the outbox cannot work with")
 	ErrPrivilege          = errors.New("outbox: database role lacks a privilege the outbox needs")
 	ErrNoSlot             = errors.New("outbox: the replication slot does not exist; the event would be lost")
+	ErrUnsupportedFeature = errors.New("outbox: the database's store does not support this feature")
 )
+
+// ErrReplicasBehind is the root's ErrReplicasBehind (RelayConfig.WaitReplicas).
+var ErrReplicasBehind = errors.New("outbox: the standbys have not flushed the batch's WAL")

@@ -34,15 +34,57 @@ func VersionOf(table, seq, named bool) int {
 // constraint names derived from it).
 func Rename(ddl, table string) string { return strings.ReplaceAll(ddl, DefaultTable, table) }
 
-// Ensure runs ddl unless the object name already exists.
-func Ensure(ctx context.Context, db *sql.DB, s Schema, name string, ddl ...string) error {
-	if ok, err := s.Exists(ctx, db, name); err != nil || ok {
+// RenameInbox renames the shipped inbox schema's table and index.
+func RenameInbox(ddl, table string) string { return strings.ReplaceAll(ddl, DefaultInbox, table) }
+
+// UpgradeLock is how a store's upgrade scripts take the lock that keeps
+// two processes from upgrading at once.
+type UpgradeLock int
+
+const (
+	// TxLock: the script's first statement takes a lock inside the
+	// script's transaction (PostgreSQL's LOCK TABLE; SQLite's write lock,
+	// which its first write takes).
+	TxLock UpgradeLock = iota
+	// SessionLock: the script's first statement takes a lock the session
+	// holds (MySQL's GET_LOCK, since MySQL commits each ALTER TABLE by
+	// itself), which its last statement releases; the upgrade runs on one
+	// connection and releases the lock however it ends.
+	SessionLock
+)
+
+// Migrate is Store.Migrate for a store whose upgrade scripts lock as lock
+// says: an upgrade of a table of an earlier version, then whatever of the
+// schema is missing.
+func Migrate(ctx context.Context, db *sql.DB, s Store, lock UpgradeLock) error {
+	v, err := s.Version(ctx, db)
+	if err != nil {
+		return fmt.Errorf("read the schema version: %w", err)
+	}
+	for from := v; from > 0 && from < SchemaVersion; from++ {
+		if err := upgradeOne(ctx, db, s, from, lock); err != nil {
+			return fmt.Errorf("upgrade from schema version %d to %d: %w", from, from+1, err)
+		}
+	}
+	if err := CreateDDL(ctx, db, s.Exists, s.Schema()); err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	return nil
+}
+
+// Exists is Store.Exists.
+type Exists func(ctx context.Context, db DB, name string) (bool, error)
+
+// Ensure runs ddl unless the object name already exists. Another process
+// may build it at the same moment: a statement that fails while the
+// object appears is no error.
+func Ensure(ctx context.Context, db DB, exists Exists, name string, ddl ...string) error {
+	if ok, err := exists(ctx, db, name); err != nil || ok {
 		return err
 	}
 	for _, stmt := range ddl {
 		if _, err := db.ExecContext(ctx, stmt); err != nil {
-			// Another process may have created it in the meantime.
-			if ok, _ := s.Exists(ctx, db, name); ok {
+			if ok, _ := exists(ctx, db, name); ok {
 				return nil
 			}
 			return err
@@ -51,39 +93,21 @@ func Ensure(ctx context.Context, db *sql.DB, s Schema, name string, ddl ...strin
 	return nil
 }
 
-// Create runs the schema's statements for whatever is missing. It reads
-// the catalog first: even CREATE ... IF NOT EXISTS takes a lock that would
-// queue behind open publishing transactions on PostgreSQL.
-func Create(ctx context.Context, db *sql.DB, s Schema) error {
-	return CreateDDL(ctx, db, s, s.Schema())
-}
-
-// CreateDDL is Create of another table's DDL in the same store (the inbox's).
-func CreateDDL(ctx context.Context, db *sql.DB, s Schema, ddl string) error {
-	for _, st := range SplitDDL(ddl) {
-		if err := Ensure(ctx, db, s, st.Name, st.SQL); err != nil {
+// CreateDDL runs the statements of ddl whose object does not exist yet.
+func CreateDDL(ctx context.Context, db DB, exists Exists, ddl string) error {
+	stmts, err := SplitDDL(ddl)
+	if err != nil {
+		return err
+	}
+	for _, st := range stmts {
+		if err := Ensure(ctx, db, exists, st.Name, st.SQL); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// Upgrade runs the store's upgrade scripts from version from to the
-// current one, each in one transaction. A script's first statement takes a
-// write lock (PostgreSQL: LOCK TABLE; SQLite: the database's write lock,
-// which its first write takes; MySQL: a named lock); the version is read
-// again under that lock, so that of several instances starting at once one
-// upgrades and the others find the work done.
-func Upgrade(ctx context.Context, db *sql.DB, s Schema, from int) error {
-	for v := from; v < SchemaVersion; v++ {
-		if err := upgradeOne(ctx, db, s, v); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
+func upgradeOne(ctx context.Context, db *sql.DB, s Store, from int, lock UpgradeLock) error {
 	script := s.Upgrade(from)
 	if script == "" {
 		return errors.New("this database has no upgrade from that version (the table was created by a pre-release build: drop it once it holds no pending events)")
@@ -97,17 +121,17 @@ func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
 		}
 		stmts = append(stmts, st)
 	}
-	// One connection for the whole script: a lock taken by a session (MySQL's
-	// GET_LOCK) must be released on that session, whatever happens.
+	if len(stmts) < 2 {
+		return errors.New("the upgrade script has no lock statement before its work")
+	}
+	// One connection for the whole script: a lock the session takes must
+	// be released on that session, whatever happens.
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	namedLock := strings.HasPrefix(strings.ToUpper(stmts[0]), "SELECT GET_LOCK")
-	if namedLock {
-		// A named lock: the script's last statement releases it; it runs
-		// however the upgrade ends, and without the lock nothing runs.
+	if lock == SessionLock {
 		var got sql.NullInt64
 		if err := conn.QueryRowContext(ctx, stmts[0]).Scan(&got); err != nil {
 			return err
@@ -121,7 +145,7 @@ func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
 			}
 		}()
 		if got.Int64 != 1 {
-			return errors.New("another process holds the upgrade's lock (GET_LOCK timed out); try again")
+			return errors.New("another process holds the upgrade's lock; try again")
 		}
 		stmts = stmts[:len(stmts)-1]
 	}
@@ -130,11 +154,12 @@ func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
 		return err
 	}
 	defer func() { _ = tx.Rollback() }()
-	if !namedLock {
+	if lock == TxLock {
 		if _, err := tx.ExecContext(ctx, stmts[0]); err != nil {
 			return err
 		}
 	}
+	// Read again under the lock: another process may have upgraded.
 	if v, err := s.Version(ctx, tx); err != nil || v != from {
 		return err
 	}
@@ -149,22 +174,27 @@ func upgradeOne(ctx context.Context, db *sql.DB, s Schema, from int) error {
 // DDL is one statement of a schema and the name of what it creates.
 type DDL struct{ Name, SQL string }
 
-var createdRE = regexp.MustCompile("(?i)\\bCREATE\\s+(?:UNIQUE\\s+)?(?:TABLE|INDEX|TYPE)\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?[\"`]?(\\w+)")
+var createdRE = regexp.MustCompile("(?i)^\\s*CREATE\\s+(?:UNIQUE\\s+)?(?:TABLE|INDEX|TYPE)\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?[\"`]?(\\w+)")
 
 // SplitDDL splits a schema into its statements (the shipped files hold no
 // "--" or ";" inside a literal), one at a time because PostgreSQL refuses
 // several commands in one prepared statement, each with the name of the
-// object it creates.
-func SplitDDL(ddl string) []DDL {
+// object it creates. A statement that creates nothing it can name is an
+// error: run blindly on every start it could fail or repeat, and skipped it
+// would be lost.
+func SplitDDL(ddl string) ([]DDL, error) {
 	var out []DDL
 	for _, stmt := range strings.Split(stripSQLComments(ddl), ";") {
+		if strings.TrimSpace(stmt) == "" {
+			continue
+		}
 		m := createdRE.FindStringSubmatch(stmt)
 		if m == nil {
-			continue
+			return nil, fmt.Errorf("outbox: the schema holds a statement that creates no table, index or type it can name: %.80s", strings.TrimSpace(stmt))
 		}
 		out = append(out, DDL{Name: m[1], SQL: strings.TrimSpace(stmt)})
 	}
-	return out
+	return out, nil
 }
 
 func stripSQLComments(s string) string {
@@ -177,4 +207,34 @@ func stripSQLComments(s string) string {
 		b.WriteByte('\n')
 	}
 	return b.String()
+}
+
+// Serialized runs fn on a connection of db of its own while it holds a
+// lock the session takes (lock, a SELECT whose one value is 1 or true once
+// taken) and releases (unlock), however fn ends: how a store makes
+// processes that build one object at once take turns. lock selects 1 once
+// the lock is taken (anything else is a timeout). The session keeps
+// the lock: should the release fail, the connection is closed, not
+// returned to the pool with it.
+func Serialized(ctx context.Context, db *sql.DB, lock, unlock interface{ Statement() (string, []any) }, fn func(conn DB) error) error {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	q, args := lock.Statement()
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, q, args...).Scan(&got); err != nil {
+		return err
+	}
+	defer func() {
+		q, args := unlock.Statement()
+		if _, err := conn.ExecContext(context.WithoutCancel(ctx), q, args...); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}()
+	if got.Int64 != 1 {
+		return errors.New("outbox: timed out waiting for another process's lock")
+	}
+	return fn(conn)
 }

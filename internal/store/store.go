@@ -1,12 +1,21 @@
-// Package store is the outbox's storage seam: every SQL statement the
-// outbox runs lives in one package per database beneath it (postgres,
-// mysql, sqlite), behind the interfaces of this package, split by role:
-// the schema and its migration, the writer Publish uses, the claimer and
-// outcome statements the relay uses, and the operating functions' queries.
-// What only some databases can do (wake-ups through LISTEN/NOTIFY, Logical
-// mode's WAL) are optional interfaces a store implements or not. Each
-// store registers itself with a probe; storetest is the conformance suite
-// every store runs.
+// Package store is the outbox's storage seam, in the manner of river's
+// driver executor: every statement the outbox runs lives in one package per
+// database beneath it (postgres, mysql, sqlite), behind the interfaces of
+// this package. Each method takes a context, the connection or transaction
+// to run on and typed parameters, runs its own statements, scans its own
+// columns and returns typed results; the callers (the root package, the
+// engine, the WAL source, the background services) never see SQL.
+//
+// A store is a core that every database implements ([Store]: the schema,
+// Publish's INSERT, the claim and its outcomes, retention, the operating
+// reads and writes) and feature roles that a store implements or not,
+// found by an interface check: [Inbox], [Overview], [History], [Notifier],
+// [Logical], [Replicas], [Walker]. A feature whose role the store lacks is
+// refused by the root with errs.ErrUnsupportedFeature.
+//
+// Stores register with a priority and a probe ([Register]); storetest is
+// the conformance suite every store runs, and it fails when a method of a
+// role the store implements was never exercised.
 //
 // It is internal: the root package is the public face, and converts its
 // types (Event, Filter, Row) to and from the plain ones here.
@@ -16,15 +25,26 @@ import (
 	"context"
 	"crypto/md5"
 	"database/sql"
-	"fmt"
+	"errors"
 	"log/slog"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
+
+// DB runs statements: a *sql.DB, a *sql.Tx, a *sql.Conn, or the
+// connection pool of a GORM session or transaction (gorm.ConnPool).
+type DB interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// ErrTooManyParams is the error of a statement a store built with more
+// parameters than its database takes (Limits.MaxParams): a store that
+// chunks wrongly fails loudly, in the suite, instead of at the database.
+var ErrTooManyParams = errors.New("outbox: statement exceeds the database's parameter limit")
 
 // RowID is the id column's UUID of an event ID: the ID itself when it is the
 // canonical text of a UUID (every generated ID), else one derived from it,
@@ -36,24 +56,6 @@ func RowID(id string) uuid.UUID {
 		return u
 	}
 	return uuid.UUID(md5.Sum([]byte("outbox:" + id)))
-}
-
-// Query is one statement and its arguments. Statements never contain
-// event data, only placeholders.
-type Query struct {
-	SQL  string
-	Args []any
-}
-
-// Querier runs queries: a *sql.DB, a *sql.Tx, or a GORM connection pool.
-type Querier interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
-// Execer runs statements.
-type Execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // Event is an event as it is written to the table: validated, every
@@ -69,6 +71,23 @@ type Event struct {
 	// NamedID: the publisher chose the ID (it goes to named_id, where it
 	// is unique); otherwise it is a fresh UUIDv7.
 	NamedID bool
+}
+
+// Inserted is what an Insert wrote.
+type Inserted struct {
+	// Seqs are the seqs of the rows written, in no particular order, when
+	// they were asked for and the store can tell; nil otherwise.
+	Seqs []int64
+	// Written is how many rows were written; -1 when the driver cannot
+	// say.
+	Written int
+}
+
+// Held is what the table holds under an event ID: the idempotency key
+// and when the row was written.
+type Held struct {
+	Key     string
+	Created time.Time
 }
 
 // Claimed is one row a claim leased, as the relay delivers it.
@@ -89,9 +108,9 @@ type ClaimSpec struct {
 	Limit      int
 	Seqs       []int64 // only these rows, when set (DeliverAfterCommit)
 	Ordered    bool    // RelayConfig.OrderByAggregate
-	// From is the relay's watermark: new rows (Fresh stores) are read from
-	// this seq on, and at the seqs in Gaps, which the watermark passed
-	// while they were not committed yet.
+	// From is the relay's watermark: new rows (Walker stores) are read
+	// from this seq on, and at the seqs in Gaps, which the watermark
+	// passed while they were not committed yet.
 	From int64
 	Gaps []int64
 }
@@ -106,7 +125,7 @@ type Outcome struct {
 
 // Filter selects rows for the operating functions (outbox.Filter).
 type Filter struct {
-	IDs, Statuses, Types       []string
+	IDs, Keys, Statuses, Types []string
 	AggregateType, AggregateID string
 	CreatedSince, CreatedUntil time.Time
 	ErrorContains              string
@@ -139,93 +158,212 @@ type StatusCount struct {
 	Oldest time.Time // of the rows in that status
 }
 
-// Limits are a store's bounds on one statement, within its database's
-// parameter limit, and the batch sizes of its maintenance statements.
-type Limits struct {
-	InsertRows     int // rows per INSERT
-	OutcomeRows    int // rows per outcome statement
-	AdminBatch     int // rows one Replay or Purge statement touches
-	AdminScan      int // IDs one Replay or Purge SELECT reads
-	RetentionBatch int // sent rows one retention DELETE removes
+// Replay is what Replay puts back to pending.
+type Replay struct {
+	Filter
+	// Now reads the clock, once per batch: the time each batch's rows are
+	// due and recorded at.
+	Now func() time.Time
+	// Actor is who replays, written into each replayed event's history
+	// (History stores); "" when not given.
+	Actor string
 }
 
-// Schema is the table's definition and migration.
-type Schema interface {
+// Limits are a store's bounds: its database's parameter limit, which every
+// statement it builds stays within, and the batch sizes its callers use.
+type Limits struct {
+	// MaxParams is the most parameters one statement may have.
+	MaxParams int
+	// InsertRows is how many rows one INSERT writes: Publish gives a call
+	// of more events outside a transaction one of its own, so that the
+	// statements commit together.
+	InsertRows int
+	// OutcomeRows is how many outcomes a relay gathers before it writes
+	// them (the store chunks every call by its own limit whatever the
+	// size).
+	OutcomeRows int
+	// RetentionBatch is how many rows one retention DELETE removes.
+	RetentionBatch int
+}
+
+// Store is the core every database implements: the schema, Publish's
+// INSERT, the claim and the lease-guarded outcome statements, retention,
+// and the operating functions' reads and writes. Every outcome statement
+// touches only pending rows whose lease is still the given one: a relay
+// that lost its lease must not overwrite a row claimed since.
+type Store interface {
+	// Name is the store's name, as SchemaSQL takes it.
+	Name() string
+	Limits() Limits
+
 	// Check inspects the database when the outbox is installed and
 	// refuses settings that would fail later, with an error that names
 	// the setting to change; it may log advice.
 	Check(ctx context.Context, db *gorm.DB, logger *slog.Logger) error
-	// Schema is the DDL that creates the table and its indexes.
+	// Schema is the DDL that creates the table, its indexes and the
+	// tables of the store's features beside it.
 	Schema() string
 	// Upgrade is the script that turns a table of version from into
 	// version from+1, "" when the database never had version from.
 	Upgrade(from int) string
 	// Version reports the table's schema version: 0 when there is none.
-	Version(ctx context.Context, q Querier) (int, error)
+	Version(ctx context.Context, db DB) (int, error)
 	// Exists reports whether the table or index named name exists (a
 	// PostgreSQL index a failed concurrent build left invalid does not).
-	Exists(ctx context.Context, db *sql.DB, name string) (bool, error)
-	// OrderingIndex is the index OrderByAggregate's probe reads: its name,
-	// and the statements that build it without blocking writers where the
-	// database can.
-	OrderingIndex() (name string, ddl []string)
-}
+	Exists(ctx context.Context, db DB, name string) (bool, error)
+	// Migrate brings the table to the current schema version: it upgrades
+	// a table of an earlier version in place, under a lock, so that of
+	// several processes starting at once one upgrades; then it creates
+	// whatever is missing. It reads the catalog first: even CREATE ... IF
+	// NOT EXISTS takes a lock that would queue behind open publishing
+	// transactions on PostgreSQL.
+	Migrate(ctx context.Context, db *sql.DB) error
+	// EnsureOrdering builds the index OrderByAggregate's probe reads,
+	// without blocking writers where the database can, unless it exists.
+	// Relays that start together race to build it: the ones that lose
+	// find it built, and return nil.
+	EnsureOrdering(ctx context.Context, db *sql.DB) error
 
-// Writer is what Publish runs on the caller's transaction.
-type Writer interface {
-	// Insert writes rows as pending events; a row whose chosen ID or
-	// chosen key is already in the table is skipped (the first write
-	// wins). IDs and keys are unique each among their own kind: an event
-	// whose key equals an earlier event's ID, or whose ID equals an earlier
-	// event's key, is written, on every database; so is a row whose ID was
-	// generated, which enters neither index.
-	// With seqs, the statement tells the seqs of the rows it wrote: with
-	// Returning, it returns the seq of each row it inserted; without, the
-	// store assigns consecutive seqs to the rows of one INSERT of
-	// generated events (the driver's LastInsertId is the first). Without
-	// seqs it returns no rows (a RETURNING clause costs the writer a
-	// result set to read, and only DeliverAfterCommit needs them).
-	Insert(rows []Event, now time.Time, seqs bool) Query
-	Returning() bool
-	// Held reads the ID, key and creation time of the rows whose
-	// publisher chose one of ids as ID or one of keys as key.
-	Held(ids, keys []string) Query
-}
+	// Insert writes rows as pending events, on db (Publish's
+	// transaction), in as many statements as the store's limits take: a
+	// row whose chosen ID or chosen key is already in the table is skipped
+	// (the first write wins). IDs and keys are unique each among their own
+	// kind: an event whose key equals an earlier event's ID, or whose ID
+	// equals an earlier event's key, is written, on every database; so is
+	// a row whose ID was generated, which enters neither index. With
+	// seqs, it tells the seqs of the rows it wrote where it can (Inserted).
+	Insert(ctx context.Context, db DB, rows []Event, now time.Time, seqs bool) (Inserted, error)
+	// Held reads the key and creation time of the rows whose publisher
+	// chose one of ids as ID or one of keys as key, by ID: the one lookup
+	// behind every duplicate check (Publish's in Persistent mode, the
+	// stream's in Logical mode). An ID held with another key than the
+	// event's is a different event reusing it.
+	Held(ctx context.Context, db DB, ids, keys []string) (map[string]Held, error)
 
-// Claimer is the relay's side of the table. Every outcome statement
-// touches only pending rows whose lease is still the given one: a relay
-// that lost its lease must not overwrite a row claimed since.
-type Claimer interface {
 	// Claim takes up to c.Limit due pending rows (each source oldest
-	// first; the relay sorts a batch by seq), moves
-	// their lease to c.Lease, counts an attempt, and returns them.
-	// Concurrent claims never return the same row while its lease lives;
-	// with c.Ordered, never a row behind an unsent older row of its
-	// aggregate.
+	// first; the relay sorts a batch by seq), moves their lease to
+	// c.Lease, counts an attempt, and returns them. Concurrent claims
+	// never return the same row while its lease lives; with c.Ordered,
+	// never a row behind an unsent older row of its aggregate.
 	Claim(ctx context.Context, db *sql.DB, c ClaimSpec) ([]Claimed, error)
-	MarkSent(seqs []int64, now, lease time.Time) Query
-	MarkFailed(outs []Outcome, now, lease time.Time) Query
+	// MarkSent records the rows at seqs delivered; it returns how many it
+	// changed.
+	MarkSent(ctx context.Context, db DB, seqs []int64, now, lease time.Time) (int64, error)
+	// MarkFailed records failed attempts: each row gets its own status
+	// (pending for a retry, failed when out of attempts), error and next
+	// due time.
+	MarkFailed(ctx context.Context, db DB, outs []Outcome, now, lease time.Time) (int64, error)
 	// Release hands claimed rows back undelivered: due now, the claim's
 	// attempt taken back.
-	Release(seqs []int64, now, lease time.Time) Query
+	Release(ctx context.Context, db DB, seqs []int64, now, lease time.Time) (int64, error)
 	// DeleteSent deletes up to limit rows sent before before.
-	DeleteSent(before time.Time, limit int) Query
+	DeleteSent(ctx context.Context, db DB, before time.Time, limit int) (int64, error)
+
+	// List reads one page of the rows matching p, by seq, so that paging
+	// with AfterSeq or BeforeSeq is stable while rows are added.
+	List(ctx context.Context, db DB, p Page) ([]Row, error)
+	// Get reads the row of the event with the ID id; found is false when
+	// the table holds none.
+	Get(ctx context.Context, db DB, id string) (row Row, found bool, err error)
+	// Count counts the rows matching f.
+	Count(ctx context.Context, db DB, f Filter) (int64, error)
+	// Replay puts the failed rows matching r back to pending, due now,
+	// their attempts reset, in batches of rows read beforehand that still
+	// match and are still failed (never another status, whatever the
+	// filter says), recording each replay in the event's history (History
+	// stores). It returns how many it replayed, those of the batches
+	// before an error included.
+	Replay(ctx context.Context, db DB, r Replay) (int, error)
+	// Purge deletes the rows matching f in batches of rows read
+	// beforehand that still match, with their history, and returns how
+	// many it deleted, those of the batches before an error included. The
+	// caller says which statuses it may touch.
+	Purge(ctx context.Context, db DB, f Filter) (int, error)
+	// Stats counts the rows by status, with the oldest creation of each.
+	Stats(ctx context.Context, db DB) ([]StatusCount, error)
+	// FailedSince counts the rows marked failed at or after since (a
+	// failed row's updated_at is when it failed, or was last touched by
+	// an operator).
+	FailedSince(ctx context.Context, db DB, since time.Time) (int64, error)
+	// IDColumn is the SQL expression, over the table's own columns, that
+	// reads an event's ID, for SQL of the user's own (outbox.IDColumn).
+	IDColumn() string
 }
 
-// Admin is the operating functions' queries (List, Get, Count, Replay,
-// Purge, Stats).
-type Admin interface {
-	List(p Page) Query                                   // rows in RowColumns' order
-	Get(id string) Query                                 // likewise
-	Count(f Filter) Query                                // one count
-	ReplaySelect(f Filter, after int64, limit int) Query // seq of failed rows matching f, by seq
-	ReplayUpdate(f Filter, seqs []int64, now time.Time) Query
-	PurgeSelect(f Filter, limit int) Query // seq
-	PurgeDelete(f Filter, seqs []int64) Query
-	Stats() Query                      // status, count, oldest creation
-	FailedSince(since time.Time) Query // one count
-	// IDExpr is the SQL expression reading a row's event ID.
-	IDExpr() string
+// Inbox is the consumer side's table: the (consumer, message ID) pairs
+// consumed, each recorded in the transaction of its effect. Its table is
+// named apart from the outbox table's, so every method takes it (unquoted).
+type Inbox interface {
+	// InboxSchema is the DDL that creates the inbox table named table.
+	InboxSchema(table string) string
+	// MigrateInbox creates the inbox table named table and its index
+	// unless they exist.
+	MigrateInbox(ctx context.Context, db *sql.DB, table string) error
+	// Record records the pair on db unless it is already recorded, and
+	// reports whether it recorded it. A concurrent transaction that
+	// recorded the same pair and has not yet ended makes it wait for that
+	// transaction's outcome (the unique key's lock), so of two deliveries
+	// of one message only one goes on.
+	Record(ctx context.Context, db DB, table, consumer, messageID string, now time.Time) (recorded bool, err error)
+	// RetryRecord reports whether err, Record's, ended a transaction that
+	// may simply run again (a race that running it again wins).
+	RetryRecord(err error) bool
+	// ForgetConsumed deletes up to limit pairs consumed before before.
+	ForgetConsumed(ctx context.Context, db DB, table string, before time.Time, limit int) (int64, error)
+}
+
+// InboxLead is an Inbox whose Record can travel with the BEGIN of its
+// transaction, in one round trip.
+type InboxLead interface {
+	// CanLead reports whether db's driver begins a transaction with a Lead
+	// in one round trip. An error leaves the question open, to be asked
+	// again.
+	CanLead(ctx context.Context, db *sql.DB) (bool, error)
+	// RecordLead is Record as the first statement of a transaction that a
+	// Lead begins.
+	RecordLead(table, consumer, messageID string, now time.Time) Lead
+}
+
+// Lead begins a transaction on a connection held out of the pool, with its
+// first statement in the BEGIN's round trip, and ends it: the store runs
+// both (the driver decides how: pgx pipelines them, MySQL's runs one text
+// of two statements with multiStatements).
+type Lead interface {
+	// Begin begins the transaction on conn and runs the first statement;
+	// affected is how many rows it affected.
+	Begin(ctx context.Context, conn *sql.Conn) (affected int64, err error)
+	// End commits (commit) or rolls back the transaction on conn. reuse
+	// reports whether conn is outside any transaction afterwards, and may
+	// go back to the pool.
+	End(ctx context.Context, conn *sql.Conn, commit bool) (reuse bool, err error)
+}
+
+// DefaultInbox is the inbox table name the shipped schema files use.
+const DefaultInbox = "outbox_inbox"
+
+// Overview is the overview's store: a rollup of the sent rows per minute and
+// type, kept by the relays and by Overview itself, and the pending and
+// failed rows read through their indexes. None is on the write path.
+type Overview interface {
+	// RollState reads the rollup's state; found is false when there is
+	// none yet.
+	RollState(ctx context.Context, db DB) (st RollState, found bool, err error)
+	// RollBegin starts one pass of the rollup on tx, a transaction of its
+	// own: it takes the rollup's lock (of two passes, one waits and then
+	// finds the rows the other rolled up), creating the state from the
+	// oldest sent row (or from, when none is sent) on the first pass, and
+	// returns the state under the lock.
+	RollBegin(ctx context.Context, tx DB, from time.Time) (RollState, error)
+	// SentBins counts the rows sent in [from, to) by type, minute sent,
+	// minute created and delay bin.
+	SentBins(ctx context.Context, db DB, from, to time.Time) ([]SentBin, error)
+	// RollCommit ends a pass on tx: it adds rows to the rollup (each
+	// column to the row already there), deletes each span's minutes
+	// before its Keep from now, and writes the state.
+	RollCommit(ctx context.Context, tx DB, rows []RollRow, now time.Time, st RollState) error
+	// ReadOverview reads what an overview folds, in one snapshot where the
+	// database gives one without blocking writers.
+	ReadOverview(ctx context.Context, db *sql.DB, q OverviewQuery) (OverviewRows, error)
 }
 
 // DelayBounds are the upper bounds, in milliseconds, of the bins of the
@@ -241,6 +379,15 @@ var RollSpans = []struct {
 	Keep    time.Duration
 }{{1, 25 * time.Hour}, {10, 8 * 24 * time.Hour}, {60, 8 * 24 * time.Hour}}
 
+// RollState is the rollup's state: the rows sent before Until are in the
+// rollup; from Low on (Walker stores) the new pending rows are read by seq,
+// below it only the retry index holds pending rows; Checked is when Low
+// was last checked against the whole table.
+type RollState struct {
+	Until, Checked time.Time
+	Low            int64
+}
+
 // RollRow is what one rollup pass adds to one span of one event type:
 // the sent events created in the minute, the events sent in it, and the
 // latter's delays by bin (len(DelayBounds)+1).
@@ -252,140 +399,133 @@ type RollRow struct {
 	Delay                []int64
 }
 
-// Overviewer is the overview's statements: a rollup of the sent rows per
-// minute and type, kept by the relays and by Overview itself, and the
-// pending and failed rows read through their indexes. None is on the
-// write path.
-type Overviewer interface {
-	RollLock() Query               // affects the state row, 0 rows when there is none
-	RollInit(from time.Time) Query // the state row, unless there is one
-	RollState() Query              // rolled_until, low_seq, low_checked
-	RollSet(until time.Time, low int64, checked time.Time) Query
-	FirstSent() Query                               // the oldest sent_at, NULL when none
-	SentBins(from, to time.Time) Query              // type, minute sent, minute created, delay bin, count
-	RollAdd(rows []RollRow) Query                   //
-	RollTrim(span, beforeMinute int64) Query        //
-	LowScan(from int64) Query                       // lowest new pending seq >= from, highest seq
-	PendingGroups(low int64) Query                  // type, minute created, count, oldest creation
-	FailedGroups() Query                            // type, minute failed, minute created, count
-	RollupRead(span, sinceMinute, step int64) Query // interval, type, published, delivered, delay bins
+// SentBin counts the rows of one type sent in one minute, created in one
+// minute, with a delay in one bin of DelayBounds.
+type SentBin struct {
+	Type          string
+	Sent, Created int64 // minutes since the Unix epoch
+	Bin           int
+	N             int64
 }
 
-// Historian is the event history's statements: an entry per failed
-// attempt and per replay, in a table beside the outbox table, written only
-// on those paths.
-type Historian interface {
-	RecordAttempts(seqs []int64, now time.Time) Query
-	RecordReplays(seqs []int64, now time.Time, actor string) Query
-	Attempts(id string) Query // at, attempt, outcome, error, actor; oldest first
-	ForgetAttempts(before time.Time, limit int) Query
-	PurgeAttempts(seqs []int64) Query
+// OverviewQuery is what ReadOverview reads: the rollup's span Span from
+// SinceMinute on, summed per interval of Step minutes; the rows sent from
+// SentFrom (the rollup's end) on; the pending rows (new ones from Low on,
+// for Walker stores) and the failed rows.
+type OverviewQuery struct {
+	Span, SinceMinute, Step int64
+	SentFrom, SentTo        time.Time
+	Low                     int64
 }
 
-// Inbox is the consumer side's table: the (consumer, message ID) pairs
-// consumed, each recorded in the transaction of its effect. Its table is
-// named apart from the outbox table's, so every method takes it (unquoted).
-type Inbox interface {
-	// InboxSchema is the DDL that creates the inbox table named table.
-	InboxSchema(table string) string
-	// Consume records the pair unless it is already recorded: one row
-	// affected when it recorded it, none when the pair was there. A
-	// concurrent transaction that recorded the same pair and has not yet
-	// ended makes it wait for that transaction's outcome (the unique key's
-	// lock), so of two deliveries of one message only one goes on.
-	Consume(table, consumer, messageID string, now time.Time) Query
-	// ForgetConsumed deletes up to limit pairs consumed before before.
-	ForgetConsumed(table string, before time.Time, limit int) Query
+// OverviewRows is what ReadOverview read.
+type OverviewRows struct {
+	Rollup  []RollupSum
+	Sent    []SentBin
+	Pending []PendingGroup
+	Failed  []FailedGroup
 }
 
-// InboxRetrier is an Inbox whose Consume INSERT can lose a race that
-// running its transaction again wins.
-type InboxRetrier interface {
-	// RetryRecord reports whether err, the inbox INSERT's, ended a
-	// transaction that may simply run again.
-	RetryRecord(err error) bool
+// RollupSum is the rollup's sums of one type in one interval (its index
+// from SinceMinute).
+type RollupSum struct {
+	Interval             int
+	Type                 string
+	Published, Delivered int64
+	Delay                []int64
 }
 
-// InboxLead is an Inbox whose Consume can travel with the BEGIN of its
-// transaction, in one round trip (see txhook.Lead).
-type InboxLead interface {
-	// ConsumeLead is Consume with the statement that begins a transaction.
-	ConsumeLead(table, consumer, messageID string, now time.Time) Lead
-	// CanLead reports whether db's driver sends a Lead in one round trip.
-	// An error leaves the question open, to be asked again.
-	CanLead(ctx context.Context, db *sql.DB) (bool, error)
+// PendingGroup counts the pending rows of one type created in one minute.
+type PendingGroup struct {
+	Type    string
+	Created int64 // minutes since the Unix epoch
+	N       int64
+	Oldest  time.Time
 }
 
-// Lead is Consume's INSERT (Query) with Begin, the statement that begins
-// its transaction, for a driver that pipelines them (pgx); or Text, both as
-// one text with the values written as literals, for a driver that runs a
-// text of several statements in one round trip (MySQL's, with
-// multiStatements).
-type Lead struct {
-	Begin string
-	Query Query
-	Text  string
+// FailedGroup counts the failed rows of one type by the minute they failed
+// and the minute they were created.
+type FailedGroup struct {
+	Type            string
+	Failed, Created int64 // minutes since the Unix epoch
+	N               int64
 }
 
-// DefaultInbox is the inbox table name the shipped schema files use.
-const DefaultInbox = "outbox_inbox"
-
-// RenameInbox renames the shipped inbox schema's table and index.
-func RenameInbox(ddl, table string) string { return strings.ReplaceAll(ddl, DefaultInbox, table) }
-
-// Store is one database's statements.
-type Store interface {
-	Schema
-	Writer
-	Claimer
-	Admin
-	Inbox
-	Overviewer
-	Historian
-	// Name is the database's name as SchemaSQL takes it.
-	Name() string
-	Limits() Limits
+// History is the event history: an entry per failed attempt and per
+// replay, in a table beside the outbox table, written only on those paths.
+type History interface {
+	// RecordAttempts records the failed attempts of the rows at seqs that
+	// an outcome statement at now just wrote (a row whose lease another
+	// relay holds was not written, and is not recorded).
+	RecordAttempts(ctx context.Context, db DB, seqs []int64, now time.Time) (int64, error)
+	// Attempts reads the history of the event with the ID id, oldest
+	// first.
+	Attempts(ctx context.Context, db DB, id string) ([]Attempt, error)
+	// ForgetAttempts deletes up to limit entries older than before.
+	ForgetAttempts(ctx context.Context, db DB, before time.Time, limit int) (int64, error)
 }
+
+// Attempt is one entry of an event's history.
+type Attempt struct {
+	At           time.Time
+	Attempt      int
+	Outcome      string // "retry", "failed" or "replayed"
+	Error, Actor string
+}
+
+// The outcomes of an Attempt.
+const (
+	AttemptRetry    = "retry"
+	AttemptFailed   = "failed"
+	AttemptReplayed = "replayed"
+)
 
 // Walker is implemented by a store whose new events are written due at once
 // (available_at NULL) and found by seq, from a watermark the relay keeps,
 // instead of through an index of pending rows every INSERT would enter.
 type Walker interface {
-	// Walk reads, from seq from on and in seq order, up to limit rows:
-	// seq, open (new and pending), leased (its lease runs at now),
-	// locked_until; first, the same of the rows at the seqs gaps, all below
-	// from.
-	Walk(from int64, limit int, gaps []int64, now time.Time) Query
-	// Defer makes the open, unleased rows with the seqs due now through
-	// the retry index.
-	Defer(seqs []int64, now time.Time) Query
-	// LowOpen reads the lowest seq of an open row not leased at now and
-	// the highest seq, each NULL when there is none.
-	LowOpen(now time.Time) Query
+	// Walk reads, from seq from on and in seq order, up to limit rows; and
+	// first the rows at the seqs gaps, all below from.
+	Walk(ctx context.Context, db DB, from int64, limit int, gaps []int64, now time.Time) ([]WalkRow, error)
+	// Defer makes the open rows with the seqs that no lease holds at now
+	// due now, through the retry index.
+	Defer(ctx context.Context, db DB, seqs []int64, now time.Time) (int64, error)
+	// LowOpen reads the lowest seq from from on of an open row (new and
+	// pending) that no lease holds at now (with now zero, leased or not),
+	// and the highest seq of the table; 0 stands for none.
+	LowOpen(ctx context.Context, db DB, from int64, now time.Time) (low, high int64, err error)
+}
+
+// WalkRow is one row a Walk read.
+type WalkRow struct {
+	Seq int64
+	// Open: new and pending; Leased: a lease holds it at the walk's now,
+	// until LeaseEnd.
+	Open, Leased bool
+	LeaseEnd     time.Time
 }
 
 // Replicas is implemented by a store whose database streams its WAL to
 // standbys it can list (PostgreSQL).
 type Replicas interface {
-	// WALInsertPosition reads the server's current WAL write position,
-	// as text.
-	WALInsertPosition() Query
+	// WALInsertPosition reads the server's current WAL write position.
+	WALInsertPosition(ctx context.Context, db DB) (string, error)
 	// ReplicasFlushed counts the standbys that have flushed the WAL up to
-	// the position lsn (text) to disk.
-	ReplicasFlushed(lsn string) Query
+	// the position lsn to disk.
+	ReplicasFlushed(ctx context.Context, db DB, lsn string) (int, error)
 }
 
 // Notifier is implemented by a store whose database can wake relays in
 // other processes (PostgreSQL's LISTEN/NOTIFY).
 type Notifier interface {
-	// Channel is the channel of the outbox's wake-ups.
+	// Channel is the channel of the outbox's wake-ups in schema public.
 	Channel() string
-	// NotifySQL is the statement that sends one wake-up from db's
-	// session: a statement without arguments, which the driver sends as
-	// one simple query with nothing to plan, its channel resolved by this
-	// call for the session's schema. A writer resolves it once per
-	// connection and sends it after every commit that wrote events.
-	NotifySQL(ctx context.Context, db Querier) (string, error)
+	// PrepareNotify resolves, on db, the wake-up of db's schema and
+	// returns the function that sends it on a connection of the same
+	// database: a statement without arguments, which the driver sends as
+	// one simple query with nothing to plan. A writer resolves it once per
+	// pool and sends it after every commit that wrote events.
+	PrepareNotify(ctx context.Context, db DB) (notify func(ctx context.Context, conn DB) error, err error)
 	// Listen listens on conn, a connection taken from db's pool for
 	// this alone, calls ready once listening, then wake for every
 	// notification, until ctx ends or the connection fails. It returns
@@ -394,48 +534,7 @@ type Notifier interface {
 }
 
 // ErrListenUnsupported: the database/sql driver cannot LISTEN.
-var ErrListenUnsupported = fmt.Errorf("the database driver is not pgx (github.com/jackc/pgx/v5/stdlib)")
-
-// A Driver opens the store of one database.
-type Driver struct {
-	// Name is the database's name (SchemaSQL's dialect argument).
-	Name string
-	// Probe reports whether the store serves the database GORM names
-	// dialector; db, when not nil, may be asked (a PostgreSQL-compatible
-	// server, MySQL or MariaDB, can so get a store of its own).
-	Probe func(ctx context.Context, dialector string, db *sql.DB) bool
-	// Open returns the store of the outbox table named table.
-	Open func(table string) Store
-}
-
-var registry struct {
-	mu      sync.Mutex
-	drivers []Driver
-}
-
-// Register adds a store. Probes are tried in registration order, so a
-// store for a more specific server registers before the general one.
-func Register(d Driver) {
-	registry.mu.Lock()
-	defer registry.mu.Unlock()
-	registry.drivers = append(registry.drivers, d)
-}
-
-// Open returns the store of the first driver whose probe accepts the
-// database, or an error wrapping errs.ErrUnsupportedDialect.
-func Open(ctx context.Context, dialector string, db *sql.DB, table string) (Store, error) {
-	registry.mu.Lock()
-	drivers := append([]Driver(nil), registry.drivers...)
-	registry.mu.Unlock()
-	var names []string
-	for _, d := range drivers {
-		if d.Probe(ctx, dialector, db) {
-			return d.Open(table), nil
-		}
-		names = append(names, d.Name)
-	}
-	return nil, unsupported(dialector, names)
-}
+var ErrListenUnsupported = errors.New("the database driver is not pgx (github.com/jackc/pgx/v5/stdlib)")
 
 // ParkRow is a row Logical mode's stream writes to the table: a failed
 // attempt (to retry, or failed for good), an event held back behind its
@@ -445,10 +544,19 @@ type ParkRow struct {
 	Event    Event
 	Status   string
 	Attempts int
-	LastErr  any // string or nil
-	Due      time.Time
-	Lease    any // time.Time or nil
+	LastErr  string    // "" for none
+	Due      time.Time //
+	Lease    time.Time // zero for none
 	Created  time.Time
+}
+
+// Aggregate names an aggregate.
+type Aggregate struct{ Type, ID string }
+
+// SlotStats is a replication slot's state.
+type SlotStats struct {
+	Active   bool  // a relay streams it now
+	LagBytes int64 // the WAL it keeps
 }
 
 // Logical is implemented by a store whose database can carry events in
@@ -467,22 +575,20 @@ type Logical interface {
 	// Emit writes content into the transaction's WAL as one message with
 	// the prefix, unless the slot does not exist (or is not usable yet, or
 	// lost): emitted reports whether it did.
-	Emit(ctx context.Context, db Execer, slot, prefix string, content []byte) (emitted bool, err error)
-	// Park inserts rows in the order given (seq follows it) and returns
-	// the seq and ID of each row it inserted; a row whose ID or key is in
-	// the table already is skipped. A parked row's ID is always in named_id
+	Emit(ctx context.Context, db DB, slot, prefix string, content []byte) (emitted bool, err error)
+	// Park inserts rows in the order given (seq follows it), in as many
+	// statements as the store's limits take, and returns the seq of each
+	// row it inserted by its ID; a row whose ID or key is in the table
+	// already is skipped. A parked row's ID is always in named_id
 	// (unique): the stream may offer the same event again.
-	Park(rows []ParkRow, now time.Time) Query
-	// Blocked returns the aggregates among types/ids (pairwise) that have
-	// an unsent row: aggregate_type, aggregate_id.
-	Blocked(types, ids []string) Query
-	// SlotStats reads whether the slot is streamed and the WAL it keeps.
-	SlotStats(slot string) Query
+	Park(ctx context.Context, db DB, rows []ParkRow, now time.Time) (map[string]int64, error)
+	// Blocked returns the aggregates among aggs that have an unsent row.
+	Blocked(ctx context.Context, db DB, aggs []Aggregate) (map[Aggregate]bool, error)
+	// SlotStats reads whether the slot is streamed and the WAL it keeps;
+	// an error wrapping errs.ErrNoSlot when there is no such slot.
+	SlotStats(ctx context.Context, db DB, slot string) (SlotStats, error)
 	// WALPosition reads the server's flushed WAL position.
-	WALPosition() Query
+	WALPosition(ctx context.Context, db DB) (uint64, error)
 	// SlotHeldBy reads whether the walsender with that PID streams slot.
-	SlotHeldBy(slot string, pid uint32) Query
-	// SessionTimeout is the statement that reads, on a replication
-	// connection, the wal_sender_timeout the server applies to it, in ms.
-	SessionTimeout() string
+	SlotHeldBy(ctx context.Context, db DB, slot string, pid uint32) (bool, error)
 }

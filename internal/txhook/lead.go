@@ -4,14 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"fmt"
 	"reflect"
 	"sync"
 	"sync/atomic"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 )
 
@@ -19,25 +16,15 @@ import (
 // in one round trip. database/sql spends a round trip on BEGIN alone, so a
 // statement that must open the transaction (the inbox's INSERT, which
 // decides whether the rest runs) costs a second one; sent with the BEGIN
-// it costs none of its own.
-//
-// Through pgx the two go as one pipeline (SendBatch: the statement
-// prepared once per connection, as every statement pgx runs); through
-// another driver as one text of two statements (Text), which MySQL's runs
-// as one round trip with multiStatements.
+// it costs none of its own. The store builds and runs both (Starter): pgx
+// pipelines them, MySQL's driver runs one text of two statements with
+// multiStatements.
 //
 // A Lead rides in the context of the Transaction it is meant for, and only
 // the first BeginTx that sees it uses it: a transaction begun later with the
 // same context (a nested Transaction on another *gorm.DB) begins as usual.
 type Lead struct {
-	// Begin begins the transaction; Query and Args are its first
-	// statement.
-	Begin string
-	Query string
-	Args  []any
-	// Text is Begin and Query as one text, Args inlined as literals: what
-	// a driver other than pgx sends.
-	Text string
+	Starter Starter
 
 	claimed  atomic.Bool
 	ran      bool
@@ -72,6 +59,17 @@ func (l *Lead) Err() error {
 	return l.err
 }
 
+// Starter begins a transaction on a connection held out of the pool with
+// its first statement, and ends it (store.Lead).
+type Starter interface {
+	// Begin begins the transaction and runs the first statement,
+	// returning the rows it affected.
+	Begin(ctx context.Context, conn *sql.Conn) (affected int64, err error)
+	// End commits or rolls back; reuse reports whether conn may go back
+	// to the pool.
+	End(ctx context.Context, conn *sql.Conn, commit bool) (reuse bool, err error)
+}
+
 // claimLead returns the lead in ctx that no BeginTx has seen yet.
 func claimLead(ctx context.Context) *Lead {
 	l, _ := ctx.Value(leadKey{}).(*Lead)
@@ -95,59 +93,22 @@ func CanLead(pool gorm.ConnPool) (*sql.DB, bool) {
 	return db, ok
 }
 
-// beginLead begins a transaction on a connection of db with l's text.
+// beginLead begins a transaction on a connection of db with l.
 func beginLead(ctx context.Context, db *sql.DB, l *Lead) (*connTx, error) {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return nil, err
 	}
-	l.affected, err = runLead(ctx, conn, l)
+	c := &connTx{conn: conn, ctx: ctx, lead: l.Starter}
+	l.affected, err = l.Starter.Begin(ctx, conn)
 	if err != nil {
 		// The BEGIN may have run and the statement failed after it.
-		_ = endConn(conn, "ROLLBACK")
+		_ = c.end(false)
 		l.err = err
 		return nil, err
 	}
 	l.ran = true
-	return &connTx{conn: conn, ctx: ctx}, nil
-}
-
-// runLead begins the transaction on conn and runs l's statement, and
-// returns the rows it affected.
-func runLead(ctx context.Context, conn *sql.Conn, l *Lead) (affected int64, err error) {
-	piped := false
-	err = conn.Raw(func(dc any) error {
-		pc, ok := dc.(interface{ Conn() *pgx.Conn })
-		if !ok {
-			return nil
-		}
-		piped = true
-		b := &pgx.Batch{}
-		b.Queue(l.Begin)
-		b.Queue(l.Query, l.Args...)
-		br := pc.Conn().SendBatch(ctx, b)
-		_, err := br.Exec()
-		if err == nil {
-			var tag pgconn.CommandTag
-			tag, err = br.Exec()
-			affected = tag.RowsAffected()
-		}
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		return err
-	})
-	if piped || err != nil {
-		return affected, err
-	}
-	if l.Text == "" {
-		return 0, errors.New("outbox: no text to begin the transaction with on a driver other than pgx")
-	}
-	res, err := conn.ExecContext(ctx, l.Text)
-	if err != nil {
-		return 0, err
-	}
-	return res.RowsAffected()
+	return c, nil
 }
 
 // connTx is a transaction begun by a Lead: database/sql knows it only as a
@@ -157,6 +118,7 @@ func runLead(ctx context.Context, conn *sql.Conn, l *Lead) (affected int64, err 
 type connTx struct {
 	conn  *sql.Conn
 	ctx   context.Context
+	lead  Starter
 	mu    sync.Mutex
 	done  bool
 	stmts []*sql.Stmt // prepared by StmtContext, closed at the end
@@ -215,10 +177,10 @@ func (c *connTx) Commit() error {
 		return sql.ErrTxDone
 	}
 	if err := c.ctx.Err(); err != nil {
-		_ = endConn(c.conn, "ROLLBACK")
+		_ = c.end(false)
 		return err
 	}
-	return endConn(c.conn, "COMMIT")
+	return c.end(true)
 }
 
 // Rollback rolls back.
@@ -226,7 +188,7 @@ func (c *connTx) Rollback() error {
 	if !c.finish() {
 		return sql.ErrTxDone
 	}
-	return endConn(c.conn, "ROLLBACK")
+	return c.end(false)
 }
 
 func (c *connTx) finish() bool {
@@ -243,41 +205,16 @@ func (c *connTx) finish() bool {
 	return true
 }
 
-// endConn sends verb (COMMIT or ROLLBACK) on conn and gives conn back to
-// its pool, or, when that failed or left the connection inside a
-// transaction, closes it: a pooled connection must never carry a
-// transaction to its next user. It runs past the transaction's context,
-// as database/sql's own Commit and Rollback do.
-func endConn(conn *sql.Conn, verb string) (err error) {
-	ctx := context.Background()
-	rawErr := conn.Raw(func(dc any) error {
-		if pc, ok := dc.(interface{ Conn() *pgx.Conn }); ok {
-			var tag string
-			t, e := pc.Conn().Exec(ctx, verb)
-			tag, err = t.String(), e
-			if err == nil && verb == "COMMIT" && tag == "ROLLBACK" {
-				// COMMIT of a transaction a failed statement aborted: what
-				// pgx's own Commit reports.
-				err = pgx.ErrTxCommitRollback
-			}
-			if e != nil || pc.Conn().PgConn().TxStatus() != 'I' {
-				return driver.ErrBadConn
-			}
-			return nil
-		}
-		ex, ok := dc.(driver.ExecerContext)
-		if !ok {
-			err = fmt.Errorf("outbox: the driver connection %T cannot run %s", dc, verb)
-			return driver.ErrBadConn
-		}
-		if _, err = ex.ExecContext(ctx, verb, nil); err != nil {
-			return driver.ErrBadConn
-		}
-		return nil
-	})
-	if err == nil && rawErr != nil && !errors.Is(rawErr, driver.ErrBadConn) {
-		err = rawErr
+// end commits or rolls back and gives the connection back to its pool, or,
+// when that failed or left the connection inside a transaction, closes it:
+// a pooled connection must never carry a transaction to its next user. It
+// runs past the transaction's context, as database/sql's own Commit and
+// Rollback do.
+func (c *connTx) end(commit bool) error {
+	reuse, err := c.lead.End(context.Background(), c.conn, commit)
+	if !reuse {
+		_ = c.conn.Raw(func(any) error { return driver.ErrBadConn })
 	}
-	_ = conn.Close()
+	_ = c.conn.Close()
 	return err
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/engine"
@@ -144,7 +143,7 @@ func (r *Relay) prepare(ctx context.Context, items []walItem, stale func() error
 		}
 	}
 	if len(park) > 0 {
-		inserted, err := r.park(wctx, lg, park, now)
+		inserted, err := r.park(wctx, lg, park)
 		if err != nil {
 			return nil, err
 		}
@@ -276,7 +275,7 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 	}
 	write := func(ctx context.Context) error {
 		if len(park) > 0 {
-			if _, err := r.park(ctx, lg, park, now); err != nil {
+			if _, err := r.park(ctx, lg, park); err != nil {
 				return err
 			}
 			park = nil
@@ -310,36 +309,15 @@ func (r *Relay) recordStreamed(ctx context.Context, lg store.Logical, items []wa
 // again before the session gives up (and the batch is streamed again).
 const recordWindow = 5 * time.Second
 
-// park writes rows, in chunks, and returns the IDs it inserted and their
-// seqs.
-func (r *Relay) park(ctx context.Context, lg store.Logical, rows []store.ParkRow, now time.Time) (map[string]int64, error) {
-	sqlDB := r.DB
-	inserted := make(map[string]int64, len(rows))
-	for chunk := range slices.Chunk(rows, r.Store.Limits().InsertRows) {
-		q := lg.Park(chunk, now)
-		sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
-		err := func() error {
-			rs, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
-			if err != nil {
-				return err
-			}
-			defer rs.Close()
-			for rs.Next() {
-				var (
-					seq int64
-					id  string
-				)
-				if err := rs.Scan(&seq, &id); err != nil {
-					return err
-				}
-				inserted[id] = seq
-			}
-			return rs.Err()
-		}()
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("outbox: write %d streamed events to the table: %w", len(chunk), err)
-		}
+// park writes rows to the table, through the engine's table (which
+// records the history of the failed attempts among them), within the
+// statement timeout.
+func (r *Relay) park(ctx context.Context, lg store.Logical, rows []store.ParkRow) (map[string]int64, error) {
+	sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
+	defer cancel()
+	inserted, err := r.Table.Park(sctx, lg, rows)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: write %d streamed events to the table: %w", len(rows), err)
 	}
 	return inserted, nil
 }
@@ -347,7 +325,7 @@ func (r *Relay) park(ctx context.Context, lg store.Logical, rows []store.ParkRow
 // blockedAggregates returns the batch's aggregates that have an unsent
 // row in the table.
 func (r *Relay) blockedAggregates(ctx context.Context, lg store.Logical, items []walItem) (map[aggKey]bool, error) {
-	var types, ids []string
+	var aggs []store.Aggregate
 	seen := map[aggKey]bool{}
 	for i := range items {
 		e := &items[i].c.Event
@@ -356,29 +334,22 @@ func (r *Relay) blockedAggregates(ctx context.Context, lg store.Logical, items [
 			continue
 		}
 		seen[k] = true
-		types, ids = append(types, k.typ), append(ids, k.id)
+		aggs = append(aggs, store.Aggregate{Type: k.typ, ID: k.id})
 	}
-	if len(ids) == 0 {
+	if len(aggs) == 0 {
 		return nil, nil
 	}
-	sqlDB := r.DB
 	sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 	defer cancel()
-	q := lg.Blocked(types, ids)
-	rs, err := sqlDB.QueryContext(sctx, q.SQL, q.Args...)
+	got, err := lg.Blocked(sctx, r.DB, aggs)
 	if err != nil {
 		return nil, fmt.Errorf("outbox: look for held-back aggregates: %w", err)
 	}
-	defer rs.Close()
-	blocked := map[aggKey]bool{}
-	for rs.Next() {
-		var k aggKey
-		if err := rs.Scan(&k.typ, &k.id); err != nil {
-			return nil, err
-		}
-		blocked[k] = true
+	blocked := make(map[aggKey]bool, len(got))
+	for a := range got {
+		blocked[aggKey{a.Type, a.ID}] = true
 	}
-	return blocked, rs.Err()
+	return blocked, nil
 }
 
 // reportReusedIDs logs the skipped events whose ID is taken in the table by
@@ -396,7 +367,7 @@ func (r *Relay) reportReusedIDs(ctx context.Context, items []walItem, skipped []
 	}
 	sctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 	defer cancel()
-	held, err := store.HeldIDs(sctx, r.DB, r.Store, ids, nil)
+	held, err := r.Store.Held(sctx, r.DB, ids, nil)
 	if err != nil {
 		return // a diagnostic only: the outcome does not depend on it
 	}

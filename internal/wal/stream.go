@@ -89,7 +89,7 @@ func (r *Relay) startStream(ctx context.Context) (conn *pgconn.PgConn, timeout t
 	if err != nil {
 		return nil, 0, fmt.Errorf("outbox: open the replication connection: %w", err)
 	}
-	if timeout, err = SessionTimeout(ctx, conn, r.Logical); err != nil {
+	if timeout, err = SessionTimeout(ctx, conn); err != nil {
 		_ = conn.Close(context.Background())
 		return nil, 0, err
 	}
@@ -113,8 +113,8 @@ func (r *Relay) startStream(ctx context.Context) (conn *pgconn.PgConn, timeout t
 // the session: the DSN's when it sets one, the relay's otherwise (a
 // connection's own setting takes precedence over the role's, the
 // database's and the server's).
-func SessionTimeout(ctx context.Context, conn *pgconn.PgConn, lg store.Logical) (time.Duration, error) {
-	rs, err := conn.Exec(ctx, lg.SessionTimeout()).ReadAll()
+func SessionTimeout(ctx context.Context, conn *pgconn.PgConn) (time.Duration, error) {
+	rs, err := conn.Exec(ctx, "SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'").ReadAll()
 	if err != nil {
 		return 0, fmt.Errorf("outbox: read wal_sender_timeout on the replication connection: %w", err)
 	}
@@ -306,198 +306,288 @@ func (s *streamer) read(ctx context.Context) error {
 func (s *streamer) handedAll() { s.closed.Do(func() { close(s.txns) }) }
 
 func (s *streamer) receive(ctx context.Context) error {
-	var (
-		received   pglogrepl.LSN // everything before it has been received
-		cur        *walTxn       // the transaction being received
-		commitTime time.Time
-		nextStatus = time.Now()
-		prefix     = Prefix(s.r.Slot)
-		// catchingUp: the reader stopped reading for a while (it waited
-		// on the dispatcher, or the process did not run), so what the
-		// socket holds may be old and says nothing of the server now.
-		// Set until a receive finds the socket empty.
-		catchingUp  bool
-		lastLoop    = time.Now()
-		heldUp      = max(s.lim.status, 200*time.Millisecond) // a turn of the loop takes 100 ms at most, unless held up
-		listenSince time.Time                                 // the silence limit counts from here too
-		// caughtUp: in ProcessOnce, everything committed before the call
-		// is handed over. The reader goes on reporting (the server counts
-		// the relay's silence while the dispatcher delivers the batch), but
-		// reads nothing more into the position it reports: what arrives
-		// now is left unconfirmed, for the next session.
-		caughtUp bool
-	)
-	report := func() error {
-		began := s.now()
-		if err := s.expired(began); err != nil {
-			// The server may have ended the session: a report now would
-			// restart the clock the dispatcher reads.
+	rd := s.newReader()
+	for {
+		if err := rd.turn(ctx); err != nil {
 			return err
 		}
-		if err := s.sendStatus(ctx, s.confirmable(received, cur != nil), true); err != nil {
-			return fmt.Errorf("outbox: report the stream's position: %w", err)
-		}
-		s.stamp(&s.lastSent, began) // when it began: a freeze inside the write counts
-		interval := s.lim.status
-		if s.until != 0 && !caughtUp {
-			// ProcessOnce asks for the server's position until it has
-			// caught up: an idle server would not say otherwise.
-			interval = 10 * time.Millisecond
-		}
-		nextStatus = time.Now().Add(interval)
-		return nil
-	}
-	// handOver gives the dispatcher a transaction, reporting meanwhile
-	// while it is busy: the server counts the relay's silence, however
-	// long the dispatcher takes.
-	handOver := func(t walTxn) (ok bool, err error) {
-		select {
-		case s.txns <- t:
-			return true, nil
-		default:
-		}
-		timer := time.NewTimer(time.Until(nextStatus))
-		defer timer.Stop()
-		for {
-			select {
-			case s.txns <- t:
-				return true, nil
-			case <-ctx.Done():
-				return false, nil
-			case <-s.kick:
-				nextStatus = time.Now()
-			case <-timer.C:
-			}
-			if !time.Now().Before(nextStatus) {
-				if err := report(); err != nil {
-					return false, err
-				}
-			}
-			timer.Reset(time.Until(nextStatus))
-		}
-	}
-	for {
-		if s.until != 0 && !caughtUp && cur == nil && received >= s.until {
-			caughtUp = true
-			s.handedAll()
-		}
-		now := time.Now()
-		if now.Sub(lastLoop) > heldUp {
-			catchingUp = true
-		}
-		lastLoop = now
-		select {
-		case <-s.kick:
-			nextStatus = time.Now()
-		default:
-		}
-		if !time.Now().Before(nextStatus) {
-			if err := report(); err != nil {
-				return err
-			}
-		}
-		wait := min(time.Until(nextStatus), 100*time.Millisecond)
-		if s.until != 0 {
-			wait = min(wait, 20*time.Millisecond)
-		}
-		rctx, cancel := context.WithTimeout(ctx, wait)
-		raw, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		raw, err := rd.receiveMessage(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
 			if pgconn.Timeout(err) {
-				now := s.now()
-				if err := s.expired(now); err != nil {
-					return err // the process did not run (a receive waits 100 ms at most): not the server's silence
-				}
-				if catchingUp {
-					// The socket is drained: whatever arrives now is
-					// fresh, and the server has been asked to reply.
-					catchingUp, listenSince = false, now
-					continue
-				}
-				if silent := min(s.since(&s.lastHeard, now), now.Sub(listenSince)); silent > s.lim.silence {
-					return fmt.Errorf("outbox: the replication stream has been silent for %v, though asked to reply; reconnecting", silent.Round(100*time.Millisecond))
+				if err := rd.idle(); err != nil {
+					return err
 				}
 				continue
 			}
 			return fmt.Errorf("outbox: receive from the replication stream: %w", err)
 		}
-		if time.Since(lastLoop) > heldUp {
-			catchingUp = true // the process did not run while it received
+		rd.heard()
+		if ok, err := rd.handle(ctx, raw); !ok {
+			return err // nil: ctx ended
 		}
-		if !catchingUp {
-			s.stamp(&s.lastHeard, s.now())
+	}
+}
+
+// reader is the reader's side of a session, touched by the reader alone:
+// what it has received, the transaction it is receiving, and when it
+// reports next. Its handlers return ok false when the reader stops: err
+// says why, nil when ctx ended.
+type reader struct {
+	*streamer
+	prefix string
+
+	received   pglogrepl.LSN // everything before it has been received
+	cur        *walTxn       // the transaction being received
+	commitTime time.Time
+	nextStatus time.Time
+	// catchingUp: the reader stopped reading for a while (it waited on
+	// the dispatcher, or the process did not run), so what the socket
+	// holds may be old and says nothing of the server now. Set until a
+	// receive finds the socket empty.
+	catchingUp  bool
+	lastLoop    time.Time
+	heldUp      time.Duration // a turn of the loop takes 100 ms at most, unless held up
+	listenSince time.Time     // the silence limit counts from here too
+	// caughtUp: in ProcessOnce, everything committed before the call is
+	// handed over. The reader goes on reporting (the server counts the
+	// relay's silence while the dispatcher delivers the batch), but reads
+	// nothing more into the position it reports: what arrives now is left
+	// unconfirmed, for the next session.
+	caughtUp bool
+}
+
+func (s *streamer) newReader() *reader {
+	now := time.Now()
+	return &reader{streamer: s, prefix: Prefix(s.r.Slot), nextStatus: now, lastLoop: now,
+		heldUp: max(s.lim.status, 200*time.Millisecond)}
+}
+
+// turn begins a turn of the loop, reporting the position when it is due.
+func (rd *reader) turn(ctx context.Context) error {
+	if rd.until != 0 && !rd.caughtUp && rd.cur == nil && rd.received >= rd.until {
+		rd.caughtUp = true
+		rd.handedAll()
+	}
+	now := time.Now()
+	if now.Sub(rd.lastLoop) > rd.heldUp {
+		rd.catchingUp = true
+	}
+	rd.lastLoop = now
+	select {
+	case <-rd.kick:
+		rd.nextStatus = time.Now()
+	default:
+	}
+	if !time.Now().Before(rd.nextStatus) {
+		return rd.report(ctx)
+	}
+	return nil
+}
+
+func (rd *reader) report(ctx context.Context) error {
+	began := rd.now()
+	if err := rd.expired(began); err != nil {
+		// The server may have ended the session: a report now would
+		// restart the clock the dispatcher reads.
+		return err
+	}
+	if err := rd.sendStatus(ctx, rd.confirmable(rd.received, rd.cur != nil), true); err != nil {
+		return fmt.Errorf("outbox: report the stream's position: %w", err)
+	}
+	rd.stamp(&rd.lastSent, began) // when it began: a freeze inside the write counts
+	interval := rd.lim.status
+	if rd.until != 0 && !rd.caughtUp {
+		// ProcessOnce asks for the server's position until it has
+		// caught up: an idle server would not say otherwise.
+		interval = 10 * time.Millisecond
+	}
+	rd.nextStatus = time.Now().Add(interval)
+	return nil
+}
+
+// receiveMessage waits for a message no longer than until the next report
+// is due, so that reports leave on time however quiet the stream.
+func (rd *reader) receiveMessage(ctx context.Context) (pgproto3.BackendMessage, error) {
+	wait := min(time.Until(rd.nextStatus), 100*time.Millisecond)
+	if rd.until != 0 {
+		wait = min(wait, 20*time.Millisecond)
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return rd.conn.ReceiveMessage(rctx)
+}
+
+// idle follows a receive that found nothing: it gives the stream up once
+// the server has been silent for too long.
+func (rd *reader) idle() error {
+	now := rd.now()
+	if err := rd.expired(now); err != nil {
+		return err // the process did not run (a receive waits 100 ms at most): not the server's silence
+	}
+	if rd.catchingUp {
+		// The socket is drained: whatever arrives now is fresh, and the
+		// server has been asked to reply.
+		rd.catchingUp, rd.listenSince = false, now
+		return nil
+	}
+	if silent := min(rd.since(&rd.lastHeard, now), now.Sub(rd.listenSince)); silent > rd.lim.silence {
+		return fmt.Errorf("outbox: the replication stream has been silent for %v, though asked to reply; reconnecting", silent.Round(100*time.Millisecond))
+	}
+	return nil
+}
+
+// heard follows a receive that found a message: word from the server,
+// unless it may be old.
+func (rd *reader) heard() {
+	if time.Since(rd.lastLoop) > rd.heldUp {
+		rd.catchingUp = true // the process did not run while it received
+	}
+	if !rd.catchingUp {
+		rd.stamp(&rd.lastHeard, rd.now())
+	}
+}
+
+// handle is the reader's dispatcher: to the handler of the message's kind.
+func (rd *reader) handle(ctx context.Context, raw pgproto3.BackendMessage) (ok bool, err error) {
+	switch m := raw.(type) {
+	case *pgproto3.ErrorResponse:
+		return false, fmt.Errorf("outbox: replication stream: %w", pgconn.ErrorResponseToPgError(m))
+	case *pgproto3.CopyData:
+		if len(m.Data) == 0 {
+			return true, nil
 		}
-		switch m := raw.(type) {
-		case *pgproto3.ErrorResponse:
-			return fmt.Errorf("outbox: replication stream: %w", pgconn.ErrorResponseToPgError(m))
-		case *pgproto3.CopyData:
-			if len(m.Data) == 0 {
-				continue
+		switch m.Data[0] {
+		case pglogrepl.PrimaryKeepaliveMessageByteID:
+			err := rd.keepalive(m.Data[1:])
+			return err == nil, err
+		case pglogrepl.XLogDataByteID:
+			return rd.xlogData(ctx, m.Data[1:])
+		}
+	}
+	return true, nil
+}
+
+func (rd *reader) keepalive(data []byte) error {
+	ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(data)
+	if err != nil {
+		return fmt.Errorf("outbox: replication stream: %w", err)
+	}
+	if rd.cur == nil && !rd.caughtUp {
+		rd.received = max(rd.received, ka.ServerWALEnd)
+	}
+	if ka.ReplyRequested {
+		rd.nextStatus = time.Now()
+	}
+	return nil
+}
+
+// xlogData handles a message of pgoutput's.
+func (rd *reader) xlogData(ctx context.Context, data []byte) (ok bool, err error) {
+	if rd.caughtUp {
+		return true, nil
+	}
+	x, err := pglogrepl.ParseXLogData(data)
+	if err != nil {
+		return false, fmt.Errorf("outbox: replication stream: %w", err)
+	}
+	msg, err := pglogrepl.Parse(x.WALData)
+	if err != nil {
+		return false, fmt.Errorf("outbox: decode the replication stream at %s: %w", x.WALStart, err)
+	}
+	switch msg := msg.(type) {
+	case *pglogrepl.BeginMessage:
+		rd.begin(msg)
+	case *pglogrepl.LogicalDecodingMessage:
+		rd.message(ctx, msg)
+	case *pglogrepl.CommitMessage:
+		return rd.commit(ctx, msg, x.ServerWALEnd)
+	default:
+		rd.other(x.ServerWALEnd)
+	}
+	return true, nil
+}
+
+func (rd *reader) begin(msg *pglogrepl.BeginMessage) {
+	rd.cur, rd.commitTime = &walTxn{}, msg.CommitTime
+}
+
+// message takes the outbox's events from a logical decoding message.
+// Whatever it skips leaves the position as it was, even between
+// transactions: a keepalive moves it on.
+func (rd *reader) message(ctx context.Context, msg *pglogrepl.LogicalDecodingMessage) {
+	if msg.Prefix != rd.prefix || !msg.Transactional {
+		return
+	}
+	items, err := decodeWAL(msg.Content, rd.commitTime)
+	if err != nil {
+		// Only this package writes this prefix; a message it cannot read
+		// is corruption, and skipping it loses its events: say so loudly,
+		// with where it is.
+		rd.r.Logger.ErrorContext(ctx, "outbox: an outbox message in the WAL cannot be decoded; its events are skipped",
+			slog.String("lsn", msg.LSN.String()), slog.Any("error", err))
+		return
+	}
+	if rd.cur == nil { // a message outside Begin/Commit: never from pgoutput
+		rd.cur = &walTxn{}
+	}
+	rd.cur.items = append(rd.cur.items, items...)
+}
+
+// commit hands the transaction over when it carries outbox events: a
+// transaction split across several messages goes over whole, as it is
+// confirmed whole.
+func (rd *reader) commit(ctx context.Context, msg *pglogrepl.CommitMessage, walEnd pglogrepl.LSN) (ok bool, err error) {
+	if rd.cur != nil && len(rd.cur.items) > 0 {
+		rd.cur.end = msg.TransactionEndLSN
+		if ok, err := rd.handOver(ctx, *rd.cur); !ok {
+			return false, err
+		}
+		rd.handed = msg.TransactionEndLSN
+	}
+	rd.cur = nil
+	rd.received = max(rd.received, msg.TransactionEndLSN, walEnd)
+	return true, nil
+}
+
+// other handles pgoutput's other messages (Relation, Origin, ...):
+// nothing to hand over, but between transactions, all up to here is
+// received.
+func (rd *reader) other(walEnd pglogrepl.LSN) {
+	if rd.cur == nil {
+		rd.received = max(rd.received, walEnd)
+	}
+}
+
+// handOver gives the dispatcher a transaction, reporting meanwhile while
+// it is busy: the server counts the relay's silence, however long the
+// dispatcher takes.
+func (rd *reader) handOver(ctx context.Context, t walTxn) (ok bool, err error) {
+	select {
+	case rd.txns <- t:
+		return true, nil
+	default:
+	}
+	timer := time.NewTimer(time.Until(rd.nextStatus))
+	defer timer.Stop()
+	for {
+		select {
+		case rd.txns <- t:
+			return true, nil
+		case <-ctx.Done():
+			return false, nil
+		case <-rd.kick:
+			rd.nextStatus = time.Now()
+		case <-timer.C:
+		}
+		if !time.Now().Before(rd.nextStatus) {
+			if err := rd.report(ctx); err != nil {
+				return false, err
 			}
-			switch m.Data[0] {
-			case pglogrepl.PrimaryKeepaliveMessageByteID:
-				ka, err := pglogrepl.ParsePrimaryKeepaliveMessage(m.Data[1:])
-				if err != nil {
-					return fmt.Errorf("outbox: replication stream: %w", err)
-				}
-				if cur == nil && !caughtUp {
-					received = max(received, ka.ServerWALEnd)
-				}
-				if ka.ReplyRequested {
-					nextStatus = time.Now()
-				}
-			case pglogrepl.XLogDataByteID:
-				if caughtUp {
-					continue
-				}
-				x, err := pglogrepl.ParseXLogData(m.Data[1:])
-				if err != nil {
-					return fmt.Errorf("outbox: replication stream: %w", err)
-				}
-				msg, err := pglogrepl.Parse(x.WALData)
-				if err != nil {
-					return fmt.Errorf("outbox: decode the replication stream at %s: %w", x.WALStart, err)
-				}
-				switch msg := msg.(type) {
-				case *pglogrepl.BeginMessage:
-					cur, commitTime = &walTxn{}, msg.CommitTime
-				case *pglogrepl.LogicalDecodingMessage:
-					if msg.Prefix != prefix || !msg.Transactional {
-						continue
-					}
-					items, err := decodeWAL(msg.Content, commitTime)
-					if err != nil {
-						// Only this package writes this prefix; a message it
-						// cannot read is corruption, and skipping it loses
-						// its events: say so loudly, with where it is.
-						s.r.Logger.ErrorContext(ctx, "outbox: an outbox message in the WAL cannot be decoded; its events are skipped",
-							slog.String("lsn", msg.LSN.String()), slog.Any("error", err))
-						continue
-					}
-					if cur == nil { // a message outside Begin/Commit: never from pgoutput
-						cur = &walTxn{}
-					}
-					cur.items = append(cur.items, items...)
-				case *pglogrepl.CommitMessage:
-					if cur != nil && len(cur.items) > 0 {
-						cur.end = msg.TransactionEndLSN
-						if ok, err := handOver(*cur); !ok {
-							return err // nil: ctx ended
-						}
-						s.handed = msg.TransactionEndLSN
-					}
-					cur = nil
-					received = max(received, msg.TransactionEndLSN)
-				}
-				if cur == nil {
-					received = max(received, x.ServerWALEnd)
-				}
-			}
 		}
+		timer.Reset(time.Until(rd.nextStatus))
 	}
 }
 
@@ -572,11 +662,11 @@ func (r *Relay) slotLost(ctx context.Context) {
 // Once is ProcessOnce's streaming side: it delivers what was
 // committed before the call, unless another relay holds the slot.
 func (r *Relay) Once(ctx context.Context) (int, error) {
-	var until pglogrepl.LSN
-	q := r.Logical.WALPosition()
-	if err := r.DB.QueryRowContext(ctx, q.SQL, q.Args...).Scan(&until); err != nil {
+	pos, err := r.Logical.WALPosition(ctx, r.DB)
+	if err != nil {
 		return 0, fmt.Errorf("outbox: read the WAL position: %w", err)
 	}
+	until := pglogrepl.LSN(pos)
 	conn, timeout, err := r.startStream(ctx)
 	if errors.Is(err, errSlotBusy) {
 		return 0, nil // the relay streaming it delivers these events
@@ -701,10 +791,7 @@ func (s *streamer) dispatch(ctx context.Context, handle func(context.Context, []
 func (r *Relay) slotHeldBy(ctx context.Context, pid uint32) (bool, error) {
 	qctx, cancel := context.WithTimeout(ctx, r.StatementTimeout)
 	defer cancel()
-	var held bool
-	q := r.Logical.SlotHeldBy(r.Slot, pid)
-	err := r.DB.QueryRowContext(qctx, q.SQL, q.Args...).Scan(&held)
-	return held, err
+	return r.Logical.SlotHeldBy(qctx, r.DB, r.Slot, pid)
 }
 
 // awaitRelease waits, briefly, until the walsender that served a closed

@@ -253,7 +253,7 @@ func newTestRelay(t *testing.T, attempt func(context.Context, *engine.Item) erro
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	s := pgstore.New(store.DefaultTable)
-	require.NoError(t, store.Create(t.Context(), db, s))
+	require.NoError(t, s.Migrate(t.Context(), db))
 	logger := slog.New(slog.DiscardHandler)
 	now := func() time.Time { return time.Now().UTC().Truncate(time.Microsecond) }
 	policy := &engine.Policy{MaxAttempts: 3, Backoff: func(int) time.Duration { return time.Second }, Now: now, Logger: logger,

@@ -5,6 +5,7 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	_ "embed"
 	"encoding/hex"
 	"errors"
@@ -16,7 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
@@ -33,12 +33,11 @@ var (
 	inbox string
 )
 
-func init() {
-	store.Register(store.Driver{
-		Name:  "mysql",
-		Probe: func(_ context.Context, dialector string, _ *sql.DB) bool { return dialector == "mysql" },
-		Open:  func(table string) store.Store { return New(table) },
-	})
+// Driver registers the store (the root package's registration line).
+var Driver = store.Driver{
+	Name:  "mysql",
+	Probe: func(_ context.Context, dialector string, _ *sql.DB) bool { return dialector == "mysql" },
+	Open:  func(table string) store.Store { return New(table) },
 }
 
 // Store serves MySQL 8.0.1+ and MariaDB 10.6+. Neither has UPDATE ... RETURNING (MariaDB only from
@@ -56,7 +55,13 @@ type Store struct {
 	mariadb atomic.Bool // learnt by check
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store     = (*Store)(nil)
+	_ store.Inbox     = (*Store)(nil)
+	_ store.InboxLead = (*Store)(nil)
+	_ store.Overview  = (*Store)(nil)
+	_ store.History   = (*Store)(nil)
+)
 
 // New returns the store of the table named table.
 func New(table string) *Store {
@@ -73,6 +78,17 @@ func New(table string) *Store {
 			" HEX(SUBSTR(id, 9, 2)), HEX(SUBSTR(id, 11, 6)))))",
 		IDArg:     func(u uuid.UUID) any { return u[:] },
 		StatusArg: func(ph string) string { return ph },
+		// MySQL takes 65535 parameters a statement; an INSERT row has 11,
+		// an outcome row 4.
+		Lim: store.Limits{MaxParams: 65535, InsertRows: 1000, OutcomeRows: 1000, RetentionBatch: 1000},
+		// ON DUPLICATE KEY UPDATE, not INSERT IGNORE, which would also
+		// turn truncation and other errors into warnings. MySQL has no
+		// INSERT ... RETURNING: the rows of one INSERT without a conflict
+		// clause get consecutive seqs (a "simple insert" at every
+		// innodb_autoinc_lock_mode).
+		InsertConflict: " ON DUPLICATE KEY UPDATE seq = seq",
+		Lock:           sqlbuild.SkipLocked,
+		Snapshot:       true,
 		Dialect: sqlbuild.Dialect{
 			MinuteOf:      func(col string) string { return "TIMESTAMPDIFF(MINUTE, '1970-01-01 00:00:00', " + col + ")" },
 			MillisBetween: func(a, b string) string { return "TIMESTAMPDIFF(MICROSECOND, " + a + ", " + b + ") / 1000.0" },
@@ -97,12 +113,6 @@ func New(table string) *Store {
 // Name implements store.Store.
 func (d *Store) Name() string { return "mysql" }
 
-// Limits implements store.Store: MySQL takes 65535 parameters a
-// statement; an INSERT row has 11, an outcome row 4.
-func (d *Store) Limits() store.Limits {
-	return store.Limits{InsertRows: 1000, OutcomeRows: 1000, AdminBatch: 1000, AdminScan: 10000, RetentionBatch: 1000}
-}
-
 // timeFormat is DATETIME(6)'s literal form.
 const timeFormat = "2006-01-02 15:04:05.000000"
 
@@ -115,7 +125,7 @@ func (d *Store) Schema() string { return store.Rename(schema, d.name) }
 // InboxSchema implements store.Inbox.
 func (d *Store) InboxSchema(table string) string { return store.RenameInbox(inbox, table) }
 
-// Consume implements store.Inbox with INSERT IGNORE, whose affected-rows
+// Record implements store.Inbox with INSERT IGNORE, whose affected-rows
 // count is 0 for a duplicate whatever the connection's clientFoundRows (ON
 // DUPLICATE KEY UPDATE would count a duplicate as found). What else IGNORE
 // would turn into a warning, a too-long value, Consume refuses before. The
@@ -125,8 +135,13 @@ func (d *Store) InboxSchema(table string) string { return store.RenameInbox(inbo
 // DSN the driver sends a statement with arguments as a prepared statement,
 // two round trips (prepare, execute) where a text without arguments takes
 // one.
-func (d *Store) Consume(table, consumer, messageID string, now time.Time) store.Query {
-	return store.Query{SQL: consumeRow(table, consumer, messageID, now)}
+func (d *Store) Record(ctx context.Context, db store.DB, table, consumer, messageID string, now time.Time) (bool, error) {
+	return d.Recorded(ctx, db, sqlbuild.Query{SQL: consumeRow(table, consumer, messageID, now)})
+}
+
+// MigrateInbox implements store.Inbox.
+func (d *Store) MigrateInbox(ctx context.Context, db *sql.DB, table string) error {
+	return store.CreateDDL(ctx, db, d.Exists, d.InboxSchema(table))
 }
 
 func consumeRow(table, consumer, messageID string, now time.Time) string {
@@ -144,13 +159,48 @@ func literal(s string) string { return "_utf8mb4 X'" + hex.EncodeToString([]byte
 // InnoDB ends all but one in a deadlock (1213), which rolls their
 // transactions back, so they may run again (and find the pair recorded).
 func (d *Store) RetryRecord(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && me.Number == 1213
+	return isError(err, 1213)
 }
 
-// ConsumeLead implements store.InboxLead.
-func (d *Store) ConsumeLead(table, consumer, messageID string, now time.Time) store.Lead {
-	return store.Lead{Text: "START TRANSACTION; " + consumeRow(table, consumer, messageID, now)}
+// RecordLead implements store.InboxLead: one text of two statements.
+func (d *Store) RecordLead(table, consumer, messageID string, now time.Time) store.Lead {
+	return textLead("START TRANSACTION; " + consumeRow(table, consumer, messageID, now))
+}
+
+// textLead begins a transaction with a text of two statements, which
+// MySQL's driver runs in one round trip with multiStatements.
+type textLead string
+
+// Begin implements store.Lead.
+func (l textLead) Begin(ctx context.Context, conn *sql.Conn) (int64, error) {
+	res, err := conn.ExecContext(ctx, string(l))
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// End implements store.Lead, on the driver's connection: database/sql
+// knows no transaction on it.
+func (l textLead) End(ctx context.Context, conn *sql.Conn, commit bool) (reuse bool, err error) {
+	verb := "ROLLBACK"
+	if commit {
+		verb = "COMMIT"
+	}
+	rawErr := conn.Raw(func(dc any) error {
+		ex, ok := dc.(driver.ExecerContext)
+		if !ok {
+			err = fmt.Errorf("outbox: the driver connection %T cannot run %s", dc, verb)
+			return nil
+		}
+		_, err = ex.ExecContext(ctx, verb, nil)
+		reuse = err == nil
+		return nil
+	})
+	if err == nil {
+		err = rawErr
+	}
+	return reuse, err
 }
 
 // CanLead implements store.InboxLead: the server runs a text of several
@@ -158,15 +208,14 @@ func (d *Store) ConsumeLead(table, consumer, messageID string, now time.Time) st
 // in the DSN); otherwise it refuses the text as a syntax error (1064),
 // having run none of it.
 func (d *Store) CanLead(ctx context.Context, db *sql.DB) (bool, error) {
-	if _, ok := db.Driver().(*mysql.MySQLDriver); !ok {
+	if !isDriver(db.Driver()) {
 		return false, nil
 	}
 	_, err := db.ExecContext(ctx, "DO 1; DO 1")
-	var me *mysql.MySQLError
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.As(err, &me) && me.Number == 1064:
+	case isError(err, 1064):
 		return false, nil
 	}
 	return false, err
@@ -174,13 +223,13 @@ func (d *Store) CanLead(ctx context.Context, db *sql.DB) (bool, error) {
 
 // ForgetConsumed implements store.Inbox: MySQL's DELETE takes ORDER BY and
 // LIMIT (and refuses a subquery on the table it deletes from).
-func (d *Store) ForgetConsumed(table string, before time.Time, limit int) store.Query {
+func (d *Store) ForgetConsumed(ctx context.Context, db store.DB, table string, before time.Time, limit int) (int64, error) {
 	b := d.Build()
-	return b.W("DELETE FROM `", table, "` WHERE consumed_at < ", b.Time(before), " ORDER BY consumed_at LIMIT ", b.Limit(limit)).Query()
+	return d.Exec(ctx, db, b.W("DELETE FROM `", table, "` WHERE consumed_at < ", b.Time(before), " ORDER BY consumed_at LIMIT ", b.Limit(limit)).Query())
 }
 
 // Exists implements store.Schema.
-func (d *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
+func (d *Store) Exists(ctx context.Context, db store.DB, name string) (bool, error) {
 	var n int
 	err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?)"+
 		" + (SELECT COUNT(*) FROM information_schema.statistics WHERE table_schema = DATABASE() AND table_name = ? AND index_name = ?)",
@@ -188,25 +237,21 @@ func (d *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, erro
 	return n > 0, err
 }
 
-// Insert skips a duplicate with ON DUPLICATE KEY UPDATE, not INSERT IGNORE,
-// which would also turn truncation and other errors into warnings.
-func (d *Store) Insert(rows []store.Event, now time.Time, _ bool) store.Query {
-	return d.InsertRows(rows, now, " ON DUPLICATE KEY UPDATE seq = seq", "")
-}
-
-// Returning implements store.Writer: MySQL has no INSERT ... RETURNING; the
-// rows of one INSERT without a conflict clause get consecutive seqs (a
-// "simple insert" at every innodb_autoinc_lock_mode).
-func (d *Store) Returning() bool { return false }
-
 // Version implements store.Schema.
-func (d *Store) Version(ctx context.Context, db store.Querier) (int, error) {
+func (d *Store) Version(ctx context.Context, db store.DB) (int, error) {
 	var table, seq, named int
 	err := db.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?),"+
 		" (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'seq'),"+
 		" (SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() AND table_name = ? AND column_name = 'named_id')",
 		d.name, d.name, d.name).Scan(&table, &seq, &named)
 	return store.VersionOf(table > 0, seq > 0, named > 0), err
+}
+
+// Migrate implements store.Store: MySQL commits each ALTER TABLE by
+// itself, so the upgrade script's lock is a named lock the session holds
+// (GET_LOCK), released by its last statement.
+func (d *Store) Migrate(ctx context.Context, db *sql.DB) error {
+	return store.Migrate(ctx, db, d, store.SessionLock)
 }
 
 // Upgrade implements store.Schema: no release created a version 1 table on
@@ -251,7 +296,7 @@ func (d *Store) claimTx(ctx context.Context, db *sql.DB, c store.ClaimSpec, gate
 	}
 	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
 
-	batch, err := store.QueryClaimed(ctx, tx, d.selectDue(c, gate))
+	batch, err := d.QueryClaimed(ctx, tx, d.selectDue(c, gate))
 	if err == nil && c.Ordered && len(batch) > 0 {
 		batch, err = d.dropOvertaking(ctx, tx, batch)
 	}
@@ -266,8 +311,7 @@ func (d *Store) claimTx(ctx context.Context, db *sql.DB, c store.ClaimSpec, gate
 	u := d.Build()
 	u.W("UPDATE ", d.Table, " SET locked_until = ", u.Time(c.Lease),
 		", attempts = attempts + 1, updated_at = ", u.Time(c.Now), " WHERE ", u.Seqs("seq", seqs))
-	q := u.Query()
-	if _, err := tx.ExecContext(ctx, q.SQL, q.Args...); err != nil {
+	if _, err := d.Exec(ctx, tx, u.Query()); err != nil {
 		return nil, err
 	}
 	if err := tx.Commit(); err != nil {
@@ -279,9 +323,9 @@ func (d *Store) claimTx(ctx context.Context, db *sql.DB, c store.ClaimSpec, gate
 // SelectDue locks the due rows a claim takes, ordered by the index's own
 // columns: ordering by id alone makes the server sort, and lock every row
 // it scanned.
-func (d *Store) SelectDue(c store.ClaimSpec) store.Query { return d.selectDue(c, "") }
+func (d *Store) SelectDue(c store.ClaimSpec) sqlbuild.Query { return d.selectDue(c, "") }
 
-func (d *Store) selectDue(c store.ClaimSpec, gate string) store.Query {
+func (d *Store) selectDue(c store.ClaimSpec, gate string) sqlbuild.Query {
 	b := d.Build()
 	b.W("SELECT ", d.ClaimColumns(), " FROM ", d.Table, " c WHERE c.available_at <= ", b.Time(c.Now), " AND ")
 	d.Due(b, c)
@@ -311,21 +355,16 @@ func (d *Store) dropOvertaking(ctx context.Context, tx *sql.Tx, batch []store.Cl
 	for i := range batch {
 		seqs[i] = batch[i].Seq
 	}
-	q := d.Overtaking(seqs)
-	rows, err := tx.QueryContext(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
 	behind := map[int64]bool{}
-	for rows.Next() {
+	err := d.Each(ctx, tx, d.Overtaking(seqs), func(rows *sql.Rows) error {
 		var seq int64
 		if err := rows.Scan(&seq); err != nil {
-			return nil, err
+			return err
 		}
 		behind[seq] = true
-	}
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
 	if len(behind) == 0 {
@@ -337,7 +376,7 @@ func (d *Store) dropOvertaking(ctx context.Context, tx *sql.Tx, batch []store.Cl
 // Overtaking selects, among the rows with the given seqs, those an older
 // unsent event of their aggregate precedes: by primary key, then one probe
 // of the ordering index each, which holds no sent rows in the ranges read.
-func (d *Store) Overtaking(seqs []int64) store.Query {
+func (d *Store) Overtaking(seqs []int64) sqlbuild.Query {
 	b := d.Build()
 	ph := make([]string, len(seqs))
 	for i, s := range seqs {
@@ -351,13 +390,16 @@ func (d *Store) Overtaking(seqs []int64) store.Query {
 // retryable reports a deadlock (1213) or a lock wait timeout (1205):
 // the statement lost a race and can simply run again.
 func retryable(err error) bool {
-	var me *mysql.MySQLError
-	return errors.As(err, &me) && (me.Number == 1213 || me.Number == 1205)
+	return isError(err, 1213, 1205)
 }
 
 // MarkFailed joins the outcomes as a derived table: MySQL has neither
 // UPDATE ... FROM nor a VALUES list with column names.
-func (d *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Query {
+func (d *Store) MarkFailed(ctx context.Context, db store.DB, outs []store.Outcome, now, lease time.Time) (int64, error) {
+	return d.ExecChunks(ctx, db, len(outs), d.FailedChunk(), func(i, j int) sqlbuild.Query { return d.markFailed(outs[i:j], now, lease) })
+}
+
+func (d *Store) markFailed(outs []store.Outcome, now, lease time.Time) sqlbuild.Query {
 	b := d.Build()
 	b.W("UPDATE ", d.Table, " AS o JOIN (")
 	for i, o := range outs {
@@ -379,25 +421,34 @@ func (d *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Que
 // sent_at), so the range (sent, available_at < before) holds every row to
 // delete and few others, and is empty, not a scan of every sent row, when
 // none is old enough.
-func (d *Store) DeleteSent(before time.Time, limit int) store.Query {
+func (d *Store) DeleteSent(ctx context.Context, db store.DB, before time.Time, limit int) (int64, error) {
 	b := d.Build()
-	return b.W("DELETE FROM ", d.Table, " WHERE status = 'sent' AND available_at < ", b.Time(before),
-		" AND sent_at < ", b.Time(before), " ORDER BY available_at LIMIT ", b.Limit(limit)).Query()
+	return d.Exec(ctx, db, b.W("DELETE FROM ", d.Table, " WHERE status = 'sent' AND available_at < ", b.Time(before),
+		" AND sent_at < ", b.Time(before), " ORDER BY available_at LIMIT ", b.Limit(limit)).Query())
 }
 
-// orderingIndex: no partial index, so status is in it and the probe reads
-// only the aggregate's unsent rows; InnoDB appends the primary key (seq) to
-// every secondary index, so seq order is served too. InnoDB builds it online,
-// but takes a metadata lock at the start and end that queues behind open
-// publishing transactions, and publishers queue behind it: on MariaDB WAIT
-// bounds that wait (the relay tries again on its next cycle).
-func (d *Store) OrderingIndex() (string, []string) {
+// EnsureOrdering implements store.Store: no partial index, so status is
+// in it and the probe reads only the aggregate's unsent rows; InnoDB
+// appends the primary key (seq) to every secondary index, so seq order is
+// served too. InnoDB builds it online, but takes a metadata lock at the
+// start and end that queues behind open publishing transactions, and
+// publishers queue behind it: on MariaDB WAIT bounds that wait (the relay
+// tries again on its next cycle). Relays that start together take turns
+// under a named lock of the database and index, so that the later ones find
+// the index built instead of timing out on the first one's metadata lock.
+func (d *Store) EnsureOrdering(ctx context.Context, db *sql.DB) error {
 	name := d.name + "_aggregate_idx"
+	if ok, err := d.Exists(ctx, db, name); err != nil || ok {
+		return err
+	}
 	ddl := "CREATE INDEX `" + name + "` ON " + d.Table + " (aggregate_type, aggregate_id, status, seq)"
 	if d.mariadb.Load() {
 		ddl += " WAIT 2"
 	}
-	return name, []string{ddl}
+	return store.Serialized(ctx, db,
+		sqlbuild.Query{SQL: "SELECT GET_LOCK(CONCAT(DATABASE(), '.', ?), 60)", Args: []any{name}},
+		sqlbuild.Query{SQL: "SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.', ?))", Args: []any{name}},
+		func(conn store.DB) error { return store.Ensure(ctx, conn, d.Exists, name, ddl) })
 }
 
 // check refuses, at db.Use, what would fail later: a server without SKIP

@@ -30,19 +30,17 @@ import (
 func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	t.Parallel()
 	d, db := openStore(t)
-	name, ddl := d.OrderingIndex()
-	require.NoError(t, store.Ensure(t.Context(), db, d, name, ddl...))
+	require.NoError(t, d.EnsureOrdering(t.Context(), db))
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	ev := func(id, agg string) store.Event {
 		return store.Event{ID: id, Type: "x", AggregateType: "a", AggregateID: agg, Key: id, NamedID: true, Payload: []byte("{}"), OccurredAt: now}
 	}
-	exec := func(x interface {
-		ExecContext(context.Context, string, ...any) (sql.Result, error)
-	}, q store.Query) {
-		_, err := x.ExecContext(t.Context(), q.SQL, q.Args...)
+	insert := func(db store.DB, evs ...store.Event) {
+		got, err := d.Insert(t.Context(), db, evs, now, false)
 		require.NoError(t, err)
+		require.Equal(t, len(evs), got.Written)
 	}
-	exec(db, d.Insert([]store.Event{ev("first", "other")}, now, false))
+	insert(db, ev("first", "other"))
 
 	// The test holds the gate on a connection of its own; the claim's scan
 	// waits for it on its first row, its statement begun, until released.
@@ -86,7 +84,7 @@ func TestOrderedClaimSeesCommitsMidScan(t *testing.T) {
 	require.Eventually(t, func() bool { return waiting() > 0 }, 10*time.Second, 5*time.Millisecond, "the claim to wait at its first row")
 	tx, err := db.BeginTx(t.Context(), nil)
 	require.NoError(t, err)
-	exec(tx, d.Insert([]store.Event{ev("n", "one"), ev("n+1", "one")}, now, false))
+	insert(tx, ev("n", "one"), ev("n+1", "one"))
 	require.NoError(t, tx.Commit())
 	require.Equal(t, 1, waiting(), "the commit must land while the claim's scan runs")
 	release()
@@ -138,6 +136,6 @@ func openStore(t *testing.T) (*Store, *sql.DB) {
 	t.Cleanup(func() { _ = db.Close() })
 	s := New(store.DefaultTable)
 	require.NoError(t, s.Check(t.Context(), gdb, slog.New(slog.DiscardHandler)))
-	require.NoError(t, store.Create(t.Context(), db, s))
+	require.NoError(t, s.Migrate(t.Context(), db))
 	return s, db
 }

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -107,74 +109,115 @@ func IsSQLState(err error, code string) bool {
 // pg_get_replication_slots() rather than the pg_replication_slots view:
 // the same rows without the view's join to pg_database, which every
 // business transaction would pay for.
-func (s *Store) Emit(ctx context.Context, db store.Execer, slot, prefix string, content []byte) (bool, error) {
-	res, err := db.ExecContext(ctx, "SELECT pg_logical_emit_message(true, $1, $2::text) FROM pg_get_replication_slots() s"+
+func (s *Store) Emit(ctx context.Context, db store.DB, slot, prefix string, content []byte) (bool, error) {
+	n, err := s.Exec(ctx, db, sqlbuild.Query{SQL: "SELECT pg_logical_emit_message(true, $1, $2::text) FROM pg_get_replication_slots() s" +
 		" WHERE s.slot_name = $3 AND s.confirmed_flush_lsn IS NOT NULL AND s.wal_status IS DISTINCT FROM 'lost'",
-		prefix, string(content), slot)
-	if err != nil {
-		return false, err
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return false, err
-	}
-	return n == 1, nil
+		Args: []any{prefix, string(content), slot}})
+	return n == 1, err
 }
 
-const parkColumns = "(id, named_id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, last_error, available_at, locked_until, occurred_at, created_at, updated_at)"
+const (
+	parkColumns = "(id, named_id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, status, attempts, last_error, available_at, locked_until, occurred_at, created_at, updated_at)"
+	parkParams  = 16
+)
 
 // Park implements store.Logical.
-func (s *Store) Park(rows []store.ParkRow, now time.Time) store.Query {
+func (s *Store) Park(ctx context.Context, db store.DB, rows []store.ParkRow, now time.Time) (map[string]int64, error) {
+	inserted := make(map[string]int64, len(rows))
+	for chunk := range slices.Chunk(rows, s.PerStatement(s.Lim.InsertRows, parkParams, 0)) {
+		err := s.Each(ctx, db, s.park(chunk, now), func(rs *sql.Rows) error {
+			var (
+				seq int64
+				id  string
+			)
+			if err := rs.Scan(&seq, &id); err != nil {
+				return err
+			}
+			inserted[id] = seq
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return inserted, nil
+}
+
+func (s *Store) park(rows []store.ParkRow, now time.Time) sqlbuild.Query {
 	b := s.Build()
 	b.W("INSERT INTO ", s.Table, " ", parkColumns, " VALUES ")
 	for i := range rows {
 		p := &rows[i]
-		var headers any
+		var headers, lastErr, lease any
 		if p.Event.Headers != nil {
 			headers = string(p.Event.Headers)
+		}
+		if p.LastErr != "" {
+			lastErr = p.LastErr
+		}
+		if !p.Lease.IsZero() {
+			lease = p.Lease
 		}
 		if i > 0 {
 			b.W(", ")
 		}
 		b.W("(", b.Arg(s.IDArg(store.RowID(p.Event.ID))), ", ", b.Arg(p.Event.ID), ", ", b.Arg(p.Event.Type), ", ", b.Arg(p.Event.AggregateType), ", ", b.Arg(p.Event.AggregateID),
 			", ", b.Arg(sqlbuild.KeyArg(&p.Event)), ", ", b.Arg(string(p.Event.Payload)), ", ", b.Arg(headers),
-			", ", s.StatusArg(b.Arg(p.Status)), ", ", b.Arg(p.Attempts), ", ", b.Arg(p.LastErr), ", ", b.Time(p.Due),
-			", ", b.Arg(p.Lease), "::timestamptz, ", b.Time(p.Event.OccurredAt), ", ", b.Time(p.Created), ", ", b.Time(now), ")")
+			", ", s.StatusArg(b.Arg(p.Status)), ", ", b.Arg(p.Attempts), ", ", b.Arg(lastErr), ", ", b.Time(p.Due),
+			", ", b.Arg(lease), "::timestamptz, ", b.Time(p.Event.OccurredAt), ", ", b.Time(p.Created), ", ", b.Time(now), ")")
 	}
 	b.W(" ON CONFLICT DO NOTHING RETURNING seq, named_id")
 	return b.Query()
 }
 
 // Blocked implements store.Logical, through the ordering index.
-func (s *Store) Blocked(types, ids []string) store.Query {
+func (s *Store) Blocked(ctx context.Context, db store.DB, aggs []store.Aggregate) (map[store.Aggregate]bool, error) {
+	types, ids := make([]string, len(aggs)), make([]string, len(aggs))
+	for i, a := range aggs {
+		types[i], ids[i] = a.Type, a.ID
+	}
 	b := s.Build()
-	return b.W("SELECT DISTINCT aggregate_type, aggregate_id FROM ", s.Table,
+	q := b.W("SELECT DISTINCT aggregate_type, aggregate_id FROM ", s.Table,
 		" WHERE status <> 'sent' AND (aggregate_type, aggregate_id) IN (SELECT * FROM unnest(",
 		b.Arg(types), "::text[], ", b.Arg(ids), "::text[]))").Query()
+	blocked := map[store.Aggregate]bool{}
+	err := s.Each(ctx, db, q, func(rs *sql.Rows) error {
+		var a store.Aggregate
+		if err := rs.Scan(&a.Type, &a.ID); err != nil {
+			return err
+		}
+		blocked[a] = true
+		return nil
+	})
+	return blocked, err
 }
 
 // SlotStats implements store.Logical: the WAL kept for the slot, in bytes.
-func (s *Store) SlotStats(slot string) store.Query {
-	return store.Query{
+func (s *Store) SlotStats(ctx context.Context, db store.DB, slot string) (store.SlotStats, error) {
+	var st store.SlotStats
+	err := s.Row(ctx, db, sqlbuild.Query{
 		SQL:  "SELECT active, COALESCE(pg_current_wal_lsn() - confirmed_flush_lsn, 0)::bigint FROM pg_replication_slots WHERE slot_name = $1",
 		Args: []any{slot},
+	}, &st.Active, &st.LagBytes)
+	if errors.Is(err, sql.ErrNoRows) {
+		return st, fmt.Errorf("%w: slot %s", errs.ErrNoSlot, slot)
 	}
+	return st, err
 }
 
 // WALPosition implements store.Logical.
-func (s *Store) WALPosition() store.Query {
-	return store.Query{SQL: "SELECT pg_current_wal_flush_lsn()"}
+func (s *Store) WALPosition(ctx context.Context, db store.DB) (uint64, error) {
+	var lsn pglogrepl.LSN
+	err := s.Row(ctx, db, sqlbuild.Query{SQL: "SELECT pg_current_wal_flush_lsn()"}, &lsn)
+	return uint64(lsn), err
 }
 
 // SlotHeldBy implements store.Logical.
-func (s *Store) SlotHeldBy(slot string, pid uint32) store.Query {
-	return store.Query{
+func (s *Store) SlotHeldBy(ctx context.Context, db store.DB, slot string, pid uint32) (bool, error) {
+	var held bool
+	err := s.Row(ctx, db, sqlbuild.Query{
 		SQL:  "SELECT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active_pid = $2)",
 		Args: []any{slot, int64(pid)},
-	}
-}
-
-// SessionTimeout implements store.Logical.
-func (s *Store) SessionTimeout() string {
-	return "SELECT setting FROM pg_settings WHERE name = 'wal_sender_timeout'"
+	}, &held)
+	return held, err
 }

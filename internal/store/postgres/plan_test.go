@@ -23,9 +23,11 @@ func TestRelayStatementsKeepAGenericPlan(t *testing.T) {
 	if dsn == "" {
 		t.Skipf("%s is not set", dsnEnv)
 	}
-	s, db := opener(t, dsn)(t)
+	s, gdb := opener(t, dsn)(t)
+	db, err := gdb.DB()
+	require.NoError(t, err)
 	ctx := t.Context()
-	require.NoError(t, store.Create(ctx, db, s))
+	require.NoError(t, s.Migrate(ctx, db))
 	// One connection, so that every call below runs on the prepared
 	// statements that pg_prepared_statements then shows.
 	db.SetMaxOpenConns(1)
@@ -36,14 +38,14 @@ func TestRelayStatementsKeepAGenericPlan(t *testing.T) {
 			id := uuid.Must(uuid.NewV7()).String()
 			rows[i] = store.Event{ID: id, Type: "t", Key: id, Payload: []byte(`{}`), OccurredAt: now, Generated: true}
 		}
-		q := s.Insert(rows, now, false)
-		_, err := db.ExecContext(ctx, q.SQL, q.Args...)
+		got, err := s.Insert(ctx, db, rows, now, false)
 		require.NoError(t, err)
+		require.Equal(t, n, got.Written)
 	}
 	for range 5 {
 		insert(1000)
 	}
-	_, err := db.ExecContext(ctx, `UPDATE "`+table+`" SET status = 'sent', sent_at = now()`)
+	_, err = db.ExecContext(ctx, `UPDATE "`+table+`" SET status = 'sent', sent_at = now()`)
 	require.NoError(t, err)
 	_, err = db.ExecContext(ctx, `ANALYZE "`+table+`"`)
 	require.NoError(t, err)
@@ -57,9 +59,9 @@ func TestRelayStatementsKeepAGenericPlan(t *testing.T) {
 		got, err := s.Claim(ctx, db, store.ClaimSpec{Now: now, Lease: lease, Limit: 100, From: from})
 		require.NoError(t, err)
 		require.Len(t, got, 1, "call %d", i)
-		q := s.MarkSent([]int64{got[0].Seq}, now, lease)
-		_, err = db.ExecContext(ctx, q.SQL, q.Args...)
+		n, err := s.MarkSent(ctx, db, []int64{got[0].Seq}, now, lease)
 		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
 		from = got[0].Seq + 1
 	}
 	plans := func(like string) (generic, custom int64) {

@@ -31,12 +31,11 @@ var (
 	inbox string
 )
 
-func init() {
-	store.Register(store.Driver{
-		Name:  "postgres",
-		Probe: func(_ context.Context, dialector string, _ *sql.DB) bool { return dialector == "postgres" },
-		Open:  func(table string) store.Store { return New(table) },
-	})
+// Driver registers the store (the root package's registration line).
+var Driver = store.Driver{
+	Name:  "postgres",
+	Probe: func(_ context.Context, dialector string, _ *sql.DB) bool { return dialector == "postgres" },
+	Open:  func(table string) store.Store { return New(table) },
 }
 
 // Store is the PostgreSQL store. One UPDATE ... RETURNING claims, FOR
@@ -63,6 +62,14 @@ func New(table string) *Store {
 		StatusArg:   func(ph string) string { return ph + `::"` + table + `_status"` },
 		Fresh:       true,
 		Opaque:      sqlbuild.OpaqueSubquery,
+		// PostgreSQL takes 65535 parameters a statement; an INSERT row has
+		// 11, and ID lists travel as one array.
+		Lim:            store.Limits{MaxParams: 65535, InsertRows: 1000, OutcomeRows: 1000, RetentionBatch: 1000},
+		Lock:           sqlbuild.SkipLocked,
+		InsertConflict: " ON CONFLICT DO NOTHING",
+		Returning:      true,
+		FailedCasts:    [2]string{"::timestamptz", "::bigint"},
+		Snapshot:       true,
 		Dialect: sqlbuild.Dialect{
 			MinuteOf:      func(col string) string { return "floor(extract(epoch FROM " + col + ") / 60)::bigint" },
 			MillisBetween: func(a, b string) string { return "extract(epoch FROM " + b + " - " + a + ") * 1000" },
@@ -71,37 +78,39 @@ func New(table string) *Store {
 			InsertIgnore:  [2]string{"INSERT INTO", " ON CONFLICT DO NOTHING"},
 		},
 	}}
-	s.Walking = sqlbuild.Walking{S: &s.Syntax, Lock: sqlbuild.SkipLocked}
+	s.Walking = sqlbuild.Walking{S: &s.Syntax}
 	return s
 }
 
 var (
-	_ store.Store    = (*Store)(nil)
-	_ store.Notifier = (*Store)(nil)
-	_ store.Logical  = (*Store)(nil)
-	_ store.Walker   = (*Store)(nil)
-	_ store.Replicas = (*Store)(nil)
+	_ store.Store     = (*Store)(nil)
+	_ store.Inbox     = (*Store)(nil)
+	_ store.InboxLead = (*Store)(nil)
+	_ store.Overview  = (*Store)(nil)
+	_ store.History   = (*Store)(nil)
+	_ store.Notifier  = (*Store)(nil)
+	_ store.Logical   = (*Store)(nil)
+	_ store.Walker    = (*Store)(nil)
+	_ store.Replicas  = (*Store)(nil)
 )
 
 // WALInsertPosition implements store.Replicas.
-func (s *Store) WALInsertPosition() store.Query {
-	return store.Query{SQL: "SELECT pg_current_wal_lsn()::text"}
+func (s *Store) WALInsertPosition(ctx context.Context, db store.DB) (string, error) {
+	var lsn string
+	err := s.Row(ctx, db, sqlbuild.Query{SQL: "SELECT pg_current_wal_lsn()::text"}, &lsn)
+	return lsn, err
 }
 
 // ReplicasFlushed implements store.Replicas: flush_lsn, the standby's
 // disk, which a promotion replays in full.
-func (s *Store) ReplicasFlushed(lsn string) store.Query {
-	return store.Query{SQL: "SELECT count(*) FROM pg_stat_replication WHERE flush_lsn >= $1::pg_lsn", Args: []any{lsn}}
+func (s *Store) ReplicasFlushed(ctx context.Context, db store.DB, lsn string) (int, error) {
+	var n int
+	err := s.Row(ctx, db, sqlbuild.Query{SQL: "SELECT count(*) FROM pg_stat_replication WHERE flush_lsn >= $1::pg_lsn", Args: []any{lsn}}, &n)
+	return n, err
 }
 
 // Name implements store.Store.
 func (s *Store) Name() string { return "postgres" }
-
-// Limits implements store.Store: PostgreSQL takes 65535 parameters a
-// statement; an INSERT row has 11, and ID lists travel as one array.
-func (s *Store) Limits() store.Limits {
-	return store.Limits{InsertRows: 1000, OutcomeRows: 1000, AdminBatch: 1000, AdminScan: 10000, RetentionBatch: 1000}
-}
 
 // Check implements store.Schema: PostgreSQL has no setting to refuse.
 func (s *Store) Check(context.Context, *gorm.DB, *slog.Logger) error { return nil }
@@ -112,17 +121,25 @@ func (s *Store) Schema() string { return store.Rename(schema, s.name) }
 // InboxSchema implements store.Inbox.
 func (s *Store) InboxSchema(table string) string { return store.RenameInbox(inbox, table) }
 
-// Consume implements store.Inbox: ON CONFLICT DO NOTHING waits for a
-// concurrent insert of the same pair to commit or roll back.
-func (s *Store) Consume(table, consumer, messageID string, now time.Time) store.Query {
-	return s.InboxConsume("INSERT INTO", `"`+table+`"`, " ON CONFLICT DO NOTHING", consumer, messageID, now)
+// MigrateInbox implements store.Inbox.
+func (s *Store) MigrateInbox(ctx context.Context, db *sql.DB, table string) error {
+	return store.CreateDDL(ctx, db, s.Exists, s.InboxSchema(table))
 }
 
-// ConsumeLead implements store.InboxLead: pgx pipelines the BEGIN and the
-// INSERT, prepared as any statement it runs.
-func (s *Store) ConsumeLead(table, consumer, messageID string, now time.Time) store.Lead {
-	return store.Lead{Begin: "BEGIN", Query: s.Consume(table, consumer, messageID, now)}
+// record is the inbox INSERT: ON CONFLICT DO NOTHING waits for a
+// concurrent insert of the same pair to commit or roll back.
+func (s *Store) record(table, consumer, messageID string, now time.Time) sqlbuild.Query {
+	return s.InboxInsert("INSERT INTO", `"`+table+`"`, " ON CONFLICT DO NOTHING", consumer, messageID, now)
 }
+
+// Record implements store.Inbox.
+func (s *Store) Record(ctx context.Context, db store.DB, table, consumer, messageID string, now time.Time) (bool, error) {
+	return s.Recorded(ctx, db, s.record(table, consumer, messageID, now))
+}
+
+// RetryRecord implements store.Inbox: a delivery that waited on another's
+// record reads its outcome; none has to run again.
+func (s *Store) RetryRecord(error) bool { return false }
 
 // CanLead implements store.InboxLead: pgx (GORM's driver) pipelines. Other
 // drivers (lib/pq) take the usual way.
@@ -131,9 +148,15 @@ func (s *Store) CanLead(_ context.Context, db *sql.DB) (bool, error) {
 	return ok, nil
 }
 
+// RecordLead implements store.InboxLead: pgx pipelines the BEGIN and the
+// INSERT, prepared as any statement it runs.
+func (s *Store) RecordLead(table, consumer, messageID string, now time.Time) store.Lead {
+	return pgLead{s.record(table, consumer, messageID, now)}
+}
+
 // ForgetConsumed implements store.Inbox.
-func (s *Store) ForgetConsumed(table string, before time.Time, limit int) store.Query {
-	return s.ForgetConsumedByKey(`"`+table+`"`, before, limit)
+func (s *Store) ForgetConsumed(ctx context.Context, db store.DB, table string, before time.Time, limit int) (int64, error) {
+	return s.ForgetConsumedByKey(ctx, db, `"`+table+`"`, before, limit)
 }
 
 // Upgrade implements store.Schema.
@@ -147,9 +170,15 @@ func (s *Store) Upgrade(from int) string {
 	return ""
 }
 
+// Migrate implements store.Store: an upgrade script's first statement
+// locks the table (LOCK TABLE) in the script's transaction.
+func (s *Store) Migrate(ctx context.Context, db *sql.DB) error {
+	return store.Migrate(ctx, db, s, store.TxLock)
+}
+
 // Exists treats an index a failed concurrent build left invalid as
 // missing, so that it is built again.
-func (s *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
+func (s *Store) Exists(ctx context.Context, db store.DB, name string) (bool, error) {
 	var ok bool
 	err := db.QueryRowContext(ctx, "SELECT COALESCE((SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), to_regclass($1) IS NOT NULL OR to_regtype($1) IS NOT NULL)",
 		`"`+name+`"`).Scan(&ok)
@@ -157,7 +186,7 @@ func (s *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, erro
 }
 
 // Version implements store.Schema.
-func (s *Store) Version(ctx context.Context, q store.Querier) (int, error) {
+func (s *Store) Version(ctx context.Context, q store.DB) (int, error) {
 	var table, seq, named bool
 	err := q.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT 1 FROM pg_attribute"+
 		" WHERE attrelid = to_regclass($1) AND attname = 'seq' AND NOT attisdropped), EXISTS (SELECT 1 FROM pg_attribute"+
@@ -165,41 +194,27 @@ func (s *Store) Version(ctx context.Context, q store.Querier) (int, error) {
 	return store.VersionOf(table, seq, named), err
 }
 
-// OrderingIndex is built CONCURRENTLY: a plain CREATE INDEX takes a lock
-// that queues behind open publishing transactions and stalls every
-// publisher behind it. A failed concurrent build leaves an invalid index,
-// dropped first.
-func (s *Store) OrderingIndex() (string, []string) {
+// EnsureOrdering implements store.Store, CONCURRENTLY: a plain CREATE
+// INDEX takes a lock that queues behind open publishing transactions and
+// stalls every publisher behind it. A failed concurrent build leaves an
+// invalid index, dropped first. Relays that start together take turns
+// under an advisory lock of the schema and index: two concurrent builds of
+// one index deadlock, and the loser would report an error for a race it
+// lost harmlessly; in turn, the later ones find the index built.
+func (s *Store) EnsureOrdering(ctx context.Context, db *sql.DB) error {
 	name := s.name + "_aggregate_idx"
-	return name, []string{
-		`DROP INDEX CONCURRENTLY IF EXISTS "` + name + `"`,
-		`CREATE INDEX CONCURRENTLY IF NOT EXISTS "` + name + `" ON ` + s.Table +
-			" (aggregate_type, aggregate_id, seq) WHERE status <> 'sent'",
+	if ok, err := s.Exists(ctx, db, name); err != nil || ok {
+		return err
 	}
-}
-
-// Insert implements store.Writer. A duplicate is a no-op, and the caller's
-// transaction is not aborted by a unique violation.
-func (s *Store) Insert(rows []store.Event, now time.Time, seqs bool) store.Query {
-	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING", sqlbuild.ReturningSeq(seqs))
-}
-
-// Returning implements store.Writer.
-func (s *Store) Returning() bool { return true }
-
-// Claim implements store.Claimer in one statement.
-func (s *Store) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]store.Claimed, error) {
-	return store.QueryClaimed(ctx, db, s.ClaimUpdate(c, sqlbuild.SkipLocked))
-}
-
-// MarkFailed implements store.Claimer.
-func (s *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Query {
-	return s.MarkFailedValues(outs, now, lease, "::timestamptz", "::bigint")
-}
-
-// DeleteSent implements store.Claimer.
-func (s *Store) DeleteSent(before time.Time, limit int) store.Query {
-	return s.DeleteSentIn(before, limit, sqlbuild.SkipLocked)
+	return store.Serialized(ctx, db,
+		sqlbuild.Query{SQL: "SELECT 1 FROM pg_advisory_lock(hashtext(current_schema() || '.' || $1))", Args: []any{name}},
+		sqlbuild.Query{SQL: "SELECT pg_advisory_unlock(hashtext(current_schema() || '.' || $1))", Args: []any{name}},
+		func(conn store.DB) error {
+			return store.Ensure(ctx, conn, s.Exists, name,
+				`DROP INDEX CONCURRENTLY IF EXISTS "`+name+`"`,
+				`CREATE INDEX CONCURRENTLY IF NOT EXISTS "`+name+`" ON `+s.Table+
+					" (aggregate_type, aggregate_id, seq) WHERE status <> 'sent'")
+		})
 }
 
 // Channel implements store.Notifier: derived from the table, within
@@ -226,14 +241,18 @@ const schemaChannel = ChannelSQL
 // channel ([Store.Channel]) as $1.
 const ChannelSQL = `CASE WHEN current_schema() = 'public' THEN $1::text ELSE left($1::text, 50) || '_' || left(md5(current_schema()), 12) END`
 
-// NotifySQL implements store.Notifier. The payload names the schema, for
-// whoever listens by hand.
-func (s *Store) NotifySQL(ctx context.Context, db store.Querier) (string, error) {
+// PrepareNotify implements store.Notifier. The payload names the schema,
+// for whoever listens by hand.
+func (s *Store) PrepareNotify(ctx context.Context, db store.DB) (func(context.Context, store.DB) error, error) {
 	var channel, schema string
-	if err := db.QueryRowContext(ctx, "SELECT "+schemaChannel+", current_schema()", s.Channel()).Scan(&channel, &schema); err != nil {
-		return "", err
+	if err := s.Row(ctx, db, sqlbuild.Query{SQL: "SELECT " + schemaChannel + ", current_schema()", Args: []any{s.Channel()}}, &channel, &schema); err != nil {
+		return nil, err
 	}
-	return "NOTIFY " + quoteIdent(channel) + ", " + quoteLiteral(schema), nil
+	stmt := "NOTIFY " + quoteIdent(channel) + ", " + quoteLiteral(schema)
+	return func(ctx context.Context, conn store.DB) error {
+		_, err := conn.ExecContext(ctx, stmt)
+		return err
+	}, nil
 }
 
 // quoteIdent is name as a quoted identifier.

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"errors"
-	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -42,7 +41,8 @@ const table = "Order"
 
 // opener returns an opener of a fresh schema (search_path) per call on the
 // server dsn names, dropped when the test ends, through pgx as the root
-// package opens PostgreSQL (gorm.io/driver/postgres), so that Listen works.
+// package opens PostgreSQL (gorm.io/driver/postgres), so that Listen works
+// (the suite runs Check itself).
 func opener(t *testing.T, dsn string) storetest.Open {
 	admin, err := sql.Open("pgx", dsn)
 	require.NoError(t, err)
@@ -52,7 +52,7 @@ func opener(t *testing.T, dsn string) storetest.Open {
 	if strings.Contains(dsn, "?") {
 		sep = "&"
 	}
-	return func(t *testing.T) (store.Store, *sql.DB) {
+	return func(t *testing.T) (store.Store, *gorm.DB) {
 		b := make([]byte, 6)
 		_, _ = rand.Read(b)
 		schema := "storetest_" + hex.EncodeToString(b)
@@ -64,9 +64,7 @@ func opener(t *testing.T, dsn string) storetest.Open {
 		db, err := gdb.DB()
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
-		s := postgres.New(table)
-		require.NoError(t, s.Check(t.Context(), gdb, slog.New(slog.DiscardHandler)))
-		return s, db
+		return postgres.New(table), gdb
 	}
 }
 

@@ -1,11 +1,14 @@
 // Package sqlbuild is the SQL the stores share: a statement builder that
-// numbers placeholders in each database's style, and the statements that
-// are the same text on several databases, parameterised by how each spells
-// the parts that differ. A store embeds a Syntax and overrides what its
-// database says differently.
+// numbers placeholders in each database's style, the statements that are
+// the same text on several databases, parameterised by how each spells the
+// parts that differ, and the store methods that run and scan them. A store
+// embeds a Syntax, whose methods implement most of the store's roles, and
+// overrides what its database does differently.
 package sqlbuild
 
 import (
+	"context"
+	"database/sql"
 	"strconv"
 	"strings"
 	"sync"
@@ -48,6 +51,23 @@ type Syntax struct {
 	Opaque func(ph, typ string) string
 	// Dialect is the overview's arithmetic.
 	Dialect
+
+	// Lim are the store's limits (store.Store.Limits).
+	Lim store.Limits
+	// Lock is how a subquery locks the rows it picks (SkipLocked), or "".
+	Lock string
+	// InsertConflict makes an INSERT of a duplicate a no-op.
+	InsertConflict string
+	// Returning: INSERT ... RETURNING tells the seqs written; without it,
+	// one INSERT of generated events gets consecutive seqs, the driver's
+	// LastInsertId the first.
+	Returning bool
+	// FailedCasts type the due times and seqs of MarkFailed's VALUES list,
+	// which are untyped text otherwise.
+	FailedCasts [2]string
+	// Snapshot: ReadOverview reads in one REPEATABLE READ, read-only
+	// transaction (a snapshot that blocks no writer).
+	Snapshot bool
 
 	// inserts holds the text of InsertRows by insertShape.
 	inserts sync.Map
@@ -154,7 +174,7 @@ func anyOf[T any](b *Builder, col string, vals []T) string {
 }
 
 // Query returns the statement.
-func (b *Builder) Query() store.Query { return store.Query{SQL: b.b.String(), Args: b.args} }
+func (b *Builder) Query() Query { return Query{SQL: b.b.String(), Args: b.args} }
 
 // SkipLocked locks the rows a subquery picks, skipping those another
 // transaction holds.
@@ -203,7 +223,7 @@ func KeyArg(e *store.Event) any {
 // index before the row and one more WAL record after it. Such a row enters
 // no unique index at all: should a generated ID ever repeat, two rows hold
 // it, and the event is delivered twice (at least once, as always).
-func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict, returning string) store.Query {
+func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict, returning string) Query {
 	if AllGenerated(rows) {
 		conflict = ""
 	}
@@ -218,7 +238,7 @@ func (s *Syntax) InsertRows(rows []store.Event, now time.Time, conflict, returni
 		args = append(args, s.IDArg(store.RowID(e.ID)), named, e.Type, e.AggregateType, e.AggregateID,
 			key, string(e.Payload), headers, due, s.TimeArg(e.OccurredAt), created)
 	}
-	return store.Query{SQL: s.insertSQL(len(rows), conflict, returning), Args: args}
+	return Query{SQL: s.insertSQL(len(rows), conflict, returning), Args: args}
 }
 
 // insertColumnCount is the number of columns in insertColumns: the
@@ -290,16 +310,114 @@ func AllGenerated(rows []store.Event) bool {
 	return true
 }
 
-// ClaimColumns are the columns a claim returns, in store.QueryClaimed's
-// order.
+// Insert implements store.Store, in statements of Lim.InsertRows rows.
+// It goes straight to the connection it is given (Publish's transaction),
+// not through GORM's logger, which would print the payload arguments of a
+// slow statement.
+func (s *Syntax) Insert(ctx context.Context, db store.DB, rows []store.Event, now time.Time, seqs bool) (store.Inserted, error) {
+	var out store.Inserted
+	told := seqs // every statement so far told its seqs
+	per := s.PerStatement(s.Lim.InsertRows, insertColumnCount, 0)
+	for off := 0; off < len(rows); off += per {
+		got, n, err := s.insertChunk(ctx, db, rows[off:min(off+per, len(rows))], now, seqs)
+		if err != nil {
+			return store.Inserted{}, err
+		}
+		told = told && got != nil
+		if told {
+			out.Seqs = append(out.Seqs, got...)
+		}
+		if n < 0 || out.Written < 0 {
+			out.Written = -1
+		} else {
+			out.Written += n
+		}
+	}
+	if !told {
+		// The seqs of every row written, or none: a caller acts on them
+		// as the whole.
+		out.Seqs = nil
+	}
+	return out, nil
+}
+
+// insertChunk runs one INSERT and returns the seqs of the rows it wrote
+// (nil when not wanted or when the store cannot say) and how many it wrote
+// (-1 when unknown). Only DeliverAfterCommit wants the seqs: reading them
+// back costs the writer a result set.
+func (s *Syntax) insertChunk(ctx context.Context, db store.DB, rows []store.Event, now time.Time, want bool) ([]int64, int, error) {
+	if want && s.Returning {
+		q := s.InsertRows(rows, now, s.InsertConflict, ReturningSeq(true))
+		seqs, err := s.seqList(ctx, db, q)
+		if seqs == nil {
+			seqs = []int64{}
+		}
+		return seqs, len(seqs), err
+	}
+	q := s.InsertRows(rows, now, s.InsertConflict, "")
+	if err := s.check(q); err != nil {
+		return nil, 0, err
+	}
+	res, err := db.ExecContext(ctx, q.SQL, q.Args...)
+	if err != nil {
+		return nil, 0, err
+	}
+	n64, err := res.RowsAffected()
+	if err != nil {
+		return nil, -1, nil
+	}
+	n := int(n64)
+	if !want || n != len(rows) || !AllGenerated(rows) {
+		// A conflict clause makes the row count and the first seq say
+		// nothing exact about which rows were written.
+		return nil, n, nil
+	}
+	first, err := res.LastInsertId()
+	if err != nil {
+		return nil, n, nil
+	}
+	seqs := make([]int64, n)
+	for i := range seqs {
+		seqs[i] = first + int64(i)
+	}
+	return seqs, n, nil
+}
+
+// ClaimColumns are the columns a claim returns, in QueryClaimed's order.
 func (s *Syntax) ClaimColumns() string {
 	return "seq, " + s.IDCol + ", event_type, aggregate_type, aggregate_id, " + s.KeyCol() + ", payload, headers, attempts, " +
 		s.TimeCol("occurred_at") + ", " + s.TimeCol(s.CreatedCol()) + ", CASE WHEN available_at IS NULL THEN 1 ELSE 0 END"
 }
 
-// Held implements store.Writer: both lookups are the unique indexes. A
+// Held implements store.Store: both lookups are the unique indexes. A
 // generated ID is held by no other row, so only chosen ones are looked up.
-func (s *Syntax) Held(ids, keys []string) store.Query {
+func (s *Syntax) Held(ctx context.Context, db store.DB, ids, keys []string) (map[string]store.Held, error) {
+	held := make(map[string]store.Held, len(ids))
+	per := s.PerStatement(5000, 1, 0)
+	for len(ids) > 0 || len(keys) > 0 {
+		a := min(len(ids), per)
+		b := min(len(keys), per-a)
+		q := s.held(ids[:a], keys[:b])
+		ids, keys = ids[a:], keys[b:]
+		err := s.Each(ctx, db, q, func(rows *sql.Rows) error {
+			var (
+				id, key string
+				added   DBTime
+			)
+			if err := rows.Scan(&id, &key, &added); err != nil {
+				return err
+			}
+			held[id] = store.Held{Key: key, Created: added.T}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return held, nil
+}
+
+func (s *Syntax) held(ids, keys []string) Query {
 	b := s.Build()
 	b.W("SELECT ", s.IDCol, ", ", s.KeyCol(), ", ", s.TimeCol(s.CreatedCol()), " FROM ", s.Table, " WHERE ")
 	var conds []string
@@ -308,9 +426,6 @@ func (s *Syntax) Held(ids, keys []string) store.Query {
 	}
 	if len(keys) > 0 {
 		conds = append(conds, b.IDs("idempotency_key", keys))
-	}
-	if len(conds) == 0 {
-		conds = append(conds, "1 = 0")
 	}
 	return b.W(strings.Join(conds, " OR ")).Query()
 }
@@ -328,9 +443,14 @@ func (s *Syntax) Due(b *Builder, c store.ClaimSpec) {
 	}
 }
 
+// Claim implements store.Store in one statement (ClaimUpdate).
+func (s *Syntax) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]store.Claimed, error) {
+	return s.QueryClaimed(ctx, db, s.ClaimUpdate(c))
+}
+
 // ClaimUpdate is the one-statement claim of databases with UPDATE ...
 // RETURNING, for a store whose new events are Fresh: the subqueries pick
-// the due rows (lock skips rows another claim holds), the UPDATE leases
+// the due rows (Lock skips rows another claim holds), the UPDATE leases
 // them. Three sources, each one index range: the rows waiting for a retry
 // that are due (the retry index), the new rows from the relay's watermark
 // on (the primary key; done rows between are skipped on the way, at most
@@ -338,8 +458,9 @@ func (s *Syntax) Due(b *Builder, c store.ClaimSpec) {
 // passed while they were not yet committed. The lease is locked_until
 // alone: the claim changes no indexed column, so on PostgreSQL it can be a
 // HOT update when the page has room.
-func (s *Syntax) ClaimUpdate(c store.ClaimSpec, lock string) store.Query {
+func (s *Syntax) ClaimUpdate(c store.ClaimSpec) Query {
 	b := s.Build()
+	lock := s.Lock
 	var srcs []string
 	src := func(name string, where func()) {
 		sep := ", "
@@ -381,23 +502,35 @@ func (s *Syntax) ClaimUpdate(c store.ClaimSpec, lock string) store.Query {
 
 // Walking is the store.Walker of a store whose new rows are Fresh: only
 // such a store embeds it, so that the others are no Walker.
-type Walking struct {
-	S    *Syntax
-	Lock string // how a subquery locks the rows it picks (SkipLocked), or ""
-}
+type Walking struct{ S *Syntax }
 
-// Walk reads, from seq from on, up to limit rows' seq, whether each is
-// open (new and pending) and whether it is leased at now: the relay's
-// watermark advances over the rest. The rows at the seqs gaps (below from)
-// come first, as the same columns, in the same statement.
-func (w Walking) Walk(from int64, limit int, gaps []int64, now time.Time) store.Query {
+// Walk implements store.Walker: from seq from on, up to limit rows' seq,
+// whether each is open (new and pending) and whether it is leased at now:
+// the relay's watermark advances over the rest. The rows at the seqs gaps
+// (below from) come first, as the same columns, in the same statement.
+func (w Walking) Walk(ctx context.Context, db store.DB, from int64, limit int, gaps []int64, now time.Time) ([]store.WalkRow, error) {
 	s := w.S
 	b := s.Build()
 	if len(gaps) > 0 {
 		b.W("SELECT ", s.walkColumns(b, now), " FROM ", s.Table, " WHERE ", b.Seqs("seq", gaps), " UNION ALL ")
 	}
-	return b.W("SELECT * FROM (SELECT ", s.walkColumns(b, now), " FROM ", s.Table,
+	q := b.W("SELECT * FROM (SELECT ", s.walkColumns(b, now), " FROM ", s.Table,
 		" WHERE seq >= ", b.Arg(from), " ORDER BY seq LIMIT ", b.Limit(limit), ") w").Query()
+	var out []store.WalkRow
+	err := s.Each(ctx, db, q, func(rows *sql.Rows) error {
+		var (
+			r            store.WalkRow
+			open, leased int
+			end          DBTime
+		)
+		if err := rows.Scan(&r.Seq, &open, &leased, &end); err != nil {
+			return err
+		}
+		r.Open, r.Leased, r.LeaseEnd = open == 1, leased == 1, end.T
+		out = append(out, r)
+		return nil
+	})
+	return out, err
 }
 
 func (s *Syntax) walkColumns(b *Builder, now time.Time) string {
@@ -405,54 +538,79 @@ func (s *Syntax) walkColumns(b *Builder, now time.Time) string {
 		" CASE WHEN locked_until > " + b.Time(now) + " THEN 1 ELSE 0 END, " + s.TimeCol("locked_until")
 }
 
-// Defer moves new rows the watermark is passing, not leased, to the rows
-// waiting for a retry, due now: a claim passed them over (they wait behind
-// their aggregate), and the retry index finds them from now on.
-func (w Walking) Defer(seqs []int64, now time.Time) store.Query {
+// Defer implements store.Walker: new rows the watermark is passing, not
+// leased, go to the rows waiting for a retry, due now: a claim passed them
+// over (they wait behind their aggregate), and the retry index finds them
+// from now on.
+func (w Walking) Defer(ctx context.Context, db store.DB, seqs []int64, now time.Time) (int64, error) {
 	s := w.S
-	b := s.Build()
 	// Rows another claim holds right now are skipped, not waited for: it
 	// is leasing them.
-	return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), " WHERE seq IN (SELECT seq FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs),
-		" AND status = 'pending' AND available_at IS NULL AND (locked_until IS NULL OR locked_until <= ", b.Time(now), ")", w.Lock, ")").Query()
+	return s.ExecChunks(ctx, db, len(seqs), s.PerStatement(len(seqs), 1, 2), func(i, j int) Query {
+		b := s.Build()
+		return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), " WHERE seq IN (SELECT seq FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs[i:j]),
+			" AND status = 'pending' AND available_at IS NULL AND (locked_until IS NULL OR locked_until <= ", b.Time(now), ")", s.Lock, ")").Query()
+	})
 }
 
-// LowOpen reads the lowest seq of an open row not leased at now and the
-// highest seq, each NULL when there is none, in one scan of the table:
-// where a watermark starts, and the periodic sweep that lowers it to the
-// rows of transactions that committed long after they took their seq.
-func (w Walking) LowOpen(now time.Time) store.Query {
+// LowOpen implements store.Walker, in one statement: where a watermark
+// starts, the periodic sweep that lowers it to the rows of transactions
+// that committed long after they took their seq, and the overview's low
+// mark of pending rows.
+func (w Walking) LowOpen(ctx context.Context, db store.DB, from int64, now time.Time) (low, high int64, err error) {
 	s := w.S
 	b := s.Build()
-	return b.W("SELECT MIN(CASE WHEN status = 'pending' AND available_at IS NULL AND (locked_until IS NULL OR locked_until <= ",
-		b.Time(now), ") THEN seq END), MAX(seq) FROM ", s.Table).Query()
-}
-
-// MarkSent implements store.Claimer.
-func (s *Syntax) MarkSent(seqs []int64, now, lease time.Time) store.Query {
-	b := s.Build()
-	b.W("UPDATE ", s.Table, " SET status = 'sent', sent_at = ", b.Time(now), ", updated_at = ", b.Time(now))
-	if s.SentRange != "" {
-		// The column the overview's range of sent rows reads.
-		b.W(", ", s.SentRange, " = ", b.Time(now))
+	b.W("SELECT (SELECT MIN(seq) FROM ", s.Table, " WHERE seq >= ", b.Arg(from), " AND status = 'pending' AND available_at IS NULL")
+	if !now.IsZero() {
+		b.W(" AND (locked_until IS NULL OR locked_until <= ", b.Time(now), ")")
 	}
-	return b.W(", locked_until = NULL, last_error = NULL WHERE ", b.Seqs("seq", seqs),
-		" AND locked_until = ", b.Time(lease), " AND status = 'pending'").Query()
+	q := b.W("), (SELECT MAX(seq) FROM ", s.Table, ")").Query()
+	var l, h sql.NullInt64
+	err = s.Row(ctx, db, q, &l, &h)
+	return l.Int64, h.Int64, err
 }
 
-// Release implements store.Claimer.
-func (s *Syntax) Release(seqs []int64, now, lease time.Time) store.Query {
-	b := s.Build()
-	return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), ", updated_at = ", b.Time(now),
-		", locked_until = NULL, attempts = attempts - 1 WHERE ", b.Seqs("seq", seqs),
-		" AND locked_until = ", b.Time(lease), " AND status = 'pending'").Query()
+// seqChunk is how many seqs one outcome statement takes.
+func (s *Syntax) seqChunk() int { return s.PerStatement(s.Lim.OutcomeRows, 1, 8) }
+
+// MarkSent implements store.Store.
+func (s *Syntax) MarkSent(ctx context.Context, db store.DB, seqs []int64, now, lease time.Time) (int64, error) {
+	return s.ExecChunks(ctx, db, len(seqs), s.seqChunk(), func(i, j int) Query {
+		b := s.Build()
+		b.W("UPDATE ", s.Table, " SET status = 'sent', sent_at = ", b.Time(now), ", updated_at = ", b.Time(now))
+		if s.SentRange != "" {
+			// The column the overview's range of sent rows reads.
+			b.W(", ", s.SentRange, " = ", b.Time(now))
+		}
+		return b.W(", locked_until = NULL, last_error = NULL WHERE ", b.Seqs("seq", seqs[i:j]),
+			" AND locked_until = ", b.Time(lease), " AND status = 'pending'").Query()
+	})
 }
 
-// MarkFailedValues records failed attempts in one statement joined to a
-// VALUES list: each row gets its own status (pending for a retry, failed
-// when out of attempts), error and next due time. timeCast and seqCast
-// type the due times and seqs, which are untyped text in VALUES otherwise.
-func (s *Syntax) MarkFailedValues(outs []store.Outcome, now, lease time.Time, timeCast, seqCast string) store.Query {
+// Release implements store.Store.
+func (s *Syntax) Release(ctx context.Context, db store.DB, seqs []int64, now, lease time.Time) (int64, error) {
+	return s.ExecChunks(ctx, db, len(seqs), s.seqChunk(), func(i, j int) Query {
+		b := s.Build()
+		return b.W("UPDATE ", s.Table, " SET available_at = ", b.Time(now), ", updated_at = ", b.Time(now),
+			", locked_until = NULL, attempts = attempts - 1 WHERE ", b.Seqs("seq", seqs[i:j]),
+			" AND locked_until = ", b.Time(lease), " AND status = 'pending'").Query()
+	})
+}
+
+// FailedChunk is how many outcomes one MarkFailed statement takes (4
+// parameters each).
+func (s *Syntax) FailedChunk() int { return s.PerStatement(s.Lim.OutcomeRows, 4, 2) }
+
+// MarkFailed implements store.Store in one statement per chunk joined to a
+// VALUES list: each row gets its own status, error and next due time.
+func (s *Syntax) MarkFailed(ctx context.Context, db store.DB, outs []store.Outcome, now, lease time.Time) (int64, error) {
+	return s.ExecChunks(ctx, db, len(outs), s.FailedChunk(), func(i, j int) Query {
+		return s.markFailedValues(outs[i:j], now, lease)
+	})
+}
+
+func (s *Syntax) markFailedValues(outs []store.Outcome, now, lease time.Time) Query {
+	timeCast, seqCast := s.FailedCasts[0], s.FailedCasts[1]
 	b := s.Build()
 	b.W("UPDATE ", s.Table, " AS o SET status = v.column2, last_error = v.column3, available_at = v.column4,",
 		" locked_until = NULL, updated_at = ", b.Time(now), " FROM (VALUES ")
@@ -466,25 +624,44 @@ func (s *Syntax) MarkFailedValues(outs []store.Outcome, now, lease time.Time, ti
 	return b.Query()
 }
 
-// DeleteSentIn deletes up to limit rows sent before before, picked by a
-// subquery (lock lets relays sharing the table skip each other's rows).
-func (s *Syntax) DeleteSentIn(before time.Time, limit int, lock string) store.Query {
+// DeleteSent implements store.Store: up to limit rows sent before before,
+// picked by a subquery (Lock lets relays sharing the table skip each
+// other's rows).
+func (s *Syntax) DeleteSent(ctx context.Context, db store.DB, before time.Time, limit int) (int64, error) {
 	b := s.Build()
-	return b.W("DELETE FROM ", s.Table, " WHERE seq IN (SELECT seq FROM ", s.Table,
-		" WHERE status = 'sent' AND sent_at < ", b.Time(before), " LIMIT ", b.Limit(limit), lock, ")").Query()
+	return s.Exec(ctx, db, b.W("DELETE FROM ", s.Table, " WHERE seq IN (SELECT seq FROM ", s.Table,
+		" WHERE status = 'sent' AND sent_at < ", b.Time(before), " LIMIT ", b.Limit(limit), s.Lock, ")").Query())
 }
 
-// Stats implements store.Admin.
-func (s *Syntax) Stats() store.Query {
-	return store.Query{SQL: "SELECT status, COUNT(*), " + s.TimeCol("MIN("+s.CreatedCol()+")") + " FROM " + s.Table + " GROUP BY status"}
+// Stats implements store.Store.
+func (s *Syntax) Stats(ctx context.Context, db store.DB) ([]store.StatusCount, error) {
+	q := Query{SQL: "SELECT status, COUNT(*), " + s.TimeCol("MIN("+s.CreatedCol()+")") + " FROM " + s.Table + " GROUP BY status"}
+	var out []store.StatusCount
+	err := s.Each(ctx, db, q, func(rows *sql.Rows) error {
+		var (
+			c      store.StatusCount
+			oldest DBTime
+		)
+		if err := rows.Scan(&c.Status, &c.N, &oldest); err != nil {
+			return err
+		}
+		c.Oldest = oldest.T
+		out = append(out, c)
+		return nil
+	})
+	return out, err
 }
 
-// FailedSince counts the rows marked failed at or after since (a failed
-// row's updated_at is when it failed, or was last touched by an operator).
-func (s *Syntax) FailedSince(since time.Time) store.Query {
+// FailedSince implements store.Store.
+func (s *Syntax) FailedSince(ctx context.Context, db store.DB, since time.Time) (int64, error) {
 	b := s.Build()
-	return b.W("SELECT COUNT(*) FROM ", s.Table, " WHERE status = 'failed' AND updated_at >= ", b.Time(since)).Query()
+	var n int64
+	err := s.Row(ctx, db, b.W("SELECT COUNT(*) FROM ", s.Table, " WHERE status = 'failed' AND updated_at >= ", b.Time(since)).Query(), &n)
+	return n, err
 }
 
-// IDExpr is the SQL expression that reads a row's event ID (store.Admin).
-func (s *Syntax) IDExpr() string { return s.IDCol }
+// IDColumn implements store.Store.
+func (s *Syntax) IDColumn() string { return s.IDCol }
+
+// Limits implements store.Store.
+func (s *Syntax) Limits() store.Limits { return s.Lim }

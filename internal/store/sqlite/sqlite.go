@@ -33,12 +33,11 @@ var (
 	inbox string
 )
 
-func init() {
-	store.Register(store.Driver{
-		Name:  "sqlite",
-		Probe: func(_ context.Context, dialector string, _ *sql.DB) bool { return dialector == "sqlite" },
-		Open:  func(table string) store.Store { return New(table) },
-	})
+// Driver registers the store (the root package's registration line).
+var Driver = store.Driver{
+	Name:  "sqlite",
+	Probe: func(_ context.Context, dialector string, _ *sql.DB) bool { return dialector == "sqlite" },
+	Open:  func(table string) store.Store { return New(table) },
 }
 
 // Store is the SQLite store.
@@ -60,6 +59,11 @@ func New(table string) *Store {
 		IDArg:       func(u uuid.UUID) any { return u.String() },
 		StatusArg:   func(ph string) string { return ph },
 		Fresh:       true,
+		// SQLite takes 32766 parameters a statement; an INSERT row has
+		// 11, an outcome row 4.
+		Lim:            store.Limits{MaxParams: 32766, InsertRows: 1000, OutcomeRows: 1000, RetentionBatch: 1000},
+		InsertConflict: " ON CONFLICT DO NOTHING",
+		Returning:      true,
 		Dialect: sqlbuild.Dialect{
 			MinuteOf:      func(col string) string { return "(CAST(strftime('%s', " + col + ") AS INTEGER) / 60)" },
 			MillisBetween: func(a, b string) string { return "(julianday(" + b + ") - julianday(" + a + ")) * 86400000.0" },
@@ -73,8 +77,11 @@ func New(table string) *Store {
 }
 
 var (
-	_ store.Store  = (*Store)(nil)
-	_ store.Walker = (*Store)(nil)
+	_ store.Store    = (*Store)(nil)
+	_ store.Inbox    = (*Store)(nil)
+	_ store.Overview = (*Store)(nil)
+	_ store.History  = (*Store)(nil)
+	_ store.Walker   = (*Store)(nil)
 )
 
 // timeFormat is the one text form every time is written in, so that text
@@ -88,12 +95,6 @@ func Time(t time.Time) any { return t.UTC().Format(timeFormat) }
 
 // Name implements store.Store.
 func (s *Store) Name() string { return "sqlite" }
-
-// Limits implements store.Store: SQLite takes 32766 parameters a
-// statement; an INSERT row has 11, an outcome row 4.
-func (s *Store) Limits() store.Limits {
-	return store.Limits{InsertRows: 1000, OutcomeRows: 1000, AdminBatch: 1000, AdminScan: 10000, RetentionBatch: 1000}
-}
 
 // Schema implements store.Schema.
 func (s *Store) Schema() string { return store.Rename(schema, s.name) }
@@ -112,27 +113,41 @@ func (s *Store) Upgrade(from int) string {
 // InboxSchema implements store.Inbox.
 func (s *Store) InboxSchema(table string) string { return store.RenameInbox(inbox, table) }
 
-// Consume implements store.Inbox. SQLite has one writer at a time: a second
-// transaction recording the same pair waits (busy_timeout) for the first to
-// end, then finds it or not.
-func (s *Store) Consume(table, consumer, messageID string, now time.Time) store.Query {
-	return s.InboxConsume("INSERT INTO", `"`+table+`"`, " ON CONFLICT DO NOTHING", consumer, messageID, now)
+// MigrateInbox implements store.Inbox.
+func (s *Store) MigrateInbox(ctx context.Context, db *sql.DB, table string) error {
+	return store.CreateDDL(ctx, db, s.Exists, s.InboxSchema(table))
 }
 
+// Record implements store.Inbox. SQLite has one writer at a time: a second
+// transaction recording the same pair waits (busy_timeout) for the first to
+// end, then finds it or not.
+func (s *Store) Record(ctx context.Context, db store.DB, table, consumer, messageID string, now time.Time) (bool, error) {
+	return s.Recorded(ctx, db, s.InboxInsert("INSERT INTO", `"`+table+`"`, " ON CONFLICT DO NOTHING", consumer, messageID, now))
+}
+
+// RetryRecord implements store.Inbox: nothing to run again.
+func (s *Store) RetryRecord(error) bool { return false }
+
 // ForgetConsumed implements store.Inbox.
-func (s *Store) ForgetConsumed(table string, before time.Time, limit int) store.Query {
-	return s.ForgetConsumedByKey(`"`+table+`"`, before, limit)
+func (s *Store) ForgetConsumed(ctx context.Context, db store.DB, table string, before time.Time, limit int) (int64, error) {
+	return s.ForgetConsumedByKey(ctx, db, `"`+table+`"`, before, limit)
+}
+
+// Migrate implements store.Store: an upgrade script's first write takes
+// the database's write lock in the script's transaction.
+func (s *Store) Migrate(ctx context.Context, db *sql.DB) error {
+	return store.Migrate(ctx, db, s, store.TxLock)
 }
 
 // Exists implements store.Schema.
-func (s *Store) Exists(ctx context.Context, db *sql.DB, name string) (bool, error) {
+func (s *Store) Exists(ctx context.Context, db store.DB, name string) (bool, error) {
 	var n int
 	err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM sqlite_master WHERE name = ?", name).Scan(&n)
 	return n > 0, err
 }
 
 // Version implements store.Schema.
-func (s *Store) Version(ctx context.Context, q store.Querier) (int, error) {
+func (s *Store) Version(ctx context.Context, q store.DB) (int, error) {
 	var table, seq, named int
 	err := q.QueryRowContext(ctx, "SELECT (SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?),"+
 		" (SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'seq'), (SELECT COUNT(*) FROM pragma_table_info(?) WHERE name = 'named_id')",
@@ -140,35 +155,12 @@ func (s *Store) Version(ctx context.Context, q store.Querier) (int, error) {
 	return store.VersionOf(table > 0, seq > 0, named > 0), err
 }
 
-// OrderingIndex implements store.Schema.
-func (s *Store) OrderingIndex() (string, []string) {
+// EnsureOrdering implements store.Store. The claim needs no row locks:
+// the database's one writer makes it atomic.
+func (s *Store) EnsureOrdering(ctx context.Context, db *sql.DB) error {
 	name := s.name + "_aggregate_idx"
-	return name, []string{`CREATE INDEX IF NOT EXISTS "` + name + `" ON ` + s.Table +
-		" (aggregate_type, aggregate_id, seq) WHERE status <> 'sent'"}
-}
-
-// Insert implements store.Writer.
-func (s *Store) Insert(rows []store.Event, now time.Time, seqs bool) store.Query {
-	return s.InsertRows(rows, now, " ON CONFLICT DO NOTHING", sqlbuild.ReturningSeq(seqs))
-}
-
-// Returning implements store.Writer.
-func (s *Store) Returning() bool { return true }
-
-// Claim implements store.Claimer in one statement: the database's one
-// writer makes it atomic.
-func (s *Store) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]store.Claimed, error) {
-	return store.QueryClaimed(ctx, db, s.ClaimUpdate(c, ""))
-}
-
-// MarkFailed implements store.Claimer.
-func (s *Store) MarkFailed(outs []store.Outcome, now, lease time.Time) store.Query {
-	return s.MarkFailedValues(outs, now, lease, "", "")
-}
-
-// DeleteSent implements store.Claimer.
-func (s *Store) DeleteSent(before time.Time, limit int) store.Query {
-	return s.DeleteSentIn(before, limit, "")
+	return store.Ensure(ctx, db, s.Exists, name, `CREATE INDEX IF NOT EXISTS "`+name+`" ON `+s.Table+
+		" (aggregate_type, aggregate_id, seq) WHERE status <> 'sent'")
 }
 
 // check refuses a pooled in-memory database, and logs once when the

@@ -19,29 +19,29 @@ type statRow struct {
 
 func (e *env) stats() map[string]statRow {
 	e.t.Helper()
-	q := e.s.Stats()
-	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
-	require.NoError(e.t, err, "%s", q.SQL)
-	defer rs.Close()
+	got, err := e.s.Stats(e.ctx, e.db)
+	require.NoError(e.t, err, "Stats")
 	out := map[string]statRow{}
-	for rs.Next() {
-		var (
-			status string
-			r      statRow
-			oldest store.DBTime
-		)
-		require.NoError(e.t, rs.Scan(&status, &r.N, &oldest))
-		r.Oldest = oldest.T
-		out[status] = r
+	for _, c := range got {
+		_, dup := out[c.Status]
+		assert.False(e.t, dup, "Stats has one line per status: %s twice", c.Status)
+		out[c.Status] = statRow{c.N, c.Oldest}
 	}
-	require.NoError(e.t, rs.Err())
 	return out
 }
 
-func testAdmin(t *testing.T, open Open) {
+// failedSince runs FailedSince.
+func (e *env) failedSince(since time.Time) int64 {
+	e.t.Helper()
+	n, err := e.s.FailedSince(e.ctx, e.db, since)
+	require.NoError(e.t, err, "FailedSince")
+	return n
+}
+
+func testAdmin(t *testing.T, su *suite) {
 	t.Run("Filters", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		with := func(ev store.Event, typ string) store.Event { ev.Type = typ; return ev }
 		e.insert(now.Add(-3*time.Hour), with(agg("r1", "order", "1"), "order.created"))
 		e.insert(now.Add(-2*time.Hour), with(agg("r2", "order", "1"), "order.paid"))
@@ -61,6 +61,8 @@ func testAdmin(t *testing.T, open Open) {
 		}{
 			{"None", store.Filter{}, []string{"r1", "r2", "r3", "r4", "r5", "r6"}},
 			{"IDs", store.Filter{IDs: []string{"r4", "r1", "missing"}}, []string{"r1", "r4"}},
+			{"Keys", store.Filter{Keys: []string{"r5", "r2", "missing"}}, []string{"r2", "r5"}},
+			{"IDsAndKeys", store.Filter{IDs: []string{"r1", "r2"}, Keys: []string{"r2", "r3"}}, []string{"r2"}},
 			{"StatusFailed", store.Filter{Statuses: []string{"failed"}}, []string{"r2", "r3", "r6"}},
 			{"StatusesPendingSent", store.Filter{Statuses: []string{"pending", "sent"}}, []string{"r1", "r4", "r5"}},
 			{"Type", store.Filter{Types: []string{"order.paid"}}, []string{"r2", "r3"}},
@@ -87,9 +89,8 @@ func testAdmin(t *testing.T, open Open) {
 				e := *e
 				e.t = t
 				assert.Equal(t, c.want, nilIfEmpty(e.list(store.Page{Filter: c.f, Limit: 100})), "List")
-				assert.EqualValues(t, len(c.want), e.count(e.s.Count(c.f)), "Count")
-				purge := e.idsAt(e.seqList(e.s.PurgeSelect(c.f, 100)))
-				assert.ElementsMatch(t, c.want, purge, "PurgeSelect")
+				assert.EqualValues(t, len(c.want), e.countOf(c.f), "Count")
+				assert.ElementsMatch(t, c.want, e.purged(c.f), "Purge")
 				// Replay's filter: the root narrows it to failed rows (and
 				// refuses one whose statuses leave them out).
 				if len(c.f.Statuses) > 0 && !slices.Contains(c.f.Statuses, "failed") {
@@ -103,8 +104,7 @@ func testAdmin(t *testing.T, open Open) {
 						wantFailed = append(wantFailed, id)
 					}
 				}
-				replay := e.idsAt(e.seqList(e.s.ReplaySelect(rf, 0, 100)))
-				assert.Equal(t, wantFailed, nilIfEmpty(replay), "ReplaySelect with Statuses failed")
+				assert.Equal(t, wantFailed, nilIfEmpty(e.replayed(rf, now.Add(time.Hour))), "Replay with Statuses failed")
 			})
 		}
 	})
@@ -113,7 +113,7 @@ func testAdmin(t *testing.T, open Open) {
 	// named ID (named_id), a named UUID, a generated UUID (the id column).
 	t.Run("IDsOfEveryKind", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		const named = "0190f0c4-8a6e-7b3c-9d2e-5f1a2b3c4d5e"
 		g1, g2 := generated(), generated()
 		k := generated()
@@ -127,20 +127,44 @@ func testAdmin(t *testing.T, open Open) {
 		f := store.Filter{IDs: []string{"order-42", named, g1.ID, k.ID, "missing", strings.ToUpper(g2.ID), "6f9619ff-8b86-4011-b42d-00c04fc964ff"}}
 		want := []string{"order-42", named, g1.ID, k.ID}
 		assert.Equal(t, want, e.list(store.Page{Filter: f, Limit: 10}), "List")
-		assert.EqualValues(t, len(want), e.count(e.s.Count(f)), "Count")
-		assert.ElementsMatch(t, want, e.idsAt(e.seqList(e.s.PurgeSelect(f, 10))), "PurgeSelect")
+		assert.EqualValues(t, len(want), e.countOf(f), "Count")
+		assert.ElementsMatch(t, want, e.purged(f), "Purge")
+
+		// Filter.Keys finds a key the publisher chose, and a key that is
+		// the ID (stored as NULL) whatever kind the ID is.
+		kf := store.Filter{Keys: []string{"k-1", "order-42", g1.ID, named, "missing", k.ID}}
+		wantKeys := []string{"order-42", named, g1.ID, k.ID}
+		assert.Equal(t, wantKeys, e.list(store.Page{Filter: kf, Limit: 10}), "List by keys")
+		assert.EqualValues(t, len(wantKeys), e.countOf(kf), "Count by keys")
+		assert.ElementsMatch(t, wantKeys, e.purged(kf), "Purge by keys")
+
+		// IDColumn reads the ID of every kind, in SQL of the user's own.
+		var read []string
+		rs, err := e.db.QueryContext(e.ctx, "SELECT "+e.s.IDColumn()+" FROM "+e.qt+" ORDER BY seq")
+		require.NoError(t, err)
+		for rs.Next() {
+			var id string
+			require.NoError(t, rs.Scan(&id))
+			read = append(read, id)
+		}
+		require.NoError(t, rs.Err())
+		require.NoError(t, rs.Close())
+		assert.Equal(t, []string{"order-42", named, g1.ID, g2.ID, k.ID}, read, "IDColumn")
+
 		e.failed(now, "boom", "order-42", g1.ID, g2.ID)
 		rf := f
 		rf.Statuses = []string{"failed"}
-		assert.Equal(t, []string{"order-42", g1.ID}, e.idsAt(e.seqList(e.s.ReplaySelect(rf, 0, 10))), "ReplaySelect")
-		assert.EqualValues(t, 2, e.exec(e.s.ReplayUpdate(rf, e.seqs("order-42", g1.ID, g2.ID), now)), "ReplayUpdate: g2 does not match the filter")
-		assert.EqualValues(t, 3, e.exec(e.s.PurgeDelete(f, e.seqs(named, g1.ID, g2.ID, k.ID))), "PurgeDelete: g2 does not match the filter")
+		at := now.Add(time.Hour)
+		assert.Equal(t, []string{"order-42", g1.ID}, e.replayed(rf, at), "Replay of the IDs")
+		assert.EqualValues(t, 2, e.replay(rf, at, ""), "Replay: g2 does not match the filter")
+		pf := store.Filter{IDs: []string{named, g1.ID, k.ID, "missing", strings.ToUpper(g2.ID)}}
+		assert.EqualValues(t, 3, e.purge(pf), "Purge: g2 does not match the filter")
 		assert.Equal(t, []string{"order-42", g2.ID}, idsOf(e.all()))
 	})
 
 	t.Run("Paging", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("p1"), ev("p2"), ev("p3"), ev("p4"), ev("p5"))
 		q1 := agg("q1", "other", "1")
 		q1.Type = "other.created"
@@ -160,7 +184,7 @@ func testAdmin(t *testing.T, open Open) {
 
 	t.Run("Get", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("g1"), ev("g2"))
 		_, ok := e.find("missing")
 		assert.False(t, ok)
@@ -180,14 +204,13 @@ func testAdmin(t *testing.T, open Open) {
 
 	t.Run("Replay", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("f1"), ev("p1"), ev("s1"))
 		e.failed(now, "boom", "f1")
 		e.sent(now, "s1")
 		at := now.Add(time.Hour)
 		named := []string{"f1", "p1", "s1", "missing"}
-		seqs := append(e.seqs("f1", "p1", "s1"), e.get("s1").Seq+100)
-		assert.EqualValues(t, 1, e.exec(e.s.ReplayUpdate(store.Filter{IDs: named, Statuses: []string{"failed"}}, seqs, at)), "only failed rows")
+		assert.EqualValues(t, 1, e.replay(store.Filter{IDs: named, Statuses: []string{"failed"}}, at, ""), "only failed rows")
 		f := e.get("f1")
 		assert.Equal(t, "pending", f.Status)
 		assert.Equal(t, 0, f.Attempts)
@@ -201,72 +224,69 @@ func testAdmin(t *testing.T, open Open) {
 			// A replayed row waits in the retry index, due at once: the
 			// watermark (From) does not hide it.
 			_, high := e.lowOpen()
-			assert.Equal(t, []string{"f1"}, e.claimIDs(store.ClaimSpec{Now: at.Add(2 * time.Minute), Lease: at.Add(time.Hour), Limit: 10, From: high.Int64 + 1}),
+			assert.Equal(t, []string{"f1"}, e.claimIDs(store.ClaimSpec{Now: at.Add(2 * time.Minute), Lease: at.Add(time.Hour), Limit: 10, From: high + 1}),
 				"a replayed row is claimed whatever the watermark")
 		}
 	})
 
 	t.Run("ReplayByFilter", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		with := func(ev store.Event, typ string) store.Event { ev.Type = typ; return ev }
 		e.insert(now, with(ev("f1"), "a"), with(ev("f2"), "b"), with(ev("f3"), "a"), with(ev("f4"), "a"), with(ev("p1"), "a"))
 		e.failed(now, "boom", "f4", "f3", "f2", "f1")
 		f := store.Filter{Statuses: []string{"failed"}, Types: []string{"a"}}
-		seq := e.seqOf("f1", "f3", "f4")
-
-		seqs := e.seqList(e.s.ReplaySelect(f, 0, 2))
-		assert.Equal(t, []string{"f1", "f3"}, e.idsAt(seqs), "the first batch, by seq")
-		assert.Equal(t, []int64{seq["f1"], seq["f3"]}, seqs)
-		assert.Equal(t, []int64{seq["f4"]}, e.seqList(e.s.ReplaySelect(f, seq["f3"], 2)), "after the last seq")
-		assert.Empty(t, e.seqList(e.s.ReplaySelect(f, seq["f4"], 2)))
 
 		at := now.Add(time.Hour)
-		assert.EqualValues(t, 2, e.exec(e.s.ReplayUpdate(f, e.seqs("f1", "f3", "f2", "p1"), at)), "the rows read that still match")
-		for _, id := range []string{"f1", "f3"} {
+		assert.Equal(t, []string{"f1", "f3", "f4"}, e.replayed(f, at), "the failed rows that match, by seq")
+		assert.EqualValues(t, 3, e.replay(f, at, ""))
+		for _, id := range []string{"f1", "f3", "f4"} {
 			r := e.get(id)
 			assert.Equal(t, "pending", r.Status, id)
 			assert.Equal(t, 0, r.Attempts, id)
 			sameTime(t, at, r.AvailableAt, "available_at of %s", id)
+			sameTime(t, at, r.UpdatedAt, "updated_at of %s", id)
 			assert.Nil(t, r.LockedUntil, id)
 		}
-		assert.Equal(t, map[string]state{"f1": {"pending", 0}, "f2": {"failed", 1}, "f3": {"pending", 0}, "f4": {"failed", 1}, "p1": {"pending", 0}}, e.states())
-		assert.EqualValues(t, 0, e.exec(e.s.ReplayUpdate(f, e.seqs("f1"), at)), "a row replayed meanwhile no longer matches")
+		assert.Equal(t, map[string]state{"f1": {"pending", 0}, "f2": {"failed", 1}, "f3": {"pending", 0}, "f4": {"pending", 0}, "p1": {"pending", 0}}, e.states())
+		sameTime(t, now, e.get("p1").UpdatedAt, "a pending row that matches the type is not touched")
+		assert.EqualValues(t, 0, e.replay(f, at.Add(time.Minute), ""), "a row replayed meanwhile no longer matches")
 	})
 
-	// Admin's doc: ReplaySelect reads the failed rows matching f, and
-	// ReplayUpdate turns them back to pending, whatever f's Statuses.
+	// Store's doc: Replay turns the failed rows matching f back to
+	// pending, never another status, whatever f's Statuses.
 	t.Run("ReplayByFilterFailedOnly", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("p1"), ev("f1"), ev("s1"))
 		e.failed(now, "boom", "f1")
 		e.sent(now, "s1")
-		got := e.idsAt(e.seqList(e.s.ReplaySelect(store.Filter{}, 0, 10)))
-		assert.Equal(t, []string{"f1"}, got, "ReplaySelect without Statuses")
-		assert.EqualValues(t, 1, e.exec(e.s.ReplayUpdate(store.Filter{}, e.seqs("p1", "f1", "s1"), now.Add(time.Hour))), "ReplayUpdate without Statuses")
+		assert.Equal(t, []string{"f1"}, e.replayed(store.Filter{}, now.Add(time.Hour)), "Replay without Statuses")
+		assert.Equal(t, []string{"f1"}, e.replayed(store.Filter{Statuses: []string{"pending", "sent", "failed"}}, now.Add(time.Hour)), "Replay with every status")
+		assert.Empty(t, e.replayed(store.Filter{Statuses: []string{"pending", "sent"}}, now.Add(time.Hour)), "Replay of statuses without failed")
+		assert.EqualValues(t, 1, e.replay(store.Filter{}, now.Add(time.Hour), ""), "Replay without Statuses")
 		assert.Equal(t, map[string]state{"p1": {"pending", 0}, "f1": {"pending", 0}, "s1": {"sent", 1}}, e.states(), "a sent row stays sent")
 	})
 
 	t.Run("Purge", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		with := func(ev store.Event, typ string) store.Event { ev.Type = typ; return ev }
 		e.insert(now, with(ev("s1"), "a"), with(ev("s2"), "b"), with(ev("f1"), "a"), with(ev("p1"), "a"))
 		e.sent(now, "s1", "s2")
 		e.failed(now, "boom", "f1")
 		f := store.Filter{Statuses: []string{"sent", "failed"}, Types: []string{"a"}}
-		assert.ElementsMatch(t, []string{"s1", "f1"}, e.idsAt(e.seqList(e.s.PurgeSelect(f, 10))))
-		assert.Len(t, e.seqList(e.s.PurgeSelect(f, 1)), 1, "at most limit")
-		gone := e.seqs("s1", "f1")
-		assert.EqualValues(t, 2, e.exec(e.s.PurgeDelete(f, append(e.seqs("s2", "p1"), gone...))), "the rows read that still match")
+		assert.ElementsMatch(t, []string{"s1", "f1"}, e.purged(f))
+		assert.EqualValues(t, 2, e.purge(f), "the rows that match")
 		assert.Equal(t, map[string]state{"s2": {"sent", 1}, "p1": {"pending", 0}}, e.states())
-		assert.EqualValues(t, 0, e.exec(e.s.PurgeDelete(f, gone)))
+		assert.EqualValues(t, 0, e.purge(f), "nothing matches any more")
+		assert.EqualValues(t, 1, e.purge(store.Filter{Statuses: []string{"sent"}}), "the caller says which statuses")
+		assert.Equal(t, map[string]state{"p1": {"pending", 0}}, e.states())
 	})
 
 	t.Run("Stats", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		assert.Empty(t, e.stats(), "an empty table")
 		e.insert(now.Add(-3*time.Hour), ev("s1"))
 		e.insert(now.Add(-2*time.Hour), ev("p1"), ev("f1"))
@@ -291,10 +311,10 @@ func testAdmin(t *testing.T, open Open) {
 		// FailedSince: rows failed at or after the time (updated_at is when).
 		e.insert(now, ev("p3"))
 		lease := e.settle("p3")
-		e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("p3", "pending", "retry", now)}, now, lease))
-		assert.EqualValues(t, 2, e.count(e.s.FailedSince(now.Add(-time.Hour))), "failed since an hour, inclusive; a retry is not failed")
-		assert.EqualValues(t, 3, e.count(e.s.FailedSince(now.Add(-3*time.Hour))))
-		assert.EqualValues(t, 0, e.count(e.s.FailedSince(now.Add(µs))))
+		require.EqualValues(t, 1, e.markFailed([]store.Outcome{e.outcome("p3", "pending", "retry", now)}, now, lease))
+		assert.EqualValues(t, 2, e.failedSince(now.Add(-time.Hour)), "failed since an hour, inclusive; a retry is not failed")
+		assert.EqualValues(t, 3, e.failedSince(now.Add(-3*time.Hour)))
+		assert.EqualValues(t, 0, e.failedSince(now.Add(µs)))
 	})
 }
 

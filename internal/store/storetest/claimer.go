@@ -11,10 +11,10 @@ import (
 
 const µs = time.Microsecond
 
-func testClaimer(t *testing.T, open Open) {
+func testClaimer(t *testing.T, su *suite) {
 	t.Run("OldestFirst", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now.Add(-1*time.Second), ev("r1"))
 		e.insert(now.Add(-3*time.Second), ev("r2"))
 		e.insert(now.Add(-2*time.Second), ev("c-z"), ev("c-a"))
@@ -52,7 +52,7 @@ func testClaimer(t *testing.T, open Open) {
 		} {
 			outs = append(outs, e.outcome(id, "pending", "retry", due))
 		}
-		require.EqualValues(t, 5, e.exec(e.s.MarkFailed(outs, now, lease)))
+		require.EqualValues(t, 5, e.markFailed(outs, now, lease))
 		lease = now.Add(2 * time.Hour)
 		assert.Equal(t, []string{"r2", "c-z", "c-a", "r1"}, one(now.Add(3*time.Minute)), "retries claimed one at a time: (available_at, seq) order, the later one left")
 		assert.Equal(t, []string{"future"}, e.claimIDs(store.ClaimSpec{Now: now.Add(time.Hour), Lease: now.Add(3 * time.Hour), Limit: 10}), "due at its time")
@@ -60,14 +60,14 @@ func testClaimer(t *testing.T, open Open) {
 
 	t.Run("Limit", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("l1"), ev("l2"), ev("l3"))
 		assert.Equal(t, []string{"l1", "l2"}, e.claimIDs(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 2}))
 	})
 
 	t.Run("AttemptAndLease", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		f := full("c-1")
 		e.insert(now, f)
 		at, lease := now.Add(10*time.Second), now.Add(time.Minute)
@@ -105,11 +105,11 @@ func testClaimer(t *testing.T, open Open) {
 
 	t.Run("Seqs", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("a"), ev("b"), ev("c"), ev("later"))
 		// later waits for a retry an hour from now: not due.
 		l0 := e.settle("later")
-		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("later", "pending", "retry", now.Add(time.Hour))}, now, l0)))
+		require.EqualValues(t, 1, e.markFailed([]store.Outcome{e.outcome("later", "pending", "retry", now.Add(time.Hour))}, now, l0))
 		seq := e.seqOf("a", "b", "c", "later")
 		lease := now.Add(time.Minute)
 		missing := seq["later"] + 100
@@ -123,7 +123,7 @@ func testClaimer(t *testing.T, open Open) {
 
 	t.Run("Ordered", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.ensureOrdering()
 		e.insert(now,
 			agg("a1", "acct", "A"), agg("b1", "acct", "B"), agg("a2", "acct", "A"),
@@ -138,41 +138,41 @@ func testClaimer(t *testing.T, open Open) {
 		got := e.claimIDs(spec(now, l1))
 		require.Equal(t, []string{"a1", "b1", "user-a", "n1", "n2", "t1", "t2"}, got, "the oldest unsent row of each aggregate, and every row of none")
 		others := []string{"b1", "user-a", "n1", "n2", "t1", "t2"}
-		require.EqualValues(t, len(others), e.exec(e.s.MarkSent(e.seqs(others...), now, l1)))
+		require.EqualValues(t, len(others), e.markSent(e.seqs(others...), now, l1))
 
 		// Once an older row is sent, the next goes; while a1 is in flight,
 		// retried or failed, a2 stays behind it.
 		e.insert(now, agg("b2", "acct", "B"))
 		assert.Equal(t, []string{"b2"}, e.claimIDs(spec(now, l1)), "b2 after b1 sent; a2 behind a1 in flight")
-		require.EqualValues(t, 1, e.exec(e.s.MarkSent(e.seqs("b2"), now, l1)))
-		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("a1", "pending", "retry", now.Add(time.Minute))}, now, l1)))
+		require.EqualValues(t, 1, e.markSent(e.seqs("b2"), now, l1))
+		require.EqualValues(t, 1, e.markFailed([]store.Outcome{e.outcome("a1", "pending", "retry", now.Add(time.Minute))}, now, l1))
 		assert.Empty(t, e.claimIDs(spec(now.Add(10*time.Second), l1)), "a2 behind a1 waiting for its retry")
 		l2 := now.Add(2 * time.Minute)
 		assert.Equal(t, []string{"a1"}, e.claimIDs(spec(now.Add(time.Minute), l2)), "a1's retry, a2 still behind")
-		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("a1", "failed", "gave up", now.Add(time.Minute))}, now.Add(time.Minute), l2)))
+		require.EqualValues(t, 1, e.markFailed([]store.Outcome{e.outcome("a1", "failed", "gave up", now.Add(time.Minute))}, now.Add(time.Minute), l2))
 		assert.Empty(t, e.claimIDs(spec(now.Add(time.Hour), now.Add(2*time.Hour))), "a failed older row holds back the later ones")
-		require.EqualValues(t, 1, e.exec(e.s.PurgeDelete(store.Filter{Statuses: []string{"failed"}}, e.seqs("a1"))))
+		require.EqualValues(t, 1, e.purge(store.Filter{IDs: []string{"a1"}, Statuses: []string{"failed"}}))
 		assert.Equal(t, []string{"a2"}, e.claimIDs(spec(now.Add(time.Hour), now.Add(2*time.Hour))), "a2 once a1 is purged")
 	})
 
 	t.Run("MarkSent", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("s1"), ev("s2"))
 		l1 := now.Add(30 * time.Second)
 		require.Len(t, e.claim(store.ClaimSpec{Now: now, Lease: l1, Limit: 10}), 2)
 		// s1 fails once and is claimed again under a new lease.
-		require.EqualValues(t, 1, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("s1", "pending", "boom", now)}, now, l1)))
+		require.EqualValues(t, 1, e.markFailed([]store.Outcome{e.outcome("s1", "pending", "boom", now)}, now, l1))
 		l2 := now.Add(40 * time.Second)
 		require.Equal(t, []string{"s1"}, e.claimIDs(store.ClaimSpec{Now: now.Add(time.Second), Lease: l2, Limit: 10}))
 
 		at := now.Add(2 * time.Second)
-		assert.EqualValues(t, 0, e.exec(e.s.MarkSent(e.seqs("s1"), at, l1)), "MarkSent under a stale lease")
+		assert.EqualValues(t, 0, e.markSent(e.seqs("s1"), at, l1), "MarkSent under a stale lease")
 		r := e.get("s1")
 		assert.Equal(t, "pending", r.Status)
 		sameTimePtr(t, l2, r.LockedUntil, "the live lease is kept")
 
-		assert.EqualValues(t, 1, e.exec(e.s.MarkSent(e.seqs("s1", "s2"), at, l2)), "only the row under the given lease")
+		assert.EqualValues(t, 1, e.markSent(e.seqs("s1", "s2"), at, l2), "only the row under the given lease")
 		r = e.get("s1")
 		assert.Equal(t, "sent", r.Status)
 		sameTimePtr(t, at, r.SentAt, "sent_at")
@@ -181,17 +181,17 @@ func testClaimer(t *testing.T, open Open) {
 		assert.Nil(t, r.LastError, "the earlier attempt's error is cleared")
 		assert.Equal(t, 2, r.Attempts)
 		assert.Equal(t, "pending", e.get("s2").Status)
-		assert.EqualValues(t, 0, e.exec(e.s.MarkSent(e.seqs("s1"), at, l2)), "MarkSent of a sent row")
+		assert.EqualValues(t, 0, e.markSent(e.seqs("s1"), at, l2), "MarkSent of a sent row")
 
 		// Only pending rows: a row that is not, though its lease matches.
 		e.raw("UPDATE " + e.qt + " SET status = 'failed'" + where("s2"))
-		assert.EqualValues(t, 0, e.exec(e.s.MarkSent(e.seqs("s2"), at, l1)), "MarkSent of a failed row under its lease")
+		assert.EqualValues(t, 0, e.markSent(e.seqs("s2"), at, l1), "MarkSent of a failed row under its lease")
 		assert.Equal(t, "failed", e.get("s2").Status)
 	})
 
 	t.Run("MarkFailed", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("m1"), ev("m2"), ev("m3"))
 		l1 := now.Add(30 * time.Second)
 		require.Len(t, e.claim(store.ClaimSpec{Now: now, Lease: l1, Limit: 10}), 3)
@@ -201,10 +201,10 @@ func testClaimer(t *testing.T, open Open) {
 			e.outcome("m1", "pending", "retry: 503", retry),
 			e.outcome("m2", "failed", "gave up: 400", gaveUp),
 		}
-		assert.EqualValues(t, 0, e.exec(e.s.MarkFailed(outs, at, l1.Add(-µs))), "MarkFailed under a stale lease")
+		assert.EqualValues(t, 0, e.markFailed(outs, at, l1.Add(-µs)), "MarkFailed under a stale lease")
 		assert.Equal(t, map[string]state{"m1": {"pending", 1}, "m2": {"pending", 1}, "m3": {"pending", 1}}, e.states())
 
-		assert.EqualValues(t, 2, e.exec(e.s.MarkFailed(outs, at, l1)))
+		assert.EqualValues(t, 2, e.markFailed(outs, at, l1))
 		for _, c := range []struct {
 			id, status, err string
 			due             time.Time
@@ -222,7 +222,7 @@ func testClaimer(t *testing.T, open Open) {
 		m3 := e.get("m3")
 		assert.Nil(t, m3.LastError, "a row without an outcome")
 		sameTimePtr(t, l1, m3.LockedUntil, "locked_until of a row without an outcome")
-		assert.EqualValues(t, 0, e.exec(e.s.MarkFailed(outs, at, l1)), "MarkFailed again: the rows are no longer leased")
+		assert.EqualValues(t, 0, e.markFailed(outs, at, l1), "MarkFailed again: the rows are no longer leased")
 
 		// The retry is due at its time; the failed row never.
 		both := e.seqs("m1", "m2")
@@ -233,22 +233,22 @@ func testClaimer(t *testing.T, open Open) {
 
 		// Only pending rows.
 		e.raw("UPDATE " + e.qt + " SET status = 'sent'" + where("m3"))
-		assert.EqualValues(t, 0, e.exec(e.s.MarkFailed([]store.Outcome{e.outcome("m3", "pending", "x", now)}, at, l1)),
+		assert.EqualValues(t, 0, e.markFailed([]store.Outcome{e.outcome("m3", "pending", "x", now)}, at, l1),
 			"MarkFailed of a sent row under its lease")
 		assert.Equal(t, "sent", e.get("m3").Status)
 	})
 
 	t.Run("Release", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.insert(now, ev("r1"), ev("r2"))
 		l1 := now.Add(30 * time.Second)
 		require.Len(t, e.claim(store.ClaimSpec{Now: now, Lease: l1, Limit: 10}), 2)
 		at := now.Add(time.Second)
-		assert.EqualValues(t, 0, e.exec(e.s.Release(e.seqs("r1"), at, l1.Add(µs))), "Release under a stale lease")
+		assert.EqualValues(t, 0, e.release(e.seqs("r1"), at, l1.Add(µs)), "Release under a stale lease")
 		assert.Equal(t, 1, e.get("r1").Attempts)
 
-		assert.EqualValues(t, 1, e.exec(e.s.Release(e.seqs("r1"), at, l1)))
+		assert.EqualValues(t, 1, e.release(e.seqs("r1"), at, l1))
 		r := e.get("r1")
 		assert.Equal(t, "pending", r.Status)
 		assert.Equal(t, 0, r.Attempts, "the claim's attempt is taken back")
@@ -259,17 +259,17 @@ func testClaimer(t *testing.T, open Open) {
 		require.Len(t, got, 1, "the released row is due at once, the other still leased")
 		assert.Equal(t, "r1", got[0].ID)
 		assert.Equal(t, 1, got[0].Attempts)
-		assert.EqualValues(t, 0, e.exec(e.s.Release(e.seqs("r1"), at, l1)), "Release under the lease it had before")
+		assert.EqualValues(t, 0, e.release(e.seqs("r1"), at, l1), "Release under the lease it had before")
 
 		// Only pending rows.
 		e.raw("UPDATE " + e.qt + " SET status = 'failed'" + where("r2"))
-		assert.EqualValues(t, 0, e.exec(e.s.Release(e.seqs("r2"), at, l1)), "Release of a failed row under its lease")
+		assert.EqualValues(t, 0, e.release(e.seqs("r2"), at, l1), "Release of a failed row under its lease")
 		assert.Equal(t, state{"failed", 1}, e.states()["r2"])
 	})
 
 	t.Run("DeleteSent", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		before := now.Add(-time.Hour)
 		e.insert(now.Add(-3*time.Hour), ev("old-1"), ev("old-2"), ev("old-3"), ev("pending"), ev("failed"), ev("was-sent"))
 		e.insert(now, ev("recent"), ev("edge"))
@@ -282,7 +282,9 @@ func testClaimer(t *testing.T, open Open) {
 
 		var deleted []int64
 		for range 4 {
-			deleted = append(deleted, e.exec(e.s.DeleteSent(before, 2)))
+			n, err := e.s.DeleteSent(e.ctx, e.db, before, 2)
+			require.NoError(t, err)
+			deleted = append(deleted, n)
 		}
 		assert.Equal(t, []int64{2, 1, 0, 0}, deleted, "at most limit rows a statement")
 		left := e.states()

@@ -14,11 +14,11 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func testConcurrency(t *testing.T, open Open) {
+func testConcurrency(t *testing.T, su *suite) {
 	// Claimers at once never get the same row while its lease lives.
 	t.Run("Claims", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		const rows, claimers = 300, 4
 		evs := make([]store.Event, rows)
 		for i := range evs {
@@ -75,7 +75,7 @@ func testConcurrency(t *testing.T, open Open) {
 	// claimed in write order, one row at a time.
 	t.Run("OrderedWithWriter", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		e.ensureOrdering()
 		const aggregates, perAggregate, claimers = 20, 10, 3
 		var (
@@ -96,8 +96,8 @@ func testConcurrency(t *testing.T, open Open) {
 			for n := 0; n < perAggregate; n += 2 {
 				for a := range aggregates {
 					agID := fmt.Sprint(a)
-					q := e.s.Insert([]store.Event{agg(idOf(a, n), "acct", agID), agg(idOf(a, n+1), "acct", agID)}, now, false)
-					if _, _, err := runInsert(e.ctx, e.db, e.s, q, false); err != nil {
+					rows := []store.Event{agg(idOf(a, n), "acct", agID), agg(idOf(a, n+1), "acct", agID)}
+					if _, err := e.s.Insert(e.ctx, e.db, rows, now, false); err != nil {
 						errs[claimers] = err
 						return
 					}
@@ -144,13 +144,9 @@ func testConcurrency(t *testing.T, open Open) {
 						claimed[c.AggregateID] = append(claimed[c.AggregateID], c.ID)
 					}
 					mu.Unlock()
-					q := e.s.MarkSent(seqs, now, lease)
-					res, err := e.db.ExecContext(e.ctx, q.SQL, q.Args...)
-					if err == nil {
-						var n int64
-						if n, err = res.RowsAffected(); err == nil && n != int64(len(seqs)) {
-							err = fmt.Errorf("MarkSent of %d rows claimed under its lease changed %d", len(seqs), n)
-						}
+					n, err := e.s.MarkSent(e.ctx, e.db, seqs, now, lease)
+					if err == nil && n != int64(len(seqs)) {
+						err = fmt.Errorf("MarkSent of %d rows claimed under its lease changed %d", len(seqs), n)
 					}
 					if err != nil {
 						errs[w] = err

@@ -1,8 +1,14 @@
 package storetest
 
 import (
+	"cmp"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,11 +23,11 @@ import (
 // the database does: a timeout, never a pause.
 const wait = 10 * time.Second
 
-func testNotifier(t *testing.T, open Open) {
+func testNotifier(t *testing.T, su *suite) {
 	t.Run("NotifyWakesListener", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
-		n := e.s.(store.Notifier)
+		e := setup(t, su)
+		var n store.Notifier = e.s
 		ch := n.Channel()
 		assert.NotEmpty(t, ch)
 		assert.LessOrEqual(t, len(ch), 63, "the channel name fits PostgreSQL's identifiers")
@@ -47,10 +53,9 @@ func testNotifier(t *testing.T, open Open) {
 
 		// From another connection of the pool, and from a transaction
 		// once it commits.
-		notify, err := n.NotifySQL(e.ctx, e.db)
+		notify, err := n.PrepareNotify(e.ctx, e.db)
 		require.NoError(t, err)
-		_, err = e.db.ExecContext(e.ctx, notify)
-		require.NoError(t, err)
+		require.NoError(t, notify(e.ctx, e.db))
 		select {
 		case <-woke:
 		case err := <-done:
@@ -60,8 +65,7 @@ func testNotifier(t *testing.T, open Open) {
 		}
 		tx, err := e.db.BeginTx(e.ctx, nil)
 		require.NoError(t, err)
-		_, err = tx.ExecContext(e.ctx, notify)
-		require.NoError(t, err)
+		require.NoError(t, notify(e.ctx, tx))
 		require.NoError(t, tx.Commit())
 		select {
 		case <-woke:
@@ -80,11 +84,10 @@ func testNotifier(t *testing.T, open Open) {
 	})
 }
 
-func testLogical(t *testing.T, open Open) {
+func testLogical(t *testing.T, su *suite) {
 	t.Run("Park", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
-		lg := e.s.(store.Logical)
+		e := setup(t, su)
 		lease := now.Add(time.Minute)
 		p3 := ev("p-3")
 		p3.Key = "k-3"
@@ -94,7 +97,7 @@ func testLogical(t *testing.T, open Open) {
 			{Event: p3, Status: "pending", Due: now, Created: now.Add(-time.Second)},
 		}
 		at := now.Add(time.Second)
-		assert.ElementsMatch(t, []string{"p-2", "p-1", "p-3"}, e.parked(lg.Park(rows, at)))
+		assert.ElementsMatch(t, []string{"p-2", "p-1", "p-3"}, e.parked(rows, at))
 		assert.Equal(t, []string{"p-2", "p-1", "p-3"}, e.list(store.Page{Limit: 10}), "seq follows the order given")
 
 		for _, c := range []struct {
@@ -120,8 +123,7 @@ func testLogical(t *testing.T, open Open) {
 				assert.Equal(t, c.lastErr, *r.LastError, id)
 			}
 			sameTime(t, c.row.Due, r.AvailableAt, "available_at of %s", id)
-			lease, _ := c.row.Lease.(time.Time)
-			sameTimePtr(t, lease, r.LockedUntil, "locked_until of %s", id)
+			sameTimePtr(t, c.row.Lease, r.LockedUntil, "locked_until of %s", id)
 			sameTime(t, c.row.Event.OccurredAt, r.OccurredAt, "occurred_at of %s", id)
 			sameTime(t, c.row.Created, r.CreatedAt, "created_at of %s", id)
 			sameTime(t, at, r.UpdatedAt, "updated_at of %s", id)
@@ -137,47 +139,40 @@ func testLogical(t *testing.T, open Open) {
 			{Event: sameKey, Status: "pending", Due: now, Created: now},
 			{Event: ev("p-4"), Status: "pending", Due: now, Created: now},
 		}
-		assert.Equal(t, []string{"p-4"}, e.parked(lg.Park(again, at)))
+		assert.Equal(t, []string{"p-4"}, e.parked(again, at))
 		assert.Equal(t, "failed", e.get("p-1").Status, "the first write wins")
 		assert.EqualValues(t, 4, e.rows())
 
 		// A parked event's ID is in named_id, whoever chose it: a generated
 		// event the stream offers again is skipped.
 		g := generated()
-		assert.Equal(t, []string{g.ID}, e.parked(lg.Park([]store.ParkRow{{Event: g, Status: "pending", Due: now, Created: now}}, at)))
+		assert.Equal(t, []string{g.ID}, e.parked([]store.ParkRow{{Event: g, Status: "pending", Due: now, Created: now}}, at))
 		named, ok := e.namedID(e.get(g.ID).Seq)
 		assert.True(t, ok, "a parked generated ID is in named_id")
 		assert.Equal(t, g.ID, named)
 		assert.Equal(t, hexOf(uuid.MustParse(g.ID)), e.idColumn(e.get(g.ID).Seq), "the id column is the UUID")
-		assert.Empty(t, e.parked(lg.Park([]store.ParkRow{{Event: g, Status: "pending", Due: now, Created: now}}, at)), "the same generated event parked again")
+		assert.Empty(t, e.parked([]store.ParkRow{{Event: g, Status: "pending", Due: now, Created: now}}, at), "the same generated event parked again")
 		assert.Equal(t, hexOf(store.RowID("p-2")), e.idColumn(e.get("p-2").Seq), "the id column of a named ID")
 		assert.True(t, e.nulls(e.get("p-1").Seq)["idempotency_key"], "a key that is the ID is NULL")
 		assert.EqualValues(t, 5, e.rows())
 
 		// Parked rows wait in the retry index (they have their due time):
 		// the watermark does not hide them.
-		if w := e.walker(); w != nil {
+		if e.walker() != nil {
 			_, high := e.lowOpen()
-			got := e.claimIDs(store.ClaimSpec{Now: now.Add(2 * time.Hour), Lease: now.Add(3 * time.Hour), Limit: 10, From: high.Int64 + 1})
+			got := e.claimIDs(store.ClaimSpec{Now: now.Add(2 * time.Hour), Lease: now.Add(3 * time.Hour), Limit: 10, From: high + 1})
 			assert.ElementsMatch(t, []string{"p-2", "p-3", "p-4", g.ID}, got, "the parked pending rows, due, whatever From")
-			for _, r := range e.walk(w.Walk(0, 100, nil, now)) {
+			for _, r := range e.walk(0, 100, nil, now) {
 				assert.False(t, r.Open, "a parked row is not a new row: seq %d", r.Seq)
 			}
 		}
-
-		// InsertRows rows in one statement (Logical mode parks in chunks of it).
-		n := e.s.Limits().InsertRows
-		many := make([]store.ParkRow, n)
-		for i, id := range ids("m", n) {
-			many[i] = store.ParkRow{Event: ev(id), Status: "pending", Attempts: 1, LastErr: "x", Due: now, Lease: lease, Created: now}
-		}
-		assert.Len(t, e.parked(lg.Park(many, at)), n)
+		assert.Empty(t, e.parked(nil, at), "Park of no rows")
 	})
 
 	t.Run("Blocked", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
-		lg := e.s.(store.Logical)
+		e := setup(t, su)
+		lg := e.logical()
 		e.insert(now,
 			agg("a1-1", "A", "1"), agg("a1-2", "A", "1"), // pending
 			agg("a2-1", "A", "2"), // sent
@@ -186,82 +181,146 @@ func testLogical(t *testing.T, open Open) {
 		)
 		e.sent(now, "a2-1")
 		e.failed(now, "x", "b1-1")
-		blocked := func(types, ids []string) [][2]string {
+		blocked := func(types, ids []string) map[store.Aggregate]bool {
 			t.Helper()
-			q := lg.Blocked(types, ids)
-			rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
-			require.NoError(t, err, "%s", q.SQL)
-			defer rs.Close()
-			var out [][2]string
-			for rs.Next() {
-				var k [2]string
-				require.NoError(t, rs.Scan(&k[0], &k[1]))
-				out = append(out, k)
+			aggs := make([]store.Aggregate, len(types))
+			for i := range types {
+				aggs[i] = store.Aggregate{Type: types[i], ID: ids[i]}
 			}
-			require.NoError(t, rs.Err())
-			return out
+			got, err := lg.Blocked(e.ctx, e.db, aggs)
+			require.NoError(t, err)
+			for a, b := range got {
+				assert.True(t, b, "Blocked holds only the blocked aggregates: %v", a)
+			}
+			return got
 		}
-		assert.ElementsMatch(t, [][2]string{{"A", "1"}, {"B", "1"}},
-			blocked([]string{"A", "A", "B", "C"}, []string{"1", "2", "1", "1"}), "the aggregates with an unsent row, once each")
+		assert.Equal(t, map[store.Aggregate]bool{{Type: "A", ID: "1"}: true, {Type: "B", ID: "1"}: true},
+			blocked([]string{"A", "A", "B", "C"}, []string{"1", "2", "1", "1"}), "the aggregates with an unsent row")
 		assert.Empty(t, blocked([]string{"A", "B"}, []string{"2", "3"}), "pairwise: (A,2) is sent and (B,3) has no row")
 		assert.Empty(t, blocked([]string{"B", "A"}, []string{"3", "3"}))
+		assert.Empty(t, blocked(nil, nil), "no aggregates")
 	})
 
 	t.Run("Slots", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
-		lg := e.s.(store.Logical)
+		e := setup(t, su)
+		lg := e.logical()
 		// CheckLogical passes, or names what to change.
-		if err := lg.CheckLogical(e.ctx, e.db); err != nil {
-			assert.ErrorIs(t, err, errs.ErrServerSetting, "the shared server runs with wal_level=replica")
-			t.Logf("CheckLogical: %v", err)
+		logicalErr := lg.CheckLogical(e.ctx, e.db)
+		if logicalErr != nil {
+			assert.ErrorIs(t, logicalErr, errs.ErrServerSetting, "the shared server runs with wal_level=replica")
+			t.Logf("CheckLogical: %v", logicalErr)
 		}
-		const slot = "no_such_slot"
-		var (
-			active bool
-			lag    int64
-		)
-		q := lg.SlotStats(slot)
-		assert.ErrorIs(t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&active, &lag), sql.ErrNoRows, "SlotStats of a missing slot")
-		var held bool
-		q = lg.SlotHeldBy(slot, 1)
-		require.NoError(t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&held))
+		const missing = "no_such_slot"
+		_, err := lg.SlotStats(e.ctx, e.db, missing)
+		assert.ErrorIs(t, err, errs.ErrNoSlot, "SlotStats of a missing slot")
+		held, err := lg.SlotHeldBy(e.ctx, e.db, missing, 1)
+		require.NoError(t, err)
 		assert.False(t, held)
-		emitted, err := lg.Emit(e.ctx, e.db, slot, "outbox", []byte(`{"id":"x"}`))
+		emitted, err := lg.Emit(e.ctx, e.db, missing, "outbox", []byte(`{"id":"x"}`))
 		require.NoError(t, err)
 		assert.False(t, emitted, "Emit without the slot")
-		var pos string
-		q = lg.WALPosition()
-		require.NoError(t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&pos))
-		assert.NotEmpty(t, pos)
-		var timeout string
-		require.NoError(t, e.db.QueryRowContext(e.ctx, lg.SessionTimeout()).Scan(&timeout))
-		assert.NotEmpty(t, timeout)
+		pos, err := lg.WALPosition(e.ctx, e.db)
+		require.NoError(t, err)
+		assert.NotZero(t, pos, "the flushed WAL position")
+		require.EqualValues(t, 1, e.insert(now, ev("moves-the-wal")))
+		later, err := lg.WALPosition(e.ctx, e.db)
+		require.NoError(t, err)
+		assert.GreaterOrEqual(t, later, pos, "the flushed WAL position does not go back")
+
+		// CreateSlot: on a server that decodes its WAL it creates the slot
+		// (ExerciseSlots checks the rest); on one that cannot, it fails and
+		// leaves no slot. Slots belong to the cluster, publications to the
+		// database: both are dropped.
+		slot := randomSlot()
+		t.Cleanup(func() { dropSlot(e.db, slot) })
+		logger := slog.New(slog.DiscardHandler)
+		replaced, err := lg.CreateSlot(e.ctx, e.db, slot, logger)
+		if logicalErr != nil {
+			assert.Error(t, err, "CreateSlot on a server that cannot decode its WAL")
+			_, err = lg.SlotStats(e.ctx, e.db, slot)
+			assert.ErrorIs(t, err, errs.ErrNoSlot, "CreateSlot that failed leaves no slot")
+			return
+		}
+		require.NoError(t, err)
+		assert.False(t, replaced, "a first slot replaces none")
+		st, err := lg.SlotStats(e.ctx, e.db, slot)
+		require.NoError(t, err)
+		assert.False(t, st.Active, "nobody streams the new slot")
 	})
 }
 
-// parked runs a Park statement and returns the IDs it inserted, each
-// checked against the seq it returned.
-func (e *env) parked(q store.Query) []string {
+// randomSlot is a fresh replication slot (and publication) name.
+func randomSlot() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "storetest_" + hex.EncodeToString(b)
+}
+
+// dropSlot drops the slot and the publication named name, if they exist,
+// on a fresh context (the test's has ended by cleanup).
+func dropSlot(db *sql.DB, name string) {
+	_, _ = db.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '" + name + "'")
+	_, _ = db.Exec(`DROP PUBLICATION IF EXISTS "` + name + `"`)
+}
+
+// parked runs Park and returns the IDs it inserted, by seq, each checked
+// against the seq it returned.
+func (e *env) parked(rows []store.ParkRow, at time.Time) []string {
 	e.t.Helper()
-	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
-	require.NoError(e.t, err, "%.200s", q.SQL)
-	var (
-		out  []string
-		seqs []int64
-	)
-	for rs.Next() {
-		var (
-			seq int64
-			id  string
-		)
-		require.NoError(e.t, rs.Scan(&seq, &id))
-		out, seqs = append(out, id), append(seqs, seq)
+	got, err := e.logical().Park(e.ctx, e.db, rows, at)
+	require.NoError(e.t, err, "Park of %d rows", len(rows))
+	type parked struct {
+		id  string
+		seq int64
 	}
-	require.NoError(e.t, rs.Err())
-	require.NoError(e.t, rs.Close())
+	var out []parked
+	for id, seq := range got {
+		out = append(out, parked{id, seq})
+	}
+	slices.SortFunc(out, func(a, b parked) int { return cmp.Compare(a.seq, b.seq) })
+	ids := make([]string, len(out))
+	seqs := make([]int64, len(out))
+	for i, p := range out {
+		ids[i], seqs[i] = p.id, p.seq
+	}
 	if len(seqs) > 0 {
-		assert.Equal(e.t, out, e.idsAt(seqs), "Park returns each inserted row's seq and ID")
+		assert.Equal(e.t, ids, e.idsAt(seqs), "Park returns each inserted row's seq by its ID")
 	}
-	return out
+	return ids
+}
+
+func testReplicas(t *testing.T, su *suite) {
+	t.Run("Positions", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, su)
+		var r store.Replicas = e.s
+		pos, err := r.WALInsertPosition(e.ctx, e.db)
+		require.NoError(t, err)
+		require.Regexp(t, `^[0-9A-F]+/[0-9A-F]+$`, pos, "a WAL position")
+		n, err := r.ReplicasFlushed(e.ctx, e.db, pos)
+		require.NoError(t, err)
+		assert.Zero(t, n, "no standby streams from the test's server")
+		n, err = r.ReplicasFlushed(e.ctx, e.db, "0/0")
+		require.NoError(t, err)
+		assert.Zero(t, n, "no standby at all")
+
+		// A commit moves the write position on; a transaction reads it too.
+		require.EqualValues(t, 1, e.insert(now, ev("moves-the-wal")))
+		tx, err := e.db.BeginTx(e.ctx, nil)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback() }()
+		later, err := r.WALInsertPosition(e.ctx, tx)
+		require.NoError(t, err)
+		assert.Greater(t, lsn(t, later), lsn(t, pos), "the write position after a commit")
+	})
+}
+
+// lsn is a WAL position's number.
+func lsn(t *testing.T, pos string) uint64 {
+	t.Helper()
+	var hi, lo uint64
+	_, err := fmt.Sscanf(pos, "%X/%X", &hi, &lo)
+	require.NoError(t, err, "WAL position %q", pos)
+	return hi<<32 | lo
 }

@@ -23,8 +23,9 @@ import (
 var versionOneFiles embed.FS
 
 // versionOneOrdering is version 1's ordering index, which relays with
-// OrderByAggregate built under the name OrderingIndex still returns; the
-// files leave it out, as the first release's DDL did.
+// OrderByAggregate built under the name EnsureOrdering still builds
+// (<table>_aggregate_idx); the files leave it out, as the first release's
+// DDL did.
 const versionOneOrdering = `
 CREATE INDEX IF NOT EXISTS "outbox_events_aggregate_idx"
     ON "outbox_events" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent';
@@ -49,33 +50,22 @@ func versionTwo(name string) (string, bool) {
 // oldInsert writes events as versions 1 and 2 wrote them, at the time at:
 // every column but seq (version 2 assigns it), the key and the times
 // spelt out. The builders write version 3 only, so this statement is the
-// suite's own, its times spelt as each store wrote them.
+// suite's own, its times spelt as each store wrote them (timeArg).
 func (e *env) oldInsert(at time.Time, evs ...store.Event) {
 	e.t.Helper()
-	ph := func(n int) string { return "?" }
-	tm := func(t time.Time) any { return t }
-	switch e.s.Name() {
-	case "postgres":
-		ph = func(n int) string { return fmt.Sprintf("$%d", n) }
-	case "mysql":
-		tm = func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.000000") }
-	case "sqlite":
-		tm = func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.999999999-07:00") }
-	default:
-		require.FailNow(e.t, "the suite does not know how "+e.s.Name()+" wrote versions 1 and 2: add it to oldInsert")
-	}
 	for _, ev := range evs {
 		var headers any
 		if ev.Headers != nil {
 			headers = string(ev.Headers)
 		}
-		args := []any{ev.ID, ev.Type, ev.AggregateType, ev.AggregateID, ev.Key, string(ev.Payload), headers, tm(at), tm(ev.OccurredAt), tm(at), tm(at)}
+		args := []any{ev.ID, ev.Type, ev.AggregateType, ev.AggregateID, ev.Key, string(ev.Payload), headers,
+			e.timeArg(at), e.timeArg(ev.OccurredAt), e.timeArg(at), e.timeArg(at)}
 		marks := make([]string, len(args))
 		for i := range marks {
-			marks[i] = ph(i + 1)
+			marks[i] = e.ph(i + 1)
 		}
-		e.exec(store.Query{SQL: "INSERT INTO " + e.qt + " (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers," +
-			" available_at, occurred_at, created_at, updated_at) VALUES (" + strings.Join(marks, ", ") + ")", Args: args})
+		e.raw("INSERT INTO "+e.qt+" (id, event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers,"+
+			" available_at, occurred_at, created_at, updated_at) VALUES ("+strings.Join(marks, ", ")+")", args...)
 	}
 }
 
@@ -85,7 +75,7 @@ func (e *env) oldInsert(at time.Time, evs ...store.Event) {
 // another database of the server may hold it meanwhile.
 func (e *env) upgradeLockFree() bool {
 	e.t.Helper()
-	if e.s.Name() != "mysql" {
+	if e.real.Name() != "mysql" {
 		return true
 	}
 	var n int
@@ -103,17 +93,18 @@ func versionOne(name string) (string, bool) {
 	return string(ddl) + versionOneOrdering, true
 }
 
-func testSchema(t *testing.T, open Open, name string) {
+func testSchema(t *testing.T, su *suite, name string) {
 	t.Run("CreateOnEmpty", func(t *testing.T) {
 		t.Parallel()
-		e := fresh(t, open)
+		e := fresh(t, su)
 		v, err := e.s.Version(e.ctx, e.db)
 		require.NoError(t, err)
 		assert.Equal(t, 0, v, "Version of an empty database")
 
 		// SplitDDL names every statement of Schema(), the table before its
 		// indexes (only the types its columns use before it).
-		ddl := store.SplitDDL(e.s.Schema())
+		ddl, err := store.SplitDDL(e.s.Schema())
+		require.NoError(t, err, "SplitDDL of Schema()")
 		require.Len(t, ddl, len(statements(e.s.Schema())), "SplitDDL must name every statement of Schema():\n%s", e.s.Schema())
 		tableAt := slices.IndexFunc(ddl, func(d store.DDL) bool { return d.Name == e.table })
 		require.GreaterOrEqual(t, tableAt, 0, "the schema creates the table %s", e.table)
@@ -130,14 +121,14 @@ func testSchema(t *testing.T, open Open, name string) {
 			assert.False(t, ok, "Exists(%q) on an empty database", d.Name)
 		}
 
-		require.NoError(t, store.Create(e.ctx, e.db, e.s))
+		require.NoError(t, e.s.Migrate(e.ctx, e.db))
 		v, err = e.s.Version(e.ctx, e.db)
 		require.NoError(t, err)
 		assert.Equal(t, store.SchemaVersion, v)
 		for _, d := range ddl {
 			ok, err := e.s.Exists(e.ctx, e.db, d.Name)
 			require.NoError(t, err)
-			assert.True(t, ok, "Exists(%q) after Create", d.Name)
+			assert.True(t, ok, "Exists(%q) after Migrate", d.Name)
 		}
 		ok, err := e.s.Exists(e.ctx, e.db, e.table+"_no_such_index")
 		require.NoError(t, err)
@@ -154,19 +145,19 @@ func testSchema(t *testing.T, open Open, name string) {
 
 	t.Run("CreateAgain", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		require.EqualValues(t, 1, e.insert(now, ev("kept")))
-		require.NoError(t, store.Create(e.ctx, e.db, e.s), "Create on a created table")
+		require.NoError(t, e.s.Migrate(e.ctx, e.db), "Migrate of a created table")
 		v, err := e.s.Version(e.ctx, e.db)
 		require.NoError(t, err)
 		assert.Equal(t, store.SchemaVersion, v)
-		assert.EqualValues(t, 1, e.rows(), "Create again keeps the rows")
+		assert.EqualValues(t, 1, e.rows(), "Migrate again keeps the rows")
 		e.get("kept")
 	})
 
 	t.Run("UpgradeFrom", func(t *testing.T) {
 		t.Parallel()
-		e := fresh(t, open)
+		e := fresh(t, su)
 		assert.Empty(t, e.s.Upgrade(0), "no upgrade from no table")
 		assert.Empty(t, e.s.Upgrade(store.SchemaVersion), "no upgrade from the current version")
 		require.Empty(t, e.s.Upgrade(store.SchemaVersion+1), "no upgrade from a version to come")
@@ -174,15 +165,20 @@ func testSchema(t *testing.T, open Open, name string) {
 
 	t.Run("UpgradeFromVersion1", func(t *testing.T) {
 		t.Parallel()
-		e := fresh(t, open)
+		e := fresh(t, su)
 		if e.s.Upgrade(1) == "" {
-			// This database never had version 1: store.Upgrade refuses
-			// rather than guess, and changes nothing.
-			require.Error(t, store.Upgrade(e.ctx, e.db, e.s, 1))
+			// This database never had version 1: Migrate of a version 1
+			// table (one without seq) refuses rather than guess, and
+			// changes nothing.
+			e.raw("CREATE TABLE " + e.qt + " (id VARCHAR(64) PRIMARY KEY)")
 			v, err := e.s.Version(e.ctx, e.db)
 			require.NoError(t, err)
-			assert.Equal(t, 0, v)
-			t.Logf("%s has no version 1: checked that store.Upgrade refuses", e.s.Name())
+			require.Equal(t, 1, v, "Version of a table without seq")
+			require.Error(t, e.s.Migrate(e.ctx, e.db), "Migrate of a version 1 table where there is no upgrade from it")
+			v, err = e.s.Version(e.ctx, e.db)
+			require.NoError(t, err)
+			assert.Equal(t, 1, v)
+			t.Logf("%s has no version 1: checked that Migrate refuses", e.s.Name())
 			return
 		}
 		v1, ok := versionOne(e.s.Name())
@@ -193,7 +189,7 @@ func testSchema(t *testing.T, open Open, name string) {
 		v, err := e.s.Version(e.ctx, e.db)
 		require.NoError(t, err)
 		require.Equal(t, 1, v, "Version of a version 1 table")
-		name, _ := e.s.OrderingIndex()
+		name := e.orderingIndex()
 		ok, err = e.s.Exists(e.ctx, e.db, name)
 		require.NoError(t, err)
 		require.True(t, ok, "version 1's ordering index is named %s", name)
@@ -213,22 +209,17 @@ func testSchema(t *testing.T, open Open, name string) {
 		e.raw("UPDATE " + e.qt + " SET status = 'failed', attempts = 10, last_error = 'boom' WHERE id = 'failed-1'")
 		e.raw("UPDATE " + e.qt + " SET attempts = 2 WHERE id = 'a-2'")
 
-		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s, 1))
+		require.NoError(t, e.s.Migrate(e.ctx, e.db))
 		v, err = e.s.Version(e.ctx, e.db)
 		require.NoError(t, err)
-		assert.Equal(t, store.SchemaVersion, v, "Version after Upgrade")
-		for _, d := range store.SplitDDL(e.s.Schema()) {
-			ok, err := e.s.Exists(e.ctx, e.db, d.Name)
-			require.NoError(t, err)
-			assert.True(t, ok, "Exists(%q) after Upgrade", d.Name)
-		}
+		assert.Equal(t, store.SchemaVersion, v, "Version after Migrate")
+		e.existsAll("after Migrate of version 1")
 		ok, err = e.s.Exists(e.ctx, e.db, name)
 		require.NoError(t, err)
-		assert.False(t, ok, "Upgrade drops version 1's ordering index, so that Ensure builds the current one")
+		assert.False(t, ok, "Migrate drops version 1's ordering index, so that EnsureOrdering builds the current one")
 
-		// Another instance finds the work done, then creates what is missing.
-		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s, 1), "Upgrade of an upgraded table")
-		require.NoError(t, store.Create(e.ctx, e.db, e.s))
+		// Another instance finds the work done.
+		require.NoError(t, e.s.Migrate(e.ctx, e.db), "Migrate of an upgraded table")
 		assert.EqualValues(t, 7, e.rows())
 
 		// seq numbers the rows in the order version 1 delivered them.
@@ -260,18 +251,22 @@ func testSchema(t *testing.T, open Open, name string) {
 
 		// Per-aggregate order follows the old rows' order.
 		e.ensureOrdering()
+		ok, err = e.s.Exists(e.ctx, e.db, name)
+		require.NoError(t, err)
+		assert.True(t, ok, "EnsureOrdering builds the current ordering index")
 		assert.Equal(t, []string{"b-3", "a-2", "new"},
 			e.claimIDs(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10, Ordered: true}))
 	})
 
 	t.Run("UpgradeFromVersion2", func(t *testing.T) {
 		t.Parallel()
-		e := fresh(t, open)
+		e := fresh(t, su)
 		v2, ok := versionTwo(e.s.Name())
 		if e.s.Upgrade(2) == "" {
 			require.False(t, ok, "the suite has a version 2 table for %s, which has no Upgrade(2) script", e.s.Name())
-			require.Error(t, store.Upgrade(e.ctx, e.db, e.s, 2))
-			t.Logf("%s has no version 2: checked that store.Upgrade refuses", e.s.Name())
+			e.raw("CREATE TABLE " + e.qt + " (seq BIGINT PRIMARY KEY, id VARCHAR(64))")
+			require.Error(t, e.s.Migrate(e.ctx, e.db), "Migrate of a version 2 table where there is no upgrade from it")
+			t.Logf("%s has no version 2: checked that Migrate refuses", e.s.Name())
 			return
 		}
 		require.True(t, ok, "store %s has an Upgrade(2) script but the suite has no version 2 table for it: add it to schema-v2/%s.sql", e.s.Name(), e.s.Name())
@@ -305,19 +300,14 @@ func testSchema(t *testing.T, open Open, name string) {
 		e.raw("UPDATE " + e.qt + " SET status = 'failed', attempts = 10, last_error = 'boom' WHERE id = 'failed-1'")
 		e.raw("UPDATE " + e.qt + " SET attempts = 2 WHERE id = 'a-2'")
 
-		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s, 2))
+		require.NoError(t, e.s.Migrate(e.ctx, e.db))
 		assert.True(t, e.upgradeLockFree(), "the upgrade's named lock is released")
 		v, err = e.s.Version(e.ctx, e.db)
 		require.NoError(t, err)
-		assert.Equal(t, store.SchemaVersion, v, "Version after Upgrade")
-		require.NoError(t, store.Create(e.ctx, e.db, e.s))
-		for _, d := range store.SplitDDL(e.s.Schema()) {
-			ok, err := e.s.Exists(e.ctx, e.db, d.Name)
-			require.NoError(t, err)
-			assert.True(t, ok, "Exists(%q) after Upgrade", d.Name)
-		}
+		assert.Equal(t, store.SchemaVersion, v, "Version after Migrate")
+		e.existsAll("after Migrate of version 2")
 		// Another instance finds the work done.
-		require.NoError(t, store.Upgrade(e.ctx, e.db, e.s, 2), "Upgrade of an upgraded table")
+		require.NoError(t, e.s.Migrate(e.ctx, e.db), "Migrate of an upgraded table")
 		assert.True(t, e.upgradeLockFree(), "the upgrade's named lock is released when another instance did the work")
 		assert.EqualValues(t, 7, e.rows())
 
@@ -358,7 +348,7 @@ func testSchema(t *testing.T, open Open, name string) {
 			assert.Equal(t, "boom", *f.LastError)
 		}
 		assert.Equal(t, 2, e.get("a-2").Attempts)
-		assert.EqualValues(t, 1, e.count(e.s.Count(store.Filter{Statuses: []string{"failed"}})), "the status reads as before")
+		assert.EqualValues(t, 1, e.countOf(store.Filter{Statuses: []string{"failed"}}), "the status reads as before")
 		st := e.stats()
 		assert.EqualValues(t, 5, st["pending"].N)
 		assert.EqualValues(t, 1, st["sent"].N)
@@ -374,17 +364,17 @@ func testSchema(t *testing.T, open Open, name string) {
 		require.EqualValues(t, 1, e.insert(now, g))
 		assert.Greater(t, e.get(g.ID).Seq, e.get("a-1").Seq, "seq continues after the old rows")
 
-		if w := e.walker(); w != nil {
+		if e.walker() != nil {
 			// The old pending rows have their due time: they wait in the
 			// retry index, where the watermark does not hide them.
 			low, high := e.lowOpen()
-			assert.Equal(t, some(e.get(g.ID).Seq), low, "the old rows are not new rows")
+			assert.Equal(t, e.get(g.ID).Seq, low, "the old rows are not new rows")
 			assert.Equal(t, []string{uid, "b-3", "b-2", "a-2", "a-1"},
-				e.claimIDs(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10, From: high.Int64 + 1}), "the old pending rows, whatever From")
-			for _, r := range e.walk(w.Walk(high.Int64+1, 1, e.seqs(uid, "b-3", "a-1"), now)) {
+				e.claimIDs(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10, From: high + 1}), "the old pending rows, whatever From")
+			for _, r := range e.walk(high+1, 1, e.seqs(uid, "b-3", "a-1"), now) {
 				assert.False(t, r.Open, "an old pending row is not open: seq %d", r.Seq)
 			}
-			require.EqualValues(t, 5, e.exec(e.s.Release(e.seqs(uid, "b-3", "b-2", "a-2", "a-1"), now, now.Add(time.Minute))))
+			require.EqualValues(t, 5, e.release(e.seqs(uid, "b-3", "b-2", "a-2", "a-1"), now, now.Add(time.Minute)))
 		}
 
 		// Per-aggregate order follows the old rows' order.
@@ -397,7 +387,7 @@ func testSchema(t *testing.T, open Open, name string) {
 	// the work done.
 	t.Run("UpgradeConcurrently", func(t *testing.T) {
 		t.Parallel()
-		e := fresh(t, open)
+		e := fresh(t, su)
 		v2, ok := versionTwo(e.s.Name())
 		if !ok || e.s.Upgrade(2) == "" {
 			t.Skipf("%s has no version 2", e.s.Name())
@@ -412,7 +402,7 @@ func testSchema(t *testing.T, open Open, name string) {
 		errs := make([]error, instances)
 		var wg sync.WaitGroup
 		for i := range instances {
-			wg.Go(func() { errs[i] = store.Upgrade(e.ctx, e.db, e.s, 2) })
+			wg.Go(func() { errs[i] = e.s.Migrate(e.ctx, e.db) })
 		}
 		wg.Wait()
 		for i, err := range errs {
@@ -422,38 +412,53 @@ func testSchema(t *testing.T, open Open, name string) {
 		v, err := e.s.Version(e.ctx, e.db)
 		require.NoError(t, err)
 		assert.Equal(t, store.SchemaVersion, v)
-		require.NoError(t, store.Create(e.ctx, e.db, e.s))
+		e.existsAll("after instances migrated at once")
 		assert.EqualValues(t, 20, e.rows())
 		assert.Equal(t, "r-07", e.get("r-07").ID)
 	})
 
-	t.Run("OrderingIndex", func(t *testing.T) {
+	t.Run("EnsureOrdering", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
-		name, ddl := e.s.OrderingIndex()
-		require.NotEmpty(t, name)
-		require.NotEmpty(t, ddl)
+		e := setup(t, su)
+		name := e.orderingIndex()
 		ok, err := e.s.Exists(e.ctx, e.db, name)
 		require.NoError(t, err)
-		require.False(t, ok, "the ordering index before Ensure")
-		require.NoError(t, store.Ensure(e.ctx, e.db, e.s, name, ddl...))
+		require.False(t, ok, "the ordering index before EnsureOrdering")
+		require.NoError(t, e.s.EnsureOrdering(e.ctx, e.db))
 		ok, err = e.s.Exists(e.ctx, e.db, name)
 		require.NoError(t, err)
-		assert.True(t, ok, "Exists(%q) after Ensure", name)
-		require.NoError(t, store.Ensure(e.ctx, e.db, e.s, name, ddl...), "Ensure again")
+		assert.True(t, ok, "Exists(%q) after EnsureOrdering", name)
+		require.NoError(t, e.s.EnsureOrdering(e.ctx, e.db), "EnsureOrdering again")
 		ok, err = e.s.Exists(e.ctx, e.db, name)
 		require.NoError(t, err)
-		assert.True(t, ok, "Exists(%q) after Ensure again", name)
+		assert.True(t, ok, "Exists(%q) after EnsureOrdering again", name)
+
+		// Relays that start together race to build it: each finds it
+		// built, or builds it, and none fails.
+		e2 := setup(t, su)
+		const relays = 3
+		errs := make([]error, relays)
+		var wg sync.WaitGroup
+		for i := range relays {
+			wg.Go(func() { errs[i] = e2.s.EnsureOrdering(e2.ctx, e2.db) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			assert.NoError(t, err, "relay %d", i)
+		}
+		ok, err = e2.s.Exists(e2.ctx, e2.db, e2.orderingIndex())
+		require.NoError(t, err)
+		assert.True(t, ok, "the ordering index after relays built it at once")
 	})
 
 	if name == "postgres" {
 		// Exists: "a PostgreSQL index a failed concurrent build left
-		// invalid does not" exist, so that Ensure builds it again.
+		// invalid does not" exist, so that EnsureOrdering builds it again.
 		t.Run("InvalidIndexRebuilt", func(t *testing.T) {
 			t.Parallel()
-			e := setup(t, open)
+			e := setup(t, su)
 			require.EqualValues(t, 2, e.insert(now, agg("x-1", "acct", "1"), agg("x-2", "acct", "2")))
-			name, ddl := e.s.OrderingIndex()
+			name := e.orderingIndex()
 			_, err := e.db.ExecContext(e.ctx, `CREATE UNIQUE INDEX CONCURRENTLY "`+name+`" ON `+e.qt+" (aggregate_type)")
 			require.Error(t, err, "a concurrent build that fails")
 			var left bool
@@ -462,10 +467,25 @@ func testSchema(t *testing.T, open Open, name string) {
 			ok, err := e.s.Exists(e.ctx, e.db, name)
 			require.NoError(t, err)
 			assert.False(t, ok, "Exists of an invalid index")
-			require.NoError(t, store.Ensure(e.ctx, e.db, e.s, name, ddl...))
+			require.NoError(t, e.s.EnsureOrdering(e.ctx, e.db))
 			ok, err = e.s.Exists(e.ctx, e.db, name)
 			require.NoError(t, err)
-			assert.True(t, ok, "Exists after Ensure rebuilt it")
+			assert.True(t, ok, "Exists after EnsureOrdering rebuilt it")
+			var valid bool
+			require.NoError(t, e.db.QueryRowContext(e.ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('"`+name+`"')`).Scan(&valid))
+			assert.True(t, valid, "the rebuilt index is valid")
 		})
+	}
+}
+
+// existsAll asserts that every object Schema() creates exists.
+func (e *env) existsAll(when string) {
+	e.t.Helper()
+	ddl, err := store.SplitDDL(e.s.Schema())
+	require.NoError(e.t, err)
+	for _, d := range ddl {
+		ok, err := e.s.Exists(e.ctx, e.db, d.Name)
+		require.NoError(e.t, err)
+		assert.True(e.t, ok, "Exists(%q) %s", d.Name, when)
 	}
 }

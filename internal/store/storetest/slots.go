@@ -1,8 +1,6 @@
 package storetest
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"log/slog"
 	"testing"
 
@@ -19,20 +17,16 @@ import (
 // cluster: the suite drops the ones it creates.
 func ExerciseSlots(t *testing.T, open Open) {
 	t.Helper()
-	e := setup(t, open)
-	lg, ok := e.s.(store.Logical)
-	require.True(t, ok, "%T implements no store.Logical", e.s)
+	e := setup(t, &suite{open: open, calls: &calls{}})
+	require.True(t, is[store.Logical](e.real), "%T implements no store.Logical", e.real)
+	lg := e.logical()
 	require.NoError(t, lg.CheckLogical(e.ctx, e.db), "ExerciseSlots needs a server that decodes its WAL")
 
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	slot := "storetest_" + hex.EncodeToString(b)
+	slot := randomSlot()
 	other := slot + "_td"
 	t.Cleanup(func() {
-		// A fresh context: t's has ended by now.
 		for _, s := range []string{slot, other} {
-			_, _ = e.db.Exec("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = '" + s + "'")
-			_, _ = e.db.Exec(`DROP PUBLICATION IF EXISTS "` + s + `"`)
+			dropSlot(e.db, s)
 		}
 	})
 	logger := slog.New(slog.DiscardHandler)
@@ -73,18 +67,21 @@ func ExerciseSlots(t *testing.T, open Open) {
 	})
 
 	t.Run("SlotStats", func(t *testing.T) {
-		var (
-			active bool
-			lag    int64
-		)
-		q := lg.SlotStats(slot)
-		require.NoError(t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&active, &lag))
-		assert.False(t, active, "nobody streams the slot")
-		assert.GreaterOrEqual(t, lag, int64(0))
-		var held bool
-		q = lg.SlotHeldBy(slot, 1)
-		require.NoError(t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&held))
+		st, err := lg.SlotStats(e.ctx, e.db, slot)
+		require.NoError(t, err)
+		assert.False(t, st.Active, "nobody streams the slot")
+		assert.GreaterOrEqual(t, st.LagBytes, int64(0))
+		held, err := lg.SlotHeldBy(e.ctx, e.db, slot, 1)
+		require.NoError(t, err)
 		assert.False(t, held)
+
+		// The WAL the slot keeps grows with what is written after it.
+		emitted, err := lg.Emit(e.ctx, e.db, slot, "outbox", []byte(`{"id":"lag"}`))
+		require.NoError(t, err)
+		require.True(t, emitted)
+		after, err := lg.SlotStats(e.ctx, e.db, slot)
+		require.NoError(t, err)
+		assert.Greater(t, after.LagBytes, st.LagBytes, "a message emitted after the slot's confirmed position")
 	})
 
 	t.Run("RefusesOtherPlugin", func(t *testing.T) {

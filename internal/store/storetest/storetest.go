@@ -1,24 +1,27 @@
 // Package storetest is the conformance suite every store runs: one
-// function, Exercise, that checks at the SQL level the contracts the
-// interfaces of package store state, role by role, on a fresh database per
-// subtest. A store's own test opens its database and calls it:
+// function, Exercise, that checks the contracts the interfaces of package
+// store state, role by role, on a fresh database per subtest. A store's
+// own test opens its database and calls it:
 //
 //	func TestStore(t *testing.T) {
-//		storetest.Exercise(t, func(t *testing.T) (store.Store, *sql.DB) { ... })
+//		storetest.Exercise(t, func(t *testing.T) (store.Store, *gorm.DB) { ... })
 //	}
 //
-// The statements the builders return are run on the *sql.DB as the root
-// package runs them, read back through store.QueryClaimed, store.ScanRows
-// and store.DBTime. Every time the suite writes goes through the builders,
-// from a fixed UTC clock: no check depends on the database's clock.
+// Every call goes through the store's typed methods, as the root package
+// makes them, through a recorder that counts them: once every subtest has
+// ended, Exercise fails for each method of a role the store implements
+// that none called. Every time the suite writes goes through the store,
+// from a fixed UTC clock: no check depends on the database's clock. The
+// little SQL of the suite's own (rows as older versions wrote them,
+// columns read directly, counts) goes through the env's helpers.
 package storetest
 
 import (
 	"cmp"
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
+	"log/slog"
 	"regexp"
 	"slices"
 	"strings"
@@ -29,53 +32,88 @@ import (
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 )
 
 // Open returns a store on a fresh, empty database of its own (schema,
-// database or file), without the outbox table, closed when t ends.
-type Open func(t *testing.T) (store.Store, *sql.DB)
+// database or file), without the outbox table, closed when t ends, and
+// the GORM session on it (Check takes one). The suite runs Check itself,
+// as db.Use does.
+type Open func(t *testing.T) (store.Store, *gorm.DB)
 
 // now is the suite's clock: a fixed UTC time, in microseconds, the
 // precision every database keeps.
 var now = time.Date(2031, 3, 14, 15, 9, 26, 535897000, time.UTC)
 
-// Exercise runs the conformance suite on the store open returns.
+// suite is what each subtest of one Exercise shares: the opener and the
+// count of the store's calls.
+type suite struct {
+	open  Open
+	calls *calls
+}
+
+// Exercise runs the conformance suite on the store open returns. Once
+// every subtest has ended, it fails for each method of a role the store
+// implements that no subtest called.
 func Exercise(t *testing.T, open Open) {
 	t.Helper()
+	su := &suite{open: open, calls: &calls{}}
 	s, _ := open(t)
 	t.Logf("store %s (%T)", s.Name(), s)
+	// Cleanups run once every subtest, parallel ones included, has ended.
+	t.Cleanup(func() { checkCoverage(t, s, su.calls) })
 
-	t.Run("Schema", func(t *testing.T) { t.Parallel(); testSchema(t, open, s.Name()) })
-	t.Run("Writer", func(t *testing.T) { t.Parallel(); testWriter(t, open) })
-	t.Run("Claimer", func(t *testing.T) { t.Parallel(); testClaimer(t, open) })
-	t.Run("Admin", func(t *testing.T) { t.Parallel(); testAdmin(t, open) })
-	t.Run("Limits", func(t *testing.T) { t.Parallel(); testLimits(t, open) })
-	t.Run("Concurrency", func(t *testing.T) { t.Parallel(); testConcurrency(t, open) })
-	if _, ok := s.(store.Walker); ok {
-		t.Run("Walker", func(t *testing.T) { t.Parallel(); testWalker(t, open) })
+	t.Run("Schema", func(t *testing.T) { t.Parallel(); testSchema(t, su, s.Name()) })
+	t.Run("Writer", func(t *testing.T) { t.Parallel(); testWriter(t, su) })
+	t.Run("Claimer", func(t *testing.T) { t.Parallel(); testClaimer(t, su) })
+	t.Run("Admin", func(t *testing.T) { t.Parallel(); testAdmin(t, su) })
+	t.Run("Limits", func(t *testing.T) { t.Parallel(); testLimits(t, su) })
+	t.Run("Concurrency", func(t *testing.T) { t.Parallel(); testConcurrency(t, su) })
+	if is[store.Walker](s) {
+		t.Run("Walker", func(t *testing.T) { t.Parallel(); testWalker(t, su) })
 	} else {
 		t.Logf("%s implements no store.Walker", s.Name())
-		t.Run("NoWalker", func(t *testing.T) { t.Parallel(); testNoWalker(t, open) })
+		t.Run("NoWalker", func(t *testing.T) { t.Parallel(); testNoWalker(t, su) })
 	}
-	// The optional roles, where the store has them.
-	if _, ok := s.(store.Notifier); ok {
-		t.Run("Notifier", func(t *testing.T) { t.Parallel(); testNotifier(t, open) })
-	} else {
-		t.Logf("%s implements no store.Notifier", s.Name())
+	// The feature roles, where the store has them: the real store says,
+	// not the recorder (which has every method).
+	for _, r := range []struct {
+		name string
+		has  bool
+		run  func(*testing.T, *suite)
+	}{
+		{"Inbox", is[store.Inbox](s), testInbox},
+		{"InboxLead", is[store.InboxLead](s), testInboxLead},
+		{"Overview", is[store.Overview](s), testOverview},
+		{"History", is[store.History](s), testHistory},
+		{"Notifier", is[store.Notifier](s), testNotifier},
+		{"Logical", is[store.Logical](s), testLogical},
+		{"Replicas", is[store.Replicas](s), testReplicas},
+	} {
+		if !r.has {
+			t.Logf("%s implements no store.%s", s.Name(), r.name)
+			continue
+		}
+		t.Run(r.name, func(t *testing.T) { t.Parallel(); r.run(t, su) })
 	}
-	if _, ok := s.(store.Logical); ok {
-		t.Run("Logical", func(t *testing.T) { t.Parallel(); testLogical(t, open) })
-	} else {
-		t.Logf("%s implements no store.Logical", s.Name())
-	}
+}
+
+// is reports whether s implements the role R.
+func is[R any](s store.Store) bool {
+	_, ok := s.(R)
+	return ok
 }
 
 // env is one subtest's store and database.
 type env struct {
-	t     *testing.T
-	ctx   context.Context
-	s     store.Store
+	t   *testing.T
+	ctx context.Context
+	// s is the store through the suite's recorder; real is the store
+	// itself, which the role accessors (walker and the like) ask.
+	s     *recorder
+	real  store.Store
 	db    *sql.DB
+	gdb   *gorm.DB
 	table string // the table's name
 	qt    string // quoted, as the schema writes it
 	// leases numbers the leases settle takes, so that no two are equal.
@@ -84,37 +122,71 @@ type env struct {
 
 var tableRE = regexp.MustCompile("(?i)\\bCREATE\\s+TABLE\\s+(?:IF\\s+NOT\\s+EXISTS\\s+)?([\"`]?)(\\w+)([\"`]?)")
 
-// fresh opens an empty database.
-func fresh(t *testing.T, open Open) *env {
+// fresh opens an empty database and runs Check on it, as db.Use does
+// first.
+func fresh(t *testing.T, su *suite) *env {
 	t.Helper()
-	s, db := open(t)
-	m := tableRE.FindStringSubmatch(s.Schema())
-	require.NotNil(t, m, "the schema creates no table:\n%s", s.Schema())
-	return &env{t: t, ctx: t.Context(), s: s, db: db, table: m[2], qt: m[1] + m[2] + m[3]}
-}
-
-// setup opens a database and creates the table, as db.Use does.
-func setup(t *testing.T, open Open) *env {
-	t.Helper()
-	e := fresh(t, open)
-	require.NoError(t, store.Create(e.ctx, e.db, e.s))
+	s, gdb := su.open(t)
+	db, err := gdb.DB()
+	require.NoError(t, err)
+	e := &env{t: t, ctx: t.Context(), s: &recorder{real: s, calls: su.calls}, real: s, db: db, gdb: gdb}
+	require.NoError(t, e.s.Check(e.ctx, gdb, slog.New(slog.DiscardHandler)), "Check of the test's database")
+	m := tableRE.FindStringSubmatch(e.s.Schema())
+	require.NotNil(t, m, "the schema creates no table:\n%s", e.s.Schema())
+	e.table, e.qt = m[2], m[1]+m[2]+m[3]
 	return e
 }
 
-// exec runs a statement and returns the rows it changed.
-func (e *env) exec(q store.Query) int64 {
+// setup opens a database and creates the table, as db.Use does.
+func setup(t *testing.T, su *suite) *env {
+	t.Helper()
+	e := fresh(t, su)
+	require.NoError(t, e.s.Migrate(e.ctx, e.db))
+	return e
+}
+
+// ph is the n-th (1-based) placeholder of SQL of the suite's own.
+func (e *env) ph(n int) string {
+	if e.real.Name() == "postgres" {
+		return fmt.Sprintf("$%d", n)
+	}
+	return "?"
+}
+
+// timeArg is a time as an argument of SQL of the suite's own, in the form
+// each store writes its times (the suite's knowledge, not the store's:
+// rows as older versions wrote them must read back the same).
+func (e *env) timeArg(t time.Time) any {
 	e.t.Helper()
-	res, err := e.db.ExecContext(e.ctx, q.SQL, q.Args...)
-	require.NoError(e.t, err, "%s", q.SQL)
+	switch e.real.Name() {
+	case "postgres":
+		return t
+	case "mysql":
+		return t.UTC().Format("2006-01-02 15:04:05.000000")
+	case "sqlite":
+		return t.UTC().Format("2006-01-02 15:04:05.999999999-07:00")
+	}
+	require.FailNow(e.t, "the suite does not know how "+e.real.Name()+" writes times: add it to timeArg")
+	return nil
+}
+
+// raw runs SQL of the suite's own (placeholders spelt by ph) and returns
+// the rows it changed.
+func (e *env) raw(query string, args ...any) int64 {
+	e.t.Helper()
+	res, err := e.db.ExecContext(e.ctx, query, args...)
+	require.NoError(e.t, err, "%.300s", query)
 	n, err := res.RowsAffected()
 	require.NoError(e.t, err)
 	return n
 }
 
-// raw runs literal SQL (no arguments: the suite writes no time this way).
-func (e *env) raw(sql string) int64 {
+// count runs SQL of the suite's own that returns one count.
+func (e *env) count(query string, args ...any) int64 {
 	e.t.Helper()
-	return e.exec(store.Query{SQL: sql})
+	var n int64
+	require.NoError(e.t, e.db.QueryRowContext(e.ctx, query, args...).Scan(&n), "%.300s", query)
+	return n
 }
 
 // insert writes events through Insert at the time at and returns how many
@@ -126,64 +198,38 @@ func (e *env) insert(at time.Time, evs ...store.Event) int64 {
 	return n
 }
 
-// tryInsert runs Insert as Publish does (runInsert), each seq it returns
-// checked to hold one of evs' IDs.
+// tryInsert runs Insert as Publish does with DeliverAfterCommit (asking
+// for the seqs), each seq it returns checked to hold one of evs' IDs.
 func (e *env) tryInsert(at time.Time, evs ...store.Event) (int64, error) {
 	e.t.Helper()
-	n, seqs, err := runInsert(e.ctx, e.db, e.s, e.s.Insert(evs, at, true), true)
-	if err != nil || seqs == nil {
-		return n, err
+	got, err := e.s.Insert(e.ctx, e.db, evs, at, true)
+	if err != nil {
+		return int64(got.Written), err
 	}
+	require.GreaterOrEqual(e.t, got.Written, 0, "Insert tells how many rows it wrote: every driver of the suite can say")
+	if got.Seqs == nil {
+		return int64(got.Written), nil
+	}
+	assert.Len(e.t, got.Seqs, got.Written, "Insert returns a seq for each row it wrote")
 	want := map[string]bool{}
 	for i := range evs {
 		want[evs[i].ID] = true
 	}
-	for i, id := range e.idsAt(seqs) {
-		assert.True(e.t, want[id], "Insert returned seq %d, which holds %s, not one of the events written", seqs[i], id)
+	seen := map[int64]bool{}
+	for i, id := range e.idsAt(got.Seqs) {
+		assert.True(e.t, want[id], "Insert returned seq %d, which holds %s, not one of the events written", got.Seqs[i], id)
+		assert.False(e.t, seen[got.Seqs[i]], "Insert returned seq %d twice", got.Seqs[i])
+		seen[got.Seqs[i]] = true
 	}
-	return n, nil
-}
-
-// runInsert runs an Insert statement as Publish does: asked for its seqs
-// (want) with Returning, a query whose rows are the seqs it inserted;
-// otherwise a statement whose row count it is (seqs nil).
-func runInsert(ctx context.Context, db *sql.DB, s store.Store, q store.Query, want bool) (n int64, seqs []int64, err error) {
-	if !want || !s.Returning() {
-		res, err := db.ExecContext(ctx, q.SQL, q.Args...)
-		if err != nil {
-			return 0, nil, err
-		}
-		n, err := res.RowsAffected()
-		return n, nil, err
-	}
-	rs, err := db.QueryContext(ctx, q.SQL, q.Args...)
-	if err != nil {
-		return 0, nil, err
-	}
-	seqs = []int64{}
-	for rs.Next() {
-		var seq int64
-		if err := rs.Scan(&seq); err != nil {
-			_ = rs.Close()
-			return 0, nil, err
-		}
-		seqs = append(seqs, seq)
-	}
-	if err := errors.Join(rs.Err(), rs.Close()); err != nil {
-		return 0, nil, err
-	}
-	return int64(len(seqs)), seqs, nil
+	return int64(got.Written), nil
 }
 
 // find reads a row through Get.
 func (e *env) find(id string) (store.Row, bool) {
 	e.t.Helper()
-	rows := e.query(e.s.Get(id))
-	require.LessOrEqual(e.t, len(rows), 1, "Get(%q)", id)
-	if len(rows) == 0 {
-		return store.Row{}, false
-	}
-	return rows[0], true
+	r, ok, err := e.s.Get(e.ctx, e.db, id)
+	require.NoError(e.t, err, "Get(%q)", id)
+	return r, ok
 }
 
 // get reads a row that exists through Get.
@@ -194,50 +240,32 @@ func (e *env) get(id string) store.Row {
 	return r
 }
 
-// query runs a statement selecting RowColumns.
-func (e *env) query(q store.Query) []store.Row {
+// listOn runs List on db (the pool, or a transaction).
+func (e *env) listOn(db store.DB, p store.Page) []store.Row {
 	e.t.Helper()
-	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
-	require.NoError(e.t, err, "%s", q.SQL)
-	rows, err := store.ScanRows(rs)
-	require.NoError(e.t, err, "%s", q.SQL)
+	rows, err := e.s.List(e.ctx, db, p)
+	require.NoError(e.t, err, "List(%+v)", p)
 	return rows
 }
 
 // list returns the IDs List returns, in its order.
 func (e *env) list(p store.Page) []string {
 	e.t.Helper()
-	return idsOf(e.query(e.s.List(p)))
+	return idsOf(e.listOn(e.db, p))
 }
 
-// count runs a statement returning one count.
-func (e *env) count(q store.Query) int64 {
+// countOf runs Count.
+func (e *env) countOf(f store.Filter) int64 {
 	e.t.Helper()
-	var n int64
-	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q.SQL, q.Args...).Scan(&n), "%s", q.SQL)
+	n, err := e.s.Count(e.ctx, e.db, f)
+	require.NoError(e.t, err, "Count(%+v)", f)
 	return n
-}
-
-// seqList runs a statement returning one column, seq.
-func (e *env) seqList(q store.Query) []int64 {
-	e.t.Helper()
-	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
-	require.NoError(e.t, err, "%s", q.SQL)
-	defer rs.Close()
-	var seqs []int64
-	for rs.Next() {
-		var seq int64
-		require.NoError(e.t, rs.Scan(&seq))
-		seqs = append(seqs, seq)
-	}
-	require.NoError(e.t, rs.Err())
-	return seqs
 }
 
 // all reads every row through List, by seq.
 func (e *env) all() []store.Row {
 	e.t.Helper()
-	return e.query(e.s.List(store.Page{Limit: 100000}))
+	return e.listOn(e.db, store.Page{Limit: 100000})
 }
 
 // idsAt are the IDs of the rows at seqs, in seqs' order ("?" for a seq
@@ -288,7 +316,7 @@ func (e *env) states() map[string]state {
 // rows counts the table's rows.
 func (e *env) rows() int64 {
 	e.t.Helper()
-	return e.count(store.Query{SQL: "SELECT COUNT(*) FROM " + e.qt})
+	return e.count("SELECT COUNT(*) FROM " + e.qt)
 }
 
 // claim runs Claim.
@@ -328,7 +356,7 @@ func (e *env) settle(ids ...string) time.Time {
 func (e *env) sent(at time.Time, ids ...string) {
 	e.t.Helper()
 	lease := e.settle(ids...)
-	require.EqualValues(e.t, len(ids), e.exec(e.s.MarkSent(e.seqs(ids...), at, lease)), "MarkSent")
+	require.EqualValues(e.t, len(ids), e.markSent(e.seqs(ids...), at, lease), "MarkSent")
 }
 
 // failed marks the rows failed for good at the time at, with the error.
@@ -339,7 +367,31 @@ func (e *env) failed(at time.Time, msg string, ids ...string) {
 	for i, id := range ids {
 		outs[i] = e.outcome(id, "failed", msg, at)
 	}
-	require.EqualValues(e.t, len(ids), e.exec(e.s.MarkFailed(outs, at, lease)), "MarkFailed")
+	require.EqualValues(e.t, len(ids), e.markFailed(outs, at, lease), "MarkFailed")
+}
+
+// markSent runs MarkSent and returns the rows it changed.
+func (e *env) markSent(seqs []int64, at, lease time.Time) int64 {
+	e.t.Helper()
+	n, err := e.s.MarkSent(e.ctx, e.db, seqs, at, lease)
+	require.NoError(e.t, err, "MarkSent of %d seqs", len(seqs))
+	return n
+}
+
+// markFailed runs MarkFailed and returns the rows it changed.
+func (e *env) markFailed(outs []store.Outcome, at, lease time.Time) int64 {
+	e.t.Helper()
+	n, err := e.s.MarkFailed(e.ctx, e.db, outs, at, lease)
+	require.NoError(e.t, err, "MarkFailed of %d outcomes", len(outs))
+	return n
+}
+
+// release runs Release and returns the rows it changed.
+func (e *env) release(seqs []int64, at, lease time.Time) int64 {
+	e.t.Helper()
+	n, err := e.s.Release(e.ctx, e.db, seqs, at, lease)
+	require.NoError(e.t, err, "Release of %d seqs", len(seqs))
+	return n
 }
 
 // outcome is the outcome of the row with the ID, by its seq.
@@ -348,22 +400,125 @@ func (e *env) outcome(id, status, msg string, due time.Time) store.Outcome {
 	return store.Outcome{Seq: e.get(id).Seq, ID: id, Status: status, Err: msg, Due: due}
 }
 
-// walker is the store as a store.Walker, or nil.
+// walker is the store, through the recorder, as a store.Walker, or nil
+// when the store is none.
 func (e *env) walker() store.Walker {
-	w, _ := e.s.(store.Walker)
-	return w
+	if !is[store.Walker](e.real) {
+		return nil
+	}
+	return e.s
+}
+
+// history is the store as a store.History, or nil.
+func (e *env) history() store.History {
+	if !is[store.History](e.real) {
+		return nil
+	}
+	return e.s
+}
+
+// logical is the store as a store.Logical, or nil.
+func (e *env) logical() store.Logical {
+	if !is[store.Logical](e.real) {
+		return nil
+	}
+	return e.s
+}
+
+// overview is the store as a store.Overview, or nil.
+func (e *env) overview() store.Overview {
+	if !is[store.Overview](e.real) {
+		return nil
+	}
+	return e.s
 }
 
 // where is a condition on the row with the ID the publisher chose, for
-// literal SQL.
+// SQL of the suite's own.
 func where(id string) string { return " WHERE named_id = '" + id + "'" }
 
 // ensureOrdering builds the ordering index, as a relay with
 // OrderByAggregate does before its first claim.
 func (e *env) ensureOrdering() {
 	e.t.Helper()
-	name, ddl := e.s.OrderingIndex()
-	require.NoError(e.t, store.Ensure(e.ctx, e.db, e.s, name, ddl...))
+	require.NoError(e.t, e.s.EnsureOrdering(e.ctx, e.db))
+}
+
+// orderingIndex is the ordering index's name, as docs/schema.md gives it
+// (and version 1 gave it).
+func (e *env) orderingIndex() string { return e.table + "_aggregate_idx" }
+
+// rolledBack runs f in a transaction it then rolls back: what Replay or
+// Purge would change, read on the transaction, leaving the rows as they
+// were.
+func (e *env) rolledBack(f func(tx *sql.Tx)) {
+	e.t.Helper()
+	tx, err := e.db.BeginTx(e.ctx, nil)
+	require.NoError(e.t, err)
+	defer func() { require.NoError(e.t, tx.Rollback()) }()
+	f(tx)
+}
+
+// purged are the IDs Purge of f deletes, in a transaction rolled back.
+func (e *env) purged(f store.Filter) []string {
+	e.t.Helper()
+	var gone []string
+	e.rolledBack(func(tx *sql.Tx) {
+		before := e.listOn(tx, store.Page{Limit: 100000})
+		n, err := e.s.Purge(e.ctx, tx, f)
+		require.NoError(e.t, err, "Purge(%+v)", f)
+		after := map[int64]bool{}
+		for _, r := range e.listOn(tx, store.Page{Limit: 100000}) {
+			after[r.Seq] = true
+		}
+		for _, r := range before {
+			if !after[r.Seq] {
+				gone = append(gone, r.ID)
+			}
+		}
+		assert.Equal(e.t, len(gone), n, "Purge returns how many rows it deleted")
+	})
+	return gone
+}
+
+// replayed are the IDs, by seq, Replay of f at the time at turns from
+// failed to pending, in a transaction rolled back.
+func (e *env) replayed(f store.Filter, at time.Time) []string {
+	e.t.Helper()
+	var out []string
+	e.rolledBack(func(tx *sql.Tx) {
+		before := map[int64]string{}
+		for _, r := range e.listOn(tx, store.Page{Limit: 100000}) {
+			before[r.Seq] = r.Status
+		}
+		n, err := e.s.Replay(e.ctx, tx, store.Replay{Filter: f, Now: func() time.Time { return at }})
+		require.NoError(e.t, err, "Replay(%+v)", f)
+		for _, r := range e.listOn(tx, store.Page{Limit: 100000}) {
+			if before[r.Seq] != r.Status {
+				assert.Equal(e.t, "failed", before[r.Seq], "Replay changes only failed rows: %s", r.ID)
+				assert.Equal(e.t, "pending", r.Status, "Replay turns a row to pending: %s", r.ID)
+				out = append(out, r.ID)
+			}
+		}
+		assert.Equal(e.t, len(out), n, "Replay returns how many rows it replayed")
+	})
+	return out
+}
+
+// replay runs Replay of f at the time at and returns how many it replayed.
+func (e *env) replay(f store.Filter, at time.Time, actor string) int {
+	e.t.Helper()
+	n, err := e.s.Replay(e.ctx, e.db, store.Replay{Filter: f, Now: func() time.Time { return at }, Actor: actor})
+	require.NoError(e.t, err, "Replay(%+v)", f)
+	return n
+}
+
+// purge runs Purge of f and returns how many it deleted.
+func (e *env) purge(f store.Filter) int {
+	e.t.Helper()
+	n, err := e.s.Purge(e.ctx, e.db, f)
+	require.NoError(e.t, err, "Purge(%+v)", f)
+	return n
 }
 
 // ev is an event the caller named (not generated), its key its ID.

@@ -3,7 +3,6 @@ package storetest
 import (
 	"database/sql"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -24,20 +23,24 @@ type key struct {
 // keysOf runs Held of ids alone.
 func (e *env) keysOf(ids ...string) map[string]key {
 	e.t.Helper()
-	q := e.s.Held(ids, nil)
-	rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
-	require.NoError(e.t, err, "%s", q.SQL)
-	defer rs.Close()
-	out := map[string]key{}
-	for rs.Next() {
-		var (
-			id, k   string
-			created store.DBTime
-		)
-		require.NoError(e.t, rs.Scan(&id, &k, &created))
-		out[id] = key{k, created.T}
+	held, err := e.s.Held(e.ctx, e.db, ids, nil)
+	require.NoError(e.t, err, "Held of %d IDs", len(ids))
+	out := make(map[string]key, len(held))
+	for id, h := range held {
+		out[id] = key{h.Key, h.Created}
 	}
-	require.NoError(e.t, rs.Err())
+	return out
+}
+
+// keysByKey runs Held of keys alone.
+func (e *env) keysByKey(keys ...string) map[string]key {
+	e.t.Helper()
+	held, err := e.s.Held(e.ctx, e.db, nil, keys)
+	require.NoError(e.t, err, "Held of %d keys", len(keys))
+	out := make(map[string]key, len(held))
+	for id, h := range held {
+		out[id] = key{h.Key, h.Created}
+	}
 	return out
 }
 
@@ -52,10 +55,10 @@ func full(id string) store.Event {
 	}
 }
 
-func testWriter(t *testing.T, open Open) {
+func testWriter(t *testing.T, su *suite) {
 	t.Run("InsertRoundTrip", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		f, bare := full("e-1"), ev("e-2")
 		require.EqualValues(t, 2, e.insert(now, f, bare))
 
@@ -87,13 +90,18 @@ func testWriter(t *testing.T, open Open) {
 		assert.Empty(t, b.AggregateID)
 		assert.Greater(t, b.Seq, r.Seq, "the rows of one INSERT are numbered in their order")
 
-		// Held: id, key and the created_at the INSERT wrote.
+		// Held: id, key and the created_at the INSERT wrote; by a chosen
+		// key too, under the row's ID.
 		assert.Equal(t, map[string]key{"e-1": {f.Key, now}, "e-2": {"e-2", now}}, e.keysOf("e-1", "e-2", "missing"))
+		assert.Equal(t, map[string]key{"e-1": {f.Key, now}}, e.keysByKey(f.Key, "missing"))
+		held, err := e.s.Held(e.ctx, e.db, []string{"e-2"}, []string{f.Key})
+		require.NoError(t, err)
+		assert.Len(t, held, 2, "Held of IDs and keys at once")
 	})
 
 	t.Run("GeneratedWithoutConflictClause", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		g := generated()
 		require.EqualValues(t, 1, e.insert(now, g))
 		// A generated ID cannot repeat, so it enters no unique index: should
@@ -110,7 +118,7 @@ func testWriter(t *testing.T, open Open) {
 		clash := generated()
 		clash.Key = "k-taken"
 		_, err := e.tryInsert(now, clash)
-		assert.Error(t, err, "an INSERT of generated rows must carry no conflict clause: %s", e.s.Insert([]store.Event{clash}, now, true).SQL)
+		assert.Error(t, err, "an INSERT of generated rows must carry no conflict clause")
 		// One caller-named row keeps the clause for the whole statement.
 		assert.EqualValues(t, 1, e.insert(now, clash, ev("named")), "the clashing row skipped, the named row written")
 		assert.EqualValues(t, 4, e.rows())
@@ -121,30 +129,29 @@ func testWriter(t *testing.T, open Open) {
 	// rows it wrote (a chosen ID or key already taken skipped).
 	t.Run("InsertWithoutSeqs", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		first := ev("w-1")
 		first.Key = "k-w-1"
 		rows := []store.Event{generated(), generated(), first}
-		q := e.s.Insert(rows, now, false)
-		rs, err := e.db.QueryContext(e.ctx, q.SQL, q.Args...)
-		require.NoError(t, err, "%s", q.SQL)
-		assert.False(t, rs.Next(), "an Insert not asked for its seqs returns no rows: %s", q.SQL)
-		require.NoError(t, errors.Join(rs.Err(), rs.Close()))
+		got, err := e.s.Insert(e.ctx, e.db, rows, now, false)
+		require.NoError(t, err)
+		assert.Nil(t, got.Seqs, "an Insert not asked for its seqs returns none")
+		assert.Equal(t, 3, got.Written)
 		assert.EqualValues(t, 3, e.rows())
 
 		again := ev("w-1")
 		again.Key = "k-w-1"
 		other := ev("w-2")
-		n, seqs, err := runInsert(e.ctx, e.db, e.s, e.s.Insert([]store.Event{again, other, generated()}, now, false), false)
+		got, err = e.s.Insert(e.ctx, e.db, []store.Event{again, other, generated()}, now, false)
 		require.NoError(t, err)
-		assert.Nil(t, seqs)
-		assert.EqualValues(t, 2, n, "the taken ID skipped, the other two written")
+		assert.Nil(t, got.Seqs)
+		assert.Equal(t, 2, got.Written, "the taken ID skipped, the other two written")
 		assert.EqualValues(t, 5, e.rows())
 	})
 
 	t.Run("DuplicatesSkipped", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		first := ev("x")
 		first.Key, first.Type = "kx", "first"
 		require.EqualValues(t, 1, e.insert(now, first))
@@ -175,7 +182,7 @@ func testWriter(t *testing.T, open Open) {
 	// column another column gives, and reads back as if they were written.
 	t.Run("LeanGenerated", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		g := generated()
 		g.OccurredAt = now
 		require.EqualValues(t, 1, e.insert(now, g))
@@ -200,12 +207,12 @@ func testWriter(t *testing.T, open Open) {
 		}
 		check(r, "Get")
 		byID := store.Filter{IDs: []string{g.ID}}
-		rows := e.query(e.s.List(store.Page{Filter: byID, Limit: 10}))
+		rows := e.listOn(e.db, store.Page{Filter: byID, Limit: 10})
 		if assert.Len(t, rows, 1, "List by the generated ID") {
 			check(rows[0], "List")
 		}
-		assert.EqualValues(t, 1, e.count(e.s.Count(byID)), "Count by the generated ID")
-		assert.Equal(t, []int64{r.Seq}, e.seqList(e.s.PurgeSelect(byID, 10)), "PurgeSelect by the generated ID")
+		assert.EqualValues(t, 1, e.countOf(byID), "Count by the generated ID")
+		assert.Equal(t, []string{g.ID}, e.purged(byID), "Purge by the generated ID")
 		assert.Empty(t, e.keysOf(g.ID), "Held of IDs finds only IDs the publisher chose: a generated one is held by no other row")
 
 		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
@@ -235,7 +242,7 @@ func testWriter(t *testing.T, open Open) {
 	// ID in no index.
 	t.Run("GeneratedIDChosenKey", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		k := generated()
 		k.Generated, k.Key = false, "k-1"
 		require.EqualValues(t, 1, e.insert(now, k))
@@ -250,6 +257,7 @@ func testWriter(t *testing.T, open Open) {
 		assert.EqualValues(t, 0, e.insert(now, other), "another event with the key is skipped")
 		assert.EqualValues(t, 1, e.rows())
 		assert.Empty(t, e.keysOf(k.ID), "Held of IDs finds only IDs the publisher chose")
+		assert.Equal(t, map[string]key{k.ID: {"k-1", now}}, e.keysByKey("k-1", "k-2"), "Held of keys finds the row of a generated ID by its chosen key")
 		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
 		require.Len(t, got, 1)
 		assert.Equal(t, k.ID, got[0].ID)
@@ -260,7 +268,7 @@ func testWriter(t *testing.T, open Open) {
 	// column derived from it (store.RowID).
 	t.Run("NamedID", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		o := ev("order-42")
 		require.EqualValues(t, 1, e.insert(now, o))
 		r := e.get("order-42")
@@ -304,7 +312,7 @@ func testWriter(t *testing.T, open Open) {
 	// named_id, and the id column is the UUID itself.
 	t.Run("NamedUUID", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		const id = "0190f0c4-8a6e-7b3c-9d2e-5f1a2b3c4d5e"
 		require.EqualValues(t, 1, e.insert(now, ev(id)))
 		r := e.get(id)
@@ -338,7 +346,7 @@ func testWriter(t *testing.T, open Open) {
 	// both are written, on every store.
 	t.Run("KeyMeetsID", func(t *testing.T) {
 		t.Parallel()
-		e := setup(t, open)
+		e := setup(t, su)
 		require.EqualValues(t, 1, e.insert(now, ev("x")))
 		y := ev("y")
 		y.Key = "x"
@@ -365,8 +373,8 @@ func (e *env) nulls(seq int64) map[string]bool {
 	for i := range vals {
 		ptrs[i] = &vals[i]
 	}
-	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq = %d", strings.Join(sel, ", "), e.qt, seq)
-	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q).Scan(ptrs...), "%s", q)
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq = %s", strings.Join(sel, ", "), e.qt, e.ph(1))
+	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q, seq).Scan(ptrs...), "%s", q)
 	out := map[string]bool{}
 	for i, c := range cols {
 		out[c] = vals[i] == 1
@@ -378,8 +386,8 @@ func (e *env) nulls(seq int64) map[string]bool {
 func (e *env) namedID(seq int64) (string, bool) {
 	e.t.Helper()
 	var s sql.NullString
-	q := fmt.Sprintf("SELECT named_id FROM %s WHERE seq = %d", e.qt, seq)
-	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q).Scan(&s), "%s", q)
+	q := fmt.Sprintf("SELECT named_id FROM %s WHERE seq = %s", e.qt, e.ph(1))
+	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q, seq).Scan(&s), "%s", q)
 	return s.String, s.Valid
 }
 
@@ -391,11 +399,11 @@ func (e *env) idColumn(seq int64) string {
 		"postgres": "REPLACE(id::text, '-', '')",
 		"sqlite":   "REPLACE(id, '-', '')",
 		"mysql":    "LOWER(HEX(id))",
-	}[e.s.Name()]
-	require.True(e.t, ok, "the suite does not know how %s reads the id column: add it to idColumn", e.s.Name())
+	}[e.real.Name()]
+	require.True(e.t, ok, "the suite does not know how %s reads the id column: add it to idColumn", e.real.Name())
 	var s string
-	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq = %d", expr, e.qt, seq)
-	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q).Scan(&s), "%s", q)
+	q := fmt.Sprintf("SELECT %s FROM %s WHERE seq = %s", expr, e.qt, e.ph(1))
+	require.NoError(e.t, e.db.QueryRowContext(e.ctx, q, seq).Scan(&s), "%s", q)
 	return s
 }
 

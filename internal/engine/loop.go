@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/errs"
+)
+
+// Loop is the table source's run loop: it claims and delivers a batch
+// whenever one is due and waits when none is, until PollInterval passes or
+// a wake-up comes. While the table cannot be reached it backs off, while a
+// destination is down it probes with one event at a time, and while the
+// standbys lag (a Gate) it waits for them; each condition is logged once
+// when it starts and once when it ends.
+type Loop struct {
+	// Process claims up to limit due events (only those at seqs, when
+	// given) and delivers them: n claimed, sent of them delivered.
+	Process      func(ctx context.Context, seqs []int64, limit int) (n, sent int, err error)
+	BatchSize    int
+	PollInterval time.Duration
+	// Wake and Fresh carry wake-ups: a commit in this process or a
+	// notification (Wake), the seqs a commit just wrote
+	// (Config.DeliverAfterCommit: Fresh), delivered at once.
+	Wake  <-chan struct{}
+	Fresh <-chan []int64
+	// Recovered is called when the table can be reached again: the
+	// database may be another server now (a promoted standby).
+	Recovered func()
+	Logger    *slog.Logger
+
+	dbDown   Episode // the outbox table cannot be reached
+	destDown Episode // a handler reported its destination down
+	behind   Episode // the standbys lag
+	// A failed attempt is cheap: resume soon after an outage.
+	dbRetry Backoff
+	probe   Probe
+}
+
+// Run runs the loop until ctx ends.
+func (l *Loop) Run(ctx context.Context) {
+	l.dbRetry = Backoff{Min: l.PollInterval, Max: max(5*time.Second, l.PollInterval)}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for ctx.Err() == nil {
+		limit := l.BatchSize
+		if l.destDown.On() {
+			limit = 1 // probe with one event
+		}
+		n, sent, err := l.Process(ctx, nil, limit)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			l.wait(ctx, timer, l.failed(ctx, err), false)
+			continue
+		}
+		l.succeeded(ctx, sent)
+		if n >= limit {
+			continue // more may be due right away
+		}
+		l.wait(ctx, timer, l.PollInterval, true)
+	}
+}
+
+// failed logs the condition a cycle's error starts, once, and returns how
+// long to wait before the next.
+func (l *Loop) failed(ctx context.Context, err error) time.Duration {
+	switch {
+	case errs.IsUnavailable(err):
+		if l.destDown.Begin() {
+			l.Logger.WarnContext(ctx, "outbox: destination unavailable; delivery paused, probing with one event at a time with backoff (attempts are not counted)", slog.Any("error", err))
+		}
+		return l.probe.Pause(err)
+	case errors.Is(err, errs.ErrReplicasBehind):
+		if l.behind.Begin() {
+			l.Logger.WarnContext(ctx, "outbox: delivery paused until the standbys RelayConfig.WaitReplicas asks for have flushed the events (attempts are not counted)", slog.Any("error", err))
+		}
+		return l.dbRetry.Next()
+	}
+	if l.dbDown.Begin() {
+		l.Logger.ErrorContext(ctx, "outbox: relay cannot reach the outbox table; retrying with backoff", slog.Any("error", err))
+	}
+	return l.dbRetry.Next()
+}
+
+// succeeded ends the conditions a cycle that went through ends.
+func (l *Loop) succeeded(ctx context.Context, sent int) {
+	if was, _ := l.behind.End(); was {
+		l.Logger.InfoContext(ctx, "outbox: the standbys caught up; delivering")
+		l.dbRetry.Reset()
+	}
+	if was, _ := l.dbDown.End(); was {
+		l.Logger.InfoContext(ctx, "outbox: relay recovered")
+		l.dbRetry.Reset()
+		if l.Recovered != nil {
+			l.Recovered()
+		}
+	}
+	// Resumed once a delivery went through: a probe that failed for
+	// another reason says nothing about the destination.
+	if sent > 0 {
+		if was, paused := l.destDown.End(); was {
+			l.Logger.InfoContext(ctx, "outbox: destination available again; delivery resumed", slog.Duration("paused", paused))
+		}
+		l.probe.Reset()
+	}
+}
+
+// wait waits d, or, when wakeable, until a wake-up; the seqs of a fresh
+// commit are delivered at once (unless a destination is down: the probes
+// find these events).
+func (l *Loop) wait(ctx context.Context, timer *time.Timer, d time.Duration, wakeable bool) {
+	timer.Reset(d)
+	var wake <-chan struct{}
+	var fresh <-chan []int64
+	if wakeable {
+		wake, fresh = l.Wake, l.Fresh
+	}
+	select {
+	case <-ctx.Done():
+	case <-timer.C:
+	case <-wake:
+	case seqs := <-fresh:
+		if !l.destDown.On() {
+			l.deliverFresh(ctx, seqs)
+		}
+	}
+	if !timer.Stop() {
+		select {
+		case <-timer.C:
+		default:
+		}
+	}
+}
+
+// deliverFresh claims and delivers events this process just committed,
+// through the same claim as any batch.
+func (l *Loop) deliverFresh(ctx context.Context, seqs []int64) {
+	for len(seqs) > 0 {
+		n := min(len(seqs), l.BatchSize)
+		if _, _, err := l.Process(ctx, seqs[:n], n); err != nil {
+			if ctx.Err() == nil && !errs.IsUnavailable(err) {
+				// The regular claim picks these events up; nothing is lost.
+				l.Logger.WarnContext(ctx, "outbox: delivering right after commit failed; the relay will retry", slog.Any("error", err))
+			}
+			return
+		}
+		seqs = seqs[n:]
+	}
+}
