@@ -393,7 +393,6 @@ func (s *Sender) deliver(ctx context.Context, e outbox.Event) error {
 	if err != nil {
 		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: %w", e.ID, err))
 	}
-	body := msg.Body
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	// Whether a connection to the receiver was made tells an endpoint that
@@ -402,43 +401,32 @@ func (s *Sender) deliver(ctx context.Context, e outbox.Event) error {
 	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
 		GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
 	})
+	req, err := s.request(ctx, e, msg)
+	if err != nil {
+		return err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return s.requestError(e, err, connected.Load())
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+	_ = resp.Body.Close()
+	return s.statusError(e, resp)
+}
+
+// request builds the POST of msg, the event e laid out, with its headers
+// and signature.
+func (s *Sender) request(ctx context.Context, e outbox.Event, msg wire.Message) (*http.Request, error) {
+	body := msg.Body
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: build request for %s", e.ID, s.host))
+		return nil, outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: build request for %s", e.ID, s.host))
 	}
-	for k, vs := range s.cfg.Header {
-		if !wire.Reserved(k) && !signatureHeader(k) && !(s.cfg.Format == wire.CloudEvents && attributeHeader(k)) {
-			req.Header[k] = append([]string(nil), vs...)
-		}
-	}
-	if req.Header.Get("User-Agent") == "" {
-		req.Header.Set("User-Agent", "gorm-outbox-webhook/1")
-	}
+	s.configHeaders(req.Header)
 	if s.cfg.Format == wire.Native {
-		wire.Headers(e, func(k, v string) {
-			switch {
-			case k == wire.EventID || k == wire.EventType:
-				// The receiver cannot do without them: a value net/http
-				// refuses fails the request rather than going missing.
-				req.Header.Set(k, v)
-			case !validHeaderValue(v):
-				// Left out; the envelope carries it.
-			case wire.Reserved(k) || (s.forwarded(k) && !signatureHeader(k)):
-				req.Header.Set(k, v)
-			}
-		})
+		s.nativeHeaders(req.Header, e)
 	} else {
-		for _, h := range msg.Header {
-			switch {
-			case attributeHeader(h.Name):
-				// A CloudEvents attribute, percent-encoded: always a valid
-				// header value. Event headers with the prefix were left
-				// out by Encode.
-				req.Header.Set(h.Name, h.Value)
-			case s.forwarded(h.Name) && validHeaderValue(h.Value) && !signatureHeader(h.Name):
-				req.Header.Set(h.Name, h.Value)
-			}
-		}
+		s.bindingHeaders(req.Header, msg)
 	}
 	ts := strconv.FormatInt(time.Now().Unix(), 10)
 	if key := cmp.Or(e.IdempotencyKey, e.ID); validHeaderValue(key) {
@@ -450,29 +438,79 @@ func (s *Sender) deliver(ctx context.Context, e outbox.Event) error {
 	}
 	req.Header.Set("Content-Type", msg.ContentType)
 	s.sign(req.Header, e.ID, ts, body)
+	return req, nil
+}
 
-	resp, err := s.client.Do(req)
-	if err != nil {
-		// *url.Error quotes the whole URL, which may carry a token; name
-		// the host only.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
+// configHeaders sets Config.Header on h, but for the names the event's
+// headers, the signature or the CloudEvents attributes own, and the
+// default User-Agent.
+func (s *Sender) configHeaders(h http.Header) {
+	for k, vs := range s.cfg.Header {
+		if !wire.Reserved(k) && !signatureHeader(k) && !(s.cfg.Format == wire.CloudEvents && attributeHeader(k)) {
+			h[k] = append([]string(nil), vs...)
 		}
-		err = fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, err)
-		if unreachable(err, connected.Load()) {
-			return outbox.Unavailable(err)
-		}
-		return err
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
-	_ = resp.Body.Close()
+	if h.Get("User-Agent") == "" {
+		h.Set("User-Agent", "gorm-outbox-webhook/1")
+	}
+}
 
+// nativeHeaders sets the event's headers of wire.Native on h.
+func (s *Sender) nativeHeaders(h http.Header, e outbox.Event) {
+	wire.Headers(e, func(k, v string) {
+		switch {
+		case k == wire.EventID || k == wire.EventType:
+			// The receiver cannot do without them: a value net/http
+			// refuses fails the request rather than going missing.
+			h.Set(k, v)
+		case !validHeaderValue(v):
+			// Left out; the envelope carries it.
+		case wire.Reserved(k) || (s.forwarded(k) && !signatureHeader(k)):
+			h.Set(k, v)
+		}
+	})
+}
+
+// bindingHeaders sets the headers of msg, laid out by the CloudEvents HTTP
+// binding, on h.
+func (s *Sender) bindingHeaders(h http.Header, msg wire.Message) {
+	for _, mh := range msg.Header {
+		switch {
+		case attributeHeader(mh.Name):
+			// A CloudEvents attribute, percent-encoded: always a valid
+			// header value. Event headers with the prefix were left
+			// out by Encode.
+			h.Set(mh.Name, mh.Value)
+		case s.forwarded(mh.Name) && validHeaderValue(mh.Value) && !signatureHeader(mh.Name):
+			h.Set(mh.Name, mh.Value)
+		}
+	}
+}
+
+// requestError is the error of a request that failed without a response:
+// Unavailable when the receiver was not reached.
+func (s *Sender) requestError(e outbox.Event, err error, connected bool) error {
+	// *url.Error quotes the whole URL, which may carry a token; name
+	// the host only.
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	err = fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, err)
+	if unreachable(err, connected) {
+		return outbox.Unavailable(err)
+	}
+	return err
+}
+
+// statusError is the error of the response resp: nil for a 2xx, else a
+// StatusError, classified (see the package doc).
+func (s *Sender) statusError(e outbox.Event, resp *http.Response) error {
 	code := resp.StatusCode
 	if code >= 200 && code < 300 {
 		return nil
 	}
-	err = fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, &StatusError{StatusCode: code})
+	err := fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, &StatusError{StatusCode: code})
 	if (code >= 300 && code < 500) && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
 		return outbox.Permanent(err)
 	}

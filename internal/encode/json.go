@@ -116,56 +116,76 @@ func checkNumber(b []byte, i int) (int, error) {
 		i++
 	}
 	intStart := i
-	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-		i++
-	}
+	i = skipDigits(b, i)
 	intDigits := b[intStart:i]
 	var frac []byte
 	if i < len(b) && b[i] == '.' {
-		i++
-		start := i
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			i++
-		}
+		start := i + 1
+		i = skipDigits(b, start)
 		frac = b[start:i]
 	}
 	exp := 0
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
-		i++
-		neg := false
-		if i < len(b) && (b[i] == '+' || b[i] == '-') {
-			neg = b[i] == '-'
-			i++
-		}
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			if exp < maxNumericExponent { // saturate: anything beyond is out of range anyway
-				exp = exp*10 + int(b[i]-'0')
-			}
-			i++
-		}
-		if neg {
-			exp = -exp
-		}
+		i, exp = scanExponent(b, i+1)
 	}
-	if exp >= maxNumericExponent || exp <= -maxNumericExponent || len(frac)-exp > maxNumericScale {
-		return 0, errNumberOutOfRange
-	}
-	// weight: digits before the decimal point once the exponent is applied.
-	weight, zero := 0, true
-	if len(intDigits) > 1 || (len(intDigits) == 1 && intDigits[0] != '0') {
-		weight, zero = len(intDigits)+exp, false
-	} else {
-		for k, c := range frac {
-			if c != '0' {
-				weight, zero = exp-k, false
-				break
-			}
-		}
-	}
-	if !zero && weight > maxNumericWeight {
+	if !numericHolds(intDigits, frac, exp) {
 		return 0, errNumberOutOfRange
 	}
 	return i, nil
+}
+
+// skipDigits returns the index of the first byte from i that is not a
+// decimal digit.
+func skipDigits(b []byte, i int) int {
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+// scanExponent scans an exponent's optional sign and digits, starting
+// after its 'e' at i, and returns the index after it and its value,
+// saturated at maxNumericExponent (anything beyond is out of range
+// anyway).
+func scanExponent(b []byte, i int) (int, int) {
+	neg := i < len(b) && b[i] == '-'
+	if neg || (i < len(b) && b[i] == '+') {
+		i++
+	}
+	exp := 0
+	for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+		if exp < maxNumericExponent {
+			exp = exp*10 + int(b[i]-'0')
+		}
+	}
+	if neg {
+		return i, -exp
+	}
+	return i, exp
+}
+
+// numericHolds reports whether PostgreSQL's numeric can hold the number
+// with these integer and fraction digits and this exponent.
+func numericHolds(intDigits, frac []byte, exp int) bool {
+	if exp >= maxNumericExponent || exp <= -maxNumericExponent || len(frac)-exp > maxNumericScale {
+		return false
+	}
+	weight, zero := numericWeight(intDigits, frac, exp)
+	return zero || weight <= maxNumericWeight
+}
+
+// numericWeight returns the number's digits before the decimal point once
+// the exponent is applied, or zero true when the number is zero.
+func numericWeight(intDigits, frac []byte, exp int) (weight int, zero bool) {
+	if len(intDigits) > 1 || (len(intDigits) == 1 && intDigits[0] != '0') {
+		return len(intDigits) + exp, false
+	}
+	for k, c := range frac {
+		if c != '0' {
+			return exp - k, false
+		}
+	}
+	return 0, true
 }
 
 var (
@@ -213,19 +233,8 @@ func hasInvalidUTF8(v reflect.Value, depth int) bool {
 	if !v.IsValid() || depth > 1000 {
 		return false
 	}
-	t := v.Type()
-	if t.Implements(jsonMarshalerType) || (v.CanAddr() && reflect.PointerTo(t).Implements(jsonMarshalerType)) {
-		return false
-	}
-	switch {
-	case t.Implements(textMarshalerType) && !(t.Kind() == reflect.Pointer && v.IsNil()):
-		text, err := v.Interface().(encoding.TextMarshaler).MarshalText()
-		return err == nil && !utf8.Valid(text)
-	case v.CanAddr() && reflect.PointerTo(t).Implements(textMarshalerType):
-		// As encoding/json: a pointer receiver's MarshalText on an
-		// addressable value.
-		text, err := v.Addr().Interface().(encoding.TextMarshaler).MarshalText()
-		return err == nil && !utf8.Valid(text)
+	if invalid, marshaled := marshalerInvalidUTF8(v); marshaled {
+		return invalid
 	}
 	switch v.Kind() {
 	case reflect.String:
@@ -233,27 +242,72 @@ func hasInvalidUTF8(v reflect.Value, depth int) bool {
 	case reflect.Pointer, reflect.Interface:
 		return !v.IsNil() && hasInvalidUTF8(v.Elem(), depth+1)
 	case reflect.Struct:
-		for i := range v.NumField() {
-			f := t.Field(i)
-			if (f.IsExported() || f.Anonymous) && f.Tag.Get("json") != "-" && hasInvalidUTF8(v.Field(i), depth+1) {
-				return true
-			}
-		}
+		return fieldsHaveInvalidUTF8(v, depth)
 	case reflect.Map:
-		it := v.MapRange()
-		for it.Next() {
-			if hasInvalidUTF8(it.Key(), depth+1) || hasInvalidUTF8(it.Value(), depth+1) {
-				return true
-			}
-		}
+		return entriesHaveInvalidUTF8(v, depth)
 	case reflect.Slice, reflect.Array:
-		if v.Kind() == reflect.Slice && t.Elem().Kind() == reflect.Uint8 {
+		if v.Kind() == reflect.Slice && v.Type().Elem().Kind() == reflect.Uint8 {
 			return false // base64
 		}
-		for i := range v.Len() {
-			if hasInvalidUTF8(v.Index(i), depth+1) {
-				return true
-			}
+		return elemsHaveInvalidUTF8(v, depth)
+	}
+	return false
+}
+
+// marshalerInvalidUTF8 reports whether Marshal writes v with a marshaler
+// (marshaled), and then whether the text a TextMarshaler returns holds
+// invalid UTF-8; a MarshalJSON's output is the caller's to check.
+func marshalerInvalidUTF8(v reflect.Value) (invalid, marshaled bool) {
+	t := v.Type()
+	if t.Implements(jsonMarshalerType) || (v.CanAddr() && reflect.PointerTo(t).Implements(jsonMarshalerType)) {
+		return false, true
+	}
+	var m encoding.TextMarshaler
+	switch {
+	case t.Implements(textMarshalerType) && !(t.Kind() == reflect.Pointer && v.IsNil()):
+		m = v.Interface().(encoding.TextMarshaler)
+	case v.CanAddr() && reflect.PointerTo(t).Implements(textMarshalerType):
+		// As encoding/json: a pointer receiver's MarshalText on an
+		// addressable value.
+		m = v.Addr().Interface().(encoding.TextMarshaler)
+	default:
+		return false, false
+	}
+	text, err := m.MarshalText()
+	return err == nil && !utf8.Valid(text), true
+}
+
+// fieldsHaveInvalidUTF8 is hasInvalidUTF8 of the fields of the struct v
+// that Marshal writes.
+func fieldsHaveInvalidUTF8(v reflect.Value, depth int) bool {
+	t := v.Type()
+	for i := range v.NumField() {
+		f := t.Field(i)
+		if (f.IsExported() || f.Anonymous) && f.Tag.Get("json") != "-" && hasInvalidUTF8(v.Field(i), depth+1) {
+			return true
+		}
+	}
+	return false
+}
+
+// entriesHaveInvalidUTF8 is hasInvalidUTF8 of the keys and values of the
+// map v.
+func entriesHaveInvalidUTF8(v reflect.Value, depth int) bool {
+	it := v.MapRange()
+	for it.Next() {
+		if hasInvalidUTF8(it.Key(), depth+1) || hasInvalidUTF8(it.Value(), depth+1) {
+			return true
+		}
+	}
+	return false
+}
+
+// elemsHaveInvalidUTF8 is hasInvalidUTF8 of the elements of the slice or
+// array v.
+func elemsHaveInvalidUTF8(v reflect.Value, depth int) bool {
+	for i := range v.Len() {
+		if hasInvalidUTF8(v.Index(i), depth+1) {
+			return true
 		}
 	}
 	return false
