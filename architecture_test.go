@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -132,4 +133,38 @@ func TestArchitectureRoles(t *testing.T) {
 	}
 	require.NotEmpty(t, docs, "ARCHITECTURE.md has no table of roles")
 	assert.Equal(t, code, docs, "ARCHITECTURE.md's roles and their methods, against internal/store/store.go")
+}
+
+// TestBuildTagsLinkOnlyTheirStore: the root package links no other
+// database's driver: MySQL's never unless its store is in (it reads the
+// driver by reflection), pgx only with the PostgreSQL store, which the
+// tags outbox_sqlite and outbox_mysql leave out (docs/databases.md,
+// "Linking only your database").
+func TestBuildTagsLinkOnlyTheirStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	t.Parallel()
+	deps := func(tags string) string {
+		out, err := exec.Command("go", "list", "-deps", "-tags", tags, ".").CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		return string(out)
+	}
+	for _, c := range []struct {
+		tags       string
+		in, absent []string
+	}{
+		{"", []string{"github.com/jackc/pgx/v5", "internal/store/mysql", "internal/store/sqlite"}, []string{"github.com/go-sql-driver/mysql", "github.com/mattn/go-sqlite3"}},
+		{"outbox_postgres", []string{"internal/store/postgres", "internal/wal"}, []string{"internal/store/mysql\n", "github.com/go-sql-driver/mysql"}},
+		{"outbox_sqlite", []string{"internal/store/sqlite"}, []string{"github.com/jackc/", "internal/wal", "internal/store/postgres", "internal/store/mysql\n", "github.com/go-sql-driver/mysql"}},
+		{"outbox_mysql", []string{"internal/store/mysql"}, []string{"github.com/jackc/", "internal/wal", "internal/store/postgres", "github.com/go-sql-driver/mysql"}},
+	} {
+		got := deps(c.tags)
+		for _, p := range c.in {
+			assert.Contains(t, got, p, "-tags %q links %s", c.tags, p)
+		}
+		for _, p := range c.absent {
+			assert.NotContains(t, got, p, "-tags %q links no %s", c.tags, p)
+		}
+	}
 }
