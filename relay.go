@@ -75,9 +75,12 @@ type RelayConfig struct {
 	// Defaults to false.
 	OrderByAggregate bool
 
-	// WaitReplicas, on PostgreSQL, delivers a claimed batch only once at
-	// least this many standbys (pg_stat_replication) have flushed the WAL
-	// that holds its events to disk, so that a failover to one of them
+	// WaitReplicas, on PostgreSQL, delivers a batch only once at least
+	// this many standbys (pg_stat_replication) have flushed the WAL that
+	// holds its events to disk, in every mode: a batch claimed from the
+	// table, and in Logical mode a batch streamed from the slot (which,
+	// held, goes to the table undelivered, due at once, and is gated
+	// there again), so that a failover to one of them
 	// cannot lose a delivered event's business row: with asynchronous
 	// replication, the event whose transaction the standby never
 	// received is not delivered from the old primary, and is lost
