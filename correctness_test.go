@@ -769,7 +769,7 @@ func schemaUpgradeFrom(t *testing.T, b backend, from int) {
 	assert.Equal(t, []string{"a-2", "a-1"}, filterPrefix(c.ids(), "a-"))
 	st, err := ob.Stats(dbs[0].WithContext(t.Context()))
 	require.NoError(t, err)
-	assert.Equal(t, int64(6), st.Sent)
+	assert.Equal(t, int64(6), sentRows(t, dbs[0], ob))
 	assert.Equal(t, int64(1), st.Failed)
 	n, err := ob.Replay(dbs[0], Filter{IDs: []string{"failed-1"}})
 	require.NoError(t, err)

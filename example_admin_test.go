@@ -59,7 +59,8 @@ func ExampleOutbox_Replay() {
 		log.Fatal(err)
 	}
 	st, err := ob.Stats(db.WithContext(ctx))
-	fmt.Printf("sent %d, failed %d, pending %d, %v\n", st.Sent, st.Failed, st.Pending, err)
+	sent, _ := ob.Count(db.WithContext(ctx), outbox.Filter{Statuses: []outbox.Status{outbox.StatusSent}})
+	fmt.Printf("sent %d, failed %d, pending %d, %v\n", sent, st.Failed, st.Pending, err)
 	// Output:
 	// inv-1 failed permanent: mailer: 550 mailbox unavailable
 	// inv-2 failed permanent: mailer: 550 mailbox unavailable

@@ -164,7 +164,8 @@ func ExampleOutbox_Purge() {
 	})
 	fmt.Println("purged", n, err)
 	st, err := ob.Stats(db)
-	fmt.Println("left: pending", st.Pending, "sent", st.Sent, err)
+	sent, _ := ob.Count(db, outbox.Filter{Statuses: []outbox.Status{outbox.StatusSent}})
+	fmt.Println("left: pending", st.Pending, "sent", sent, err)
 	// Output:
 	// pending refused: true
 	// purged 2 <nil>
@@ -205,7 +206,11 @@ func ExampleOutbox_Stats() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	fmt.Printf("pending %d, sent %d, failed %d, oldest pending %v\n", st.Pending, st.Sent, st.Failed, st.OldestPending)
+	sent, err := ob.Count(db, outbox.Filter{Statuses: []outbox.Status{outbox.StatusSent}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("pending %d, sent %d, failed %d, oldest pending %v\n", st.Pending, sent, st.Failed, st.OldestPending)
 	// Output:
 	// pending 2 oldest waiting: true
 	// pending 0, sent 2, failed 0, oldest pending 0s

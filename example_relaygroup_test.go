@@ -64,11 +64,11 @@ func ExampleOutbox_RelayGroup() {
 		log.Fatal(err)
 	}
 	for _, name := range group.Names() {
-		st, err := ob.Stats(tenants[name])
+		sent, err := ob.Count(tenants[name], outbox.Filter{Statuses: []outbox.Status{outbox.StatusSent}})
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Printf("%s: %d delivered, %d sent in its table\n", name, delivered[name], st.Sent)
+		fmt.Printf("%s: %d delivered, %d sent in its table\n", name, delivered[name], sent)
 	}
 	// Output:
 	// acme: 2 delivered, 2 sent in its table

@@ -47,14 +47,13 @@ type OverviewParams struct {
 // a failed event that was replayed and delivered counts as delivered, not
 // as failed, and a purged failed event not at all.
 type Overview struct {
+	// Stats is the table's state now, as [Outbox.Stats] reads it:
+	// Pending, Failed, OldestPending, FailedLastHour, the slot.
+	Stats
 	// Now is when it was read; Since is the start of the first interval
 	// (at or before Now-Window); Step is each interval's length.
 	Now, Since time.Time
 	Step       time.Duration
-	// Pending and Failed count the rows with those statuses now.
-	Pending, Failed int64
-	// OldestPending is the age of the oldest pending event, 0 when none is.
-	OldestPending time.Duration
 	// Published, Delivered and FailedInWindow sum the intervals.
 	Published, Delivered, FailedInWindow int64
 	// Delay is the delivery delay (created to sent) of the events
@@ -70,10 +69,6 @@ type Overview struct {
 	// RolledUntil is how far the rollup reached: the rows sent before it
 	// were counted from the rollup, the later ones from the table.
 	RolledUntil time.Time
-
-	// Logical mode only, as in [Stats].
-	SlotLagBytes int64
-	SlotActive   bool
 }
 
 // TypeCount is [Overview]'s counts of one event type.
@@ -158,12 +153,8 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 		return ov, fmt.Errorf("outbox: overview: %w", err)
 	}
 	ov = publicOverview(overview.Fold(w, rows, st.Until))
-	if o.wal != nil {
-		ss, err := o.wal.SlotStats(ctx, sqlDB, o.slot)
-		if err != nil {
-			return ov, fmt.Errorf("outbox: overview: stats of slot %s: %w", o.slot, err)
-		}
-		ov.SlotActive, ov.SlotLagBytes = ss.Active, ss.LagBytes
+	if err := o.statsBeside(ctx, sqlDB, &ov.Stats); err != nil {
+		return ov, fmt.Errorf("outbox: overview: %w", err)
 	}
 	return ov, nil
 }
@@ -171,7 +162,8 @@ func (o *Outbox) Overview(db *gorm.DB, p OverviewParams) (Overview, error) {
 // publicOverview is the fold's overview as this package exports it.
 func publicOverview(f overview.Overview) Overview {
 	ov := Overview{
-		Now: f.Now, Since: f.Since, Step: f.Step, Pending: f.Pending, Failed: f.Failed, OldestPending: f.OldestPending,
+		Stats: Stats{Pending: f.Pending, Failed: f.Failed, OldestPending: f.OldestPending},
+		Now:   f.Now, Since: f.Since, Step: f.Step,
 		Published: f.Published, Delivered: f.Delivered, FailedInWindow: f.FailedInWindow, Delay: Delay(f.Delay),
 		RolledUntil: f.RolledUntil, Types: make([]TypeCount, len(f.Types)), Intervals: make([]Interval, len(f.Intervals)),
 	}

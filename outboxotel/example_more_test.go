@@ -149,8 +149,8 @@ func ExampleWithStats() {
 	defer memDone()
 	fmt.Println("memory mode:", outboxotel.Instrument(mem, outboxotel.WithMeterProvider(mp), outboxotel.WithStats(db)) != nil)
 	// Output:
-	// outbox.events: [failed=0 pending=3 sent=0]
-	// outbox.events: [failed=0 pending=0 sent=3]
+	// outbox.events: [failed=0 pending=3]
+	// outbox.events: [failed=0 pending=0]
 	// memory mode: true
 }
 

@@ -169,7 +169,7 @@ func outcome(d outbox.Delivery) string {
 // through a cache so that frequent collection does not scan the table.
 func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Duration, system attribute.KeyValue) error {
 	events, err := m.Int64ObservableGauge("outbox.events",
-		metric.WithDescription("Rows in the outbox table, by status."),
+		metric.WithDescription("Rows in the outbox table waiting for delivery (pending) or for a human (failed), by status."),
 		metric.WithUnit("{event}"))
 	if err != nil {
 		return err
@@ -213,7 +213,6 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 	}
 	c := &statsCache{ob: ob, db: db, every: every}
 	pending := metric.WithAttributes(system, StatusKey.String(string(outbox.StatusPending)))
-	sent := metric.WithAttributes(system, StatusKey.String(string(outbox.StatusSent)))
 	failed := metric.WithAttributes(system, StatusKey.String(string(outbox.StatusFailed)))
 	sys := metric.WithAttributes(system)
 	_, err = m.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
@@ -228,7 +227,6 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 			return nil
 		}
 		o.ObserveInt64(events, st.Pending, pending)
-		o.ObserveInt64(events, st.Sent, sent)
 		o.ObserveInt64(events, st.Failed, failed)
 		o.ObserveFloat64(oldest, st.OldestPending.Seconds(), sys)
 		if lag != nil {

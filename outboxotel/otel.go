@@ -158,8 +158,8 @@ func WithLinkOnly() Option {
 // WithStats enables the gauges of the outbox table (events by status, the
 // oldest pending event's age), read from db, the *gorm.DB the outbox is
 // installed on, with [outbox.Outbox.Stats] at most once per
-// [WithStatsInterval] however often metrics are collected: the query scans
-// the table's rows. Persistent mode only.
+// [WithStatsInterval] however often metrics are collected. Persistent mode
+// only.
 func WithStats(db *gorm.DB) Option {
 	return func(c *config) { c.statsDB = db }
 }

@@ -43,12 +43,12 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	}
 	if *asJSON {
 		err = json.NewEncoder(c.stdout).Encode(map[string]any{
-			"table": t.table, "pending": st.Pending, "sent": st.Sent, "failed": st.Failed,
+			"table": t.table, "pending": st.Pending, "failed": st.Failed,
 			"failed_last_hour": st.FailedLastHour, "oldest_pending_seconds": st.OldestPending.Seconds(),
 		})
 	} else {
-		_, err = fmt.Fprintf(c.stdout, "table             %s\npending           %d\nsent              %d\nfailed            %d\nfailed last hour  %d\noldest pending    %s\n",
-			t.table, st.Pending, st.Sent, st.Failed, st.FailedLastHour, age(st.OldestPending))
+		_, err = fmt.Fprintf(c.stdout, "table             %s\npending           %d\nfailed            %d\nfailed last hour  %d\noldest pending    %s\n",
+			t.table, st.Pending, st.Failed, st.FailedLastHour, age(st.OldestPending))
 	}
 	if err != nil {
 		return err

@@ -177,7 +177,7 @@ func TestStats(t *testing.T) {
 		code, out, errOut := f.run(t, "", "stats")
 		require.Equal(t, exitOK, code, errOut)
 		assert.Contains(t, out, "pending           1\n")
-		assert.Contains(t, out, "sent              2\n")
+		assert.NotContains(t, out, "sent", "Stats reads no sent rows")
 		assert.Contains(t, out, "failed            2\n")
 		assert.Contains(t, out, "failed last hour  2\n")
 

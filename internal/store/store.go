@@ -411,11 +411,13 @@ type SentBin struct {
 // OverviewQuery is what ReadOverview reads: the rollup's span Span from
 // SinceMinute on, summed per interval of Step minutes; the rows sent from
 // SentFrom (the rollup's end) on; the pending rows (new ones from Low on,
-// for Walker stores) and the failed rows.
+// for Walker stores) and the failed rows. With Now alone, only the pending
+// and failed rows (outbox.Stats).
 type OverviewQuery struct {
 	Span, SinceMinute, Step int64
 	SentFrom, SentTo        time.Time
 	Low                     int64
+	Now                     bool
 }
 
 // OverviewRows is what ReadOverview read.

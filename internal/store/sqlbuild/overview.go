@@ -223,12 +223,14 @@ func (s *Syntax) ReadOverview(ctx context.Context, db *sql.DB, q store.OverviewQ
 		on = tx
 	}
 	var err error
-	if out.Rollup, err = s.rollupRead(ctx, on, q); err != nil {
-		return out, fmt.Errorf("read the rollup: %w", err)
-	}
-	// The rows sent since the rollup's end, from the table.
-	if out.Sent, err = s.SentBins(ctx, on, q.SentFrom, q.SentTo); err != nil {
-		return out, fmt.Errorf("read the sent events: %w", err)
+	if !q.Now {
+		if out.Rollup, err = s.rollupRead(ctx, on, q); err != nil {
+			return out, fmt.Errorf("read the rollup: %w", err)
+		}
+		// The rows sent since the rollup's end, from the table.
+		if out.Sent, err = s.SentBins(ctx, on, q.SentFrom, q.SentTo); err != nil {
+			return out, fmt.Errorf("read the sent events: %w", err)
+		}
 	}
 	if out.Pending, err = s.pendingGroups(ctx, on, q.Low); err != nil {
 		return out, fmt.Errorf("count the pending events: %w", err)
