@@ -62,8 +62,8 @@ func ExampleOutbox_Replay() {
 	sent, _ := ob.Count(db.WithContext(ctx), outbox.Filter{Statuses: []outbox.Status{outbox.StatusSent}})
 	fmt.Printf("sent %d, failed %d, pending %d, %v\n", sent, st.Failed, st.Pending, err)
 	// Output:
-	// inv-1 failed permanent: mailer: 550 mailbox unavailable
-	// inv-2 failed permanent: mailer: 550 mailbox unavailable
+	// inv-1 failed mailer: 550 mailbox unavailable (permanent)
+	// inv-2 failed mailer: 550 mailbox unavailable (permanent)
 	// replayed 1 <nil>
 	// purged 1 <nil>
 	// sent 1, failed 0, pending 0, <nil>

@@ -45,7 +45,7 @@ func ExamplePermanent() {
 	fmt.Println(r.Status, r.Attempts, *r.LastError)
 	fmt.Println(outbox.Permanent(nil) == nil)
 	// Output:
-	// failed 1 permanent: invalid address "ada@"
+	// failed 1 invalid address "ada@" (permanent)
 	// true
 }
 

@@ -317,7 +317,7 @@ func testReplayMarker(t *testing.T, b backend) {
 	_, body = e.get("event?id=r-1")
 	assert.Contains(t, body, `<h2 id="last-error-heading">Last error, from before the replay</h2>`)
 	assert.Contains(t, body, `id="replay-note"`)
-	assert.Contains(t, body, `class="err before-replay" id="last-error">permanent: webhook: 503<`)
+	assert.Contains(t, body, `class="err before-replay" id="last-error">webhook: 503 (permanent)<`)
 
 	assert.Contains(t, between(body, `id="replay-note"`, `</p>`), "by 127.0.0.1", "the history says when and by whom")
 	assert.Contains(t, between(body, `id="history"`, `</table>`), "replayed")
@@ -345,6 +345,6 @@ func testReplayMarker(t *testing.T, b backend) {
 	e.drain()
 	_, body = e.get("event?id=r-1")
 	assert.Contains(t, body, `<h2 id="last-error-heading">Last error</h2>`)
-	assert.Contains(t, body, `class="err" id="last-error">permanent: webhook: 410 gone<`)
+	assert.Contains(t, body, `class="err" id="last-error">webhook: 410 gone (permanent)<`)
 	assert.NotContains(t, body, "before the replay")
 }

@@ -362,7 +362,7 @@ func TestConsumerPermanent(t *testing.T) {
 	assert.Contains(t, out, "topic=outbox.events")
 	assert.Contains(t, out, "key=5")
 	assert.Contains(t, out, "message_id=perm-a")
-	assert.Contains(t, out, `error="permanent: unknown order"`)
+	assert.Contains(t, out, `error="unknown order (permanent)"`)
 	assert.NotContains(t, out, "seq")
 }
 

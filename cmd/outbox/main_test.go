@@ -239,7 +239,7 @@ func TestList(t *testing.T) {
 		rows = jsonLines(t, out)
 		require.Len(t, rows, 1)
 		assert.Equal(t, map[string]any{"amount": 12.0, "card": "4242"}, rows[0]["payload"])
-		assert.Equal(t, "permanent: card DECLINED by issuer", rows[0]["last_error"])
+		assert.Equal(t, "card DECLINED by issuer (permanent)", rows[0]["last_error"])
 
 		for _, c := range []struct {
 			args []string
@@ -283,7 +283,7 @@ func TestList(t *testing.T) {
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		require.Len(t, lines, 3)
 		assert.Regexp(t, `^SEQ\s+ID\s+STATUS\s+TYPE\s+AGGREGATE\s+ATTEMPTS\s+CREATED \(UTC\)\s+LAST ERROR$`, lines[0])
-		assert.Regexp(t, `^\d+\s+bad-1\s+failed\s+payment.captured\s+1\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\s+permanent: card DECLINED by issuer$`, lines[1])
+		assert.Regexp(t, `^\d+\s+bad-1\s+failed\s+payment.captured\s+1\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\s+card DECLINED by issuer \(permanent\)$`, lines[1])
 
 		code, _, errOut = f.run(t, "", "list", "--status", "stuck")
 		assert.Equal(t, exitUsage, code)
@@ -302,7 +302,7 @@ func TestShow(t *testing.T) {
 		require.Equal(t, exitOK, code, errOut)
 		assert.Contains(t, out, "id:               bad-1\n")
 		assert.Contains(t, out, "status:           failed\n")
-		assert.Contains(t, out, "last error:       permanent: card DECLINED by issuer\n")
+		assert.Contains(t, out, "last error:       card DECLINED by issuer (permanent)\n")
 		assert.Contains(t, out, "sent at:          -\n")
 		// Pretty-printed (PostgreSQL's jsonb orders keys its own way).
 		assert.Regexp(t, `payload:\n  \{\n    "(amount": 12,\n    "card": "4242"|card": "4242",\n    "amount": 12)\n  \}\n$`, out)

@@ -64,10 +64,13 @@ func (e *retryAfterError) Unwrap() error { return e.err }
 
 type unavailableError struct{ err error }
 
-func (e *unavailableError) Error() string { return fmt.Sprintf("destination unavailable: %v", e.err) }
+// The kinds follow the cause, not precede it: an error is read (in a
+// last_error column cut to a width, in a log line) from its start, where
+// the cause is.
+func (e *unavailableError) Error() string { return fmt.Sprintf("%v (destination unavailable)", e.err) }
 func (e *unavailableError) Unwrap() error { return e.err }
 
 type permanentError struct{ err error }
 
-func (e *permanentError) Error() string { return fmt.Sprintf("permanent: %v", e.err) }
+func (e *permanentError) Error() string { return fmt.Sprintf("%v (permanent)", e.err) }
 func (e *permanentError) Unwrap() error { return e.err }
