@@ -22,7 +22,7 @@ func BenchmarkAdmin(b *testing.B) {
 				events = append(events, Event{ID: fmt.Sprintf("e%07d", i), Type: fmt.Sprintf("type.%d", i%10),
 					AggregateType: "order", AggregateID: fmt.Sprint(i % 1000), Payload: benchPayload{OrderID: uint(i), Total: i}})
 				if len(events) == cap(events) || i == rows-1 {
-					if err := Publish(db, events...); err != nil {
+					if err := PublishAlone(db, events...); err != nil {
 						b.Fatal(err)
 					}
 					events = events[:0]

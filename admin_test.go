@@ -46,7 +46,7 @@ func adminFixture(t *testing.T, e *testEnv, heal *atomic.Bool) time.Time {
 	start := e.clock.Now()
 	pub := func(id, typ, agg string) {
 		e.clock.Advance(time.Minute)
-		require.NoError(t, Publish(e.db, Event{ID: id, Type: typ, AggregateType: "order", AggregateID: agg,
+		require.NoError(t, PublishAlone(e.db, Event{ID: id, Type: typ, AggregateType: "order", AggregateID: agg,
 			Payload: map[string]string{"id": id}}))
 	}
 	pub("pay-0", "payment.failed", "1")
@@ -185,7 +185,7 @@ func testAdminGet(t *testing.T, b backend) {
 	ctx := t.Context()
 	occurred := time.Date(2026, 3, 29, 1, 30, 0, 123456000, time.FixedZone("x", 5*3600+1800))
 	before := time.Now()
-	require.NoError(t, Publish(e.db, Event{ID: "g1", Type: "t", AggregateType: "order", AggregateID: "9",
+	require.NoError(t, PublishAlone(e.db, Event{ID: "g1", Type: "t", AggregateType: "order", AggregateID: "9",
 		IdempotencyKey: "key-g1", Headers: map[string]string{"traceparent": "00-1-2-01"},
 		Payload: map[string]any{"name": "<script>alert(1)</script>", "n": 1}, OccurredAt: occurred}))
 	published, after := e.clock.Now(), time.Now()
@@ -232,7 +232,7 @@ func testAdminGet(t *testing.T, b backend) {
 	require.ErrorIs(t, err, ErrNotFound)
 
 	// Sent rows carry SentAt; in a transaction too.
-	require.NoError(t, Publish(e.db, Event{ID: "g2", Type: "ok"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "g2", Type: "ok"}))
 	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
 	_, err = e.relay(RelayConfig{}).ProcessOnce(ctx)
 	require.NoError(t, err)
@@ -424,10 +424,10 @@ func testAdminStatsFailedLastHour(t *testing.T, b backend) {
 	_, err := r.ProcessOnce(ctx)
 	require.NoError(t, err)
 	e.clock.Advance(2 * time.Hour)
-	require.NoError(t, Publish(e.db, Event{ID: "y", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "y", Type: "x"}))
 	_, err = r.ProcessOnce(ctx)
 	require.NoError(t, err)
-	require.NoError(t, Publish(e.db, Event{ID: "z", Type: "pending-only"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "z", Type: "pending-only"}))
 	if b.logical { // Logical mode's Publish writes no row: another relay parks z in the table
 		e.parkInTable(t)
 	}

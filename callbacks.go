@@ -258,7 +258,9 @@ func harvest(db *gorm.DB) {
 		events = append(events, fresh...)
 	})
 	if err == nil && len(events) > 0 {
-		err = Publish(db, events...)
+		// In a transaction, but for memory mode with
+		// SkipDefaultTransaction, whose events are dispatched at once.
+		err = publish(db, true, events)
 	}
 	if err != nil {
 		_ = db.AddError(err)

@@ -201,7 +201,7 @@ func testHandlerErrorText(t *testing.T, b backend) {
 	e := b.setup(t)
 	e.ob.Handle("bad", func(context.Context, Event) error { return errors.New("bad \xff\xfe bytes and a \x00 NUL") })
 	e.ob.Handle("ok", func(context.Context, Event) error { return nil })
-	require.NoError(t, Publish(e.db, Event{ID: "bad", Type: "bad"}, Event{ID: "ok", Type: "ok"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "bad", Type: "bad"}, Event{ID: "ok", Type: "ok"}))
 	n, err := e.relay(RelayConfig{Backoff: func(int) time.Duration { return time.Hour }}).ProcessOnce(t.Context())
 	require.NoError(t, err, "the error text must not fail the batch's outcome write")
 	assert.Equal(t, 2, n)
@@ -223,7 +223,7 @@ func testHugeFailedBatch(t *testing.T, b backend) {
 	for i := range events {
 		events[i] = Event{ID: fmt.Sprintf("f%05d", i), Type: "x"}
 	}
-	require.NoError(t, Publish(e.db, events...))
+	require.NoError(t, PublishAlone(e.db, events...))
 	if b.logical {
 		// The rows are the relay's (the IDs are explicit): it streams the
 		// transaction as one batch and records its failures in one go.
@@ -411,8 +411,8 @@ func testMemoryIdempotency(t *testing.T, b backend) {
 	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error {
 		return Publish(tx, Event{ID: "a", Type: "x", IdempotencyKey: "k"}, Event{ID: "b", Type: "x", IdempotencyKey: "k"})
 	}))
-	require.NoError(t, Publish(e.db, Event{ID: "c", Type: "x", IdempotencyKey: "k"}))
-	require.NoError(t, Publish(e.db, Event{ID: "d", Type: "x", IdempotencyKey: "other"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "c", Type: "x", IdempotencyKey: "k"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "d", Type: "x", IdempotencyKey: "other"}))
 	assert.Equal(t, []string{"a", "d"}, c.ids(), "the first write wins, as in persistent mode")
 
 	// A rolled-back key is not remembered.
@@ -420,7 +420,7 @@ func testMemoryIdempotency(t *testing.T, b backend) {
 		require.NoError(t, Publish(tx, Event{ID: "e", Type: "x", IdempotencyKey: "fresh"}))
 		return errors.New("rollback")
 	})
-	require.NoError(t, Publish(e.db, Event{ID: "f", Type: "x", IdempotencyKey: "fresh"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "f", Type: "x", IdempotencyKey: "fresh"}))
 	assert.Equal(t, []string{"a", "d", "f"}, c.ids())
 }
 
@@ -430,9 +430,9 @@ func testIDReused(t *testing.T, b backend) {
 	e.ob.logger = slog.New(slog.NewTextHandler(&logs, nil))
 	c := &collector{}
 	e.ob.Handle(AnyEvent, c.handle)
-	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "first", IdempotencyKey: "k1"}))
-	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "first", IdempotencyKey: "k1"}), "the same event again: a no-op")
-	err := Publish(e.db, Event{ID: "same", Type: "second", IdempotencyKey: "k2"})
+	require.NoError(t, PublishAlone(e.db, Event{ID: "same", Type: "first", IdempotencyKey: "k1"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "same", Type: "first", IdempotencyKey: "k1"}), "the same event again: a no-op")
+	err := PublishAlone(e.db, Event{ID: "same", Type: "second", IdempotencyKey: "k2"})
 	if b.logical {
 		// Publish cannot see the table in Logical mode: both commit, and
 		// the relay delivers the first, drops the later one, logs it at
@@ -656,7 +656,7 @@ func TestNonComparableConnPool(t *testing.T) {
 	require.NotPanics(t, func() { require.NoError(t, db.Use(ob)) })
 	c := &collector{}
 	ob.Handle("x", c.handle)
-	require.NoError(t, Publish(db, Event{ID: "np", Type: "x"}))
+	require.NoError(t, PublishAlone(db, Event{ID: "np", Type: "x"}))
 	assert.Equal(t, []string{"np"}, c.ids())
 }
 
@@ -672,11 +672,11 @@ func testOrderTies(t *testing.T, b backend) {
 	for v := 1; v <= 12; v++ { // acct-7-v10 sorts before acct-7-v9
 		events = append(events, Event{ID: fmt.Sprintf("acct-7-v%d", v), Type: "x", AggregateType: "acct", AggregateID: "7"})
 	}
-	require.NoError(t, Publish(e.db, events...))
+	require.NoError(t, PublishAlone(e.db, events...))
 	// A second writer whose clock is an hour behind writes the next ones.
 	skewed := &fakeClock{t: e.clock.Now().Add(-time.Hour)}
 	e.ob.clock = skewed.Now
-	require.NoError(t, Publish(e.db, Event{ID: "acct-7-v13", Type: "x", AggregateType: "acct", AggregateID: "7"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "acct-7-v13", Type: "x", AggregateType: "acct", AggregateID: "7"}))
 	e.ob.clock = e.clock.Now
 
 	r := e.relay(RelayConfig{OrderByAggregate: true, Workers: 4})
@@ -778,8 +778,8 @@ func schemaUpgradeFrom(t *testing.T, b backend, from int) {
 	assert.Contains(t, c.ids(), "failed-1")
 
 	// Idempotency keys of the old rows still hold, new events get on.
-	require.NoError(t, Publish(dbs[0], Event{ID: "dup", Type: "x", IdempotencyKey: "key-a-1"}))
-	require.NoError(t, Publish(dbs[0], Event{ID: "new", Type: "x"}))
+	require.NoError(t, PublishAlone(dbs[0], Event{ID: "dup", Type: "x", IdempotencyKey: "key-a-1"}))
+	require.NoError(t, PublishAlone(dbs[0], Event{ID: "new", Type: "x"}))
 	var count int64
 	require.NoError(t, db.Table("outbox_events").Where("named_id IN ?", []string{"dup", "new"}).Count(&count).Error)
 	assert.EqualValues(t, 1, count)
@@ -809,7 +809,7 @@ func testUpgradeSQLByHand(t *testing.T, b backend) {
 	}
 	ob := Plugin(Config{DisableAutoMigrate: true})
 	require.NoError(t, db.Use(ob))
-	require.NoError(t, Publish(db, Event{ID: "after", Type: "x"}))
+	require.NoError(t, PublishAlone(db, Event{ID: "after", Type: "x"}))
 	c := &collector{}
 	ob.Handle("x", c.handle)
 	drain(t, mustRelay(t, ob, db, RelayConfig{}))

@@ -40,6 +40,11 @@ var (
 	// db.Use(outbox.Plugin(cfg)).
 	ErrNotInstalled = errors.New("outbox: plugin not installed on this *gorm.DB (call db.Use(outbox.Plugin(cfg)) first)")
 
+	// ErrNoTransaction: [Publish] was given a *gorm.DB outside a
+	// transaction, and wrote nothing: its events would have committed
+	// alone, apart from the business writes they belong with.
+	ErrNoTransaction = errors.New("outbox: Publish outside a transaction would commit the events alone, apart from the business writes they belong with (the dual write the outbox prevents): call it on the transaction, inside db.Transaction(func(tx *gorm.DB) error { ...; return outbox.Publish(tx, events...) }), or, to publish events by themselves on purpose, call outbox.PublishAlone(db, events...)")
+
 	// ErrUntrackedTransaction: an after-commit hook or a memory-mode event was
 	// attached to a transaction whose commit the plugin cannot see (one begun
 	// inside db.Connection); failing closed keeps the hook from being dropped.

@@ -28,7 +28,7 @@ func ExampleOutbox_Replay() {
 		return nil
 	})
 	for _, id := range []string{"inv-1", "inv-2"} {
-		if err := outbox.Publish(db, outbox.Event{ID: id, Type: "invoice.issued", Payload: id}); err != nil {
+		if err := outbox.PublishAlone(db, outbox.Event{ID: id, Type: "invoice.issued", Payload: id}); err != nil {
 			log.Fatal(err)
 		}
 	}

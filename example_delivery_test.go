@@ -27,7 +27,7 @@ func ExamplePermanent() {
 		}
 		return outbox.Permanent(fmt.Errorf("invalid address %q", to))
 	})
-	if err := outbox.Publish(db, outbox.Event{ID: "inv-1", Type: "user.invited", Payload: "ada@"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{ID: "inv-1", Type: "user.invited", Payload: "ada@"}); err != nil {
 		log.Fatal(err)
 	}
 	relay, err := ob.Relay(db, outbox.RelayConfig{})
@@ -75,7 +75,7 @@ func ExampleUnavailable() {
 		}
 		return nil
 	})
-	if err := outbox.Publish(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 	relay, err := ob.Relay(db, outbox.RelayConfig{})
@@ -121,7 +121,7 @@ func ExampleRetryAfter() {
 	ob.Handle("order.created", func(ctx context.Context, e outbox.Event) error {
 		return outbox.RetryAfter(errors.New("429 Too Many Requests"), 30*time.Second)
 	})
-	if err := outbox.Publish(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 	relay, err := ob.Relay(db, outbox.RelayConfig{})
@@ -162,7 +162,7 @@ func ExampleAttempt() {
 		}
 		return nil
 	})
-	if err := outbox.Publish(db, outbox.Event{Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 	// No backoff, so that the retry is due at once.
@@ -215,7 +215,7 @@ func ExampleRelayConfig() {
 	ob.Handle("order.created", func(ctx context.Context, e outbox.Event) error {
 		return errors.New("502 Bad Gateway")
 	})
-	if err := outbox.Publish(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 	relay, err := ob.Relay(db, outbox.RelayConfig{
@@ -266,7 +266,7 @@ func ExampleOutbox_AddHooks() {
 		fmt.Println("handler sees service =", e.Headers["service"])
 		return nil
 	})
-	if err := outbox.Publish(db, outbox.Event{Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 	relay, err := ob.Relay(db, outbox.RelayConfig{})

@@ -153,7 +153,7 @@ func ExampleOutbox_Relay() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := outbox.Publish(db, outbox.Event{Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 	n, err := relay.ProcessOnce(context.Background())
@@ -179,7 +179,7 @@ func ExampleRelay_ProcessOnce() {
 		return nil
 	})
 	for i := range 5 {
-		if err := outbox.Publish(db, outbox.Event{Type: "order.created", AggregateID: fmt.Sprint(i)}); err != nil {
+		if err := outbox.PublishAlone(db, outbox.Event{Type: "order.created", AggregateID: fmt.Sprint(i)}); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -412,7 +412,7 @@ func ExamplePublish_errors() {
 	db, done := openDB()
 	defer done()
 
-	err := outbox.Publish(db, outbox.Event{Type: "order.created"})
+	err := outbox.PublishAlone(db, outbox.Event{Type: "order.created"})
 	fmt.Println("not installed:", errors.Is(err, outbox.ErrNotInstalled))
 
 	if err := db.Use(outbox.Plugin(outbox.Config{Logger: quiet})); err != nil {
@@ -443,7 +443,7 @@ func ExampleRow() {
 	if err := db.Use(ob); err != nil {
 		log.Fatal(err)
 	}
-	err := outbox.Publish(db,
+	err := outbox.PublishAlone(db,
 		outbox.Event{ID: "e1", Type: "order.created", AggregateType: "order", AggregateID: "1"},
 		outbox.Event{ID: "e2", Type: "order.paid", AggregateType: "order", AggregateID: "1"},
 	)

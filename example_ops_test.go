@@ -21,7 +21,7 @@ func ExampleOutbox_List() {
 		log.Fatal(err)
 	}
 	for _, id := range []string{"e1", "e2", "e3", "e4", "e5"} {
-		if err := outbox.Publish(db, outbox.Event{ID: id, Type: "order.created"}); err != nil {
+		if err := outbox.PublishAlone(db, outbox.Event{ID: id, Type: "order.created"}); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -65,7 +65,7 @@ func ExampleOutbox_Get() {
 	if err := db.Use(ob); err != nil {
 		log.Fatal(err)
 	}
-	if err := outbox.Publish(db, outbox.Event{ID: "ship-1", Type: "order.shipped"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{ID: "ship-1", Type: "order.shipped"}); err != nil {
 		log.Fatal(err)
 	}
 	relay, err := ob.Relay(db, outbox.RelayConfig{})
@@ -107,7 +107,7 @@ func ExampleOutbox_Count() {
 		return nil
 	})
 	for _, customer := range []string{"acme", "acme", "globex"} {
-		if err := outbox.Publish(db, outbox.Event{Type: "invoice.issued", AggregateType: "customer", AggregateID: customer}); err != nil {
+		if err := outbox.PublishAlone(db, outbox.Event{Type: "invoice.issued", AggregateType: "customer", AggregateID: customer}); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -140,7 +140,7 @@ func ExampleOutbox_Purge() {
 	}
 	ob.Handle("order.created", func(ctx context.Context, e outbox.Event) error { return nil })
 	for _, id := range []string{"e1", "e2"} {
-		if err := outbox.Publish(db, outbox.Event{ID: id, Type: "order.created"}); err != nil {
+		if err := outbox.PublishAlone(db, outbox.Event{ID: id, Type: "order.created"}); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -151,7 +151,7 @@ func ExampleOutbox_Purge() {
 	if _, err := relay.ProcessOnce(context.Background()); err != nil {
 		log.Fatal(err)
 	}
-	if err := outbox.Publish(db, outbox.Event{ID: "e3", Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{ID: "e3", Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 
@@ -183,7 +183,7 @@ func ExampleOutbox_Stats() {
 	}
 	ob.Handle("order.created", func(ctx context.Context, e outbox.Event) error { return nil })
 	for range 2 {
-		if err := outbox.Publish(db, outbox.Event{Type: "order.created"}); err != nil {
+		if err := outbox.PublishAlone(db, outbox.Event{Type: "order.created"}); err != nil {
 			log.Fatal(err)
 		}
 	}

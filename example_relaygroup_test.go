@@ -53,7 +53,7 @@ func ExampleOutbox_RelayGroup() {
 	for name, db := range tenants {
 		wg.Add(2)
 		for range 2 {
-			if err := outbox.Publish(db, outbox.Event{Type: "invoice.sent", AggregateType: "tenant", AggregateID: name}); err != nil {
+			if err := outbox.PublishAlone(db, outbox.Event{Type: "invoice.sent", AggregateType: "tenant", AggregateID: name}); err != nil {
 				log.Fatal(err)
 			}
 		}

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"log/slog"
@@ -102,6 +103,38 @@ func ExamplePublish() {
 	// claimed 1
 }
 
+// Publish belongs in the transaction of the business write: on a *gorm.DB
+// outside one it writes nothing and says so. PublishAlone publishes events
+// that belong to no business write, by themselves.
+func ExamplePublishAlone() {
+	db, done := openDB()
+	defer done()
+	ob := outbox.Plugin(outbox.Config{Logger: quiet})
+	if err := db.Use(ob); err != nil {
+		log.Fatal(err)
+	}
+	ob.Handle("report.requested", func(ctx context.Context, e outbox.Event) error {
+		fmt.Println("delivered", e.Type)
+		return nil
+	})
+
+	err := outbox.Publish(db, outbox.Event{Type: "report.requested"})
+	fmt.Println("outside a transaction:", errors.Is(err, outbox.ErrNoTransaction))
+	if err := outbox.PublishAlone(db, outbox.Event{Type: "report.requested"}); err != nil {
+		log.Fatal(err)
+	}
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	n, err := relay.ProcessOnce(context.Background())
+	fmt.Println("claimed", n, err)
+	// Output:
+	// outside a transaction: true
+	// delivered report.requested
+	// claimed 1 <nil>
+}
+
 // AfterCommit runs a function once the outermost transaction has committed,
 // and never if it rolls back.
 func ExampleAfterCommit() {
@@ -175,7 +208,7 @@ func ExampleRelay_Run() {
 	}
 	go func() { stopped <- relay.Run(ctx) }()
 
-	if err := outbox.Publish(db, outbox.Event{Type: "order.created", IdempotencyKey: "order-1"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{Type: "order.created", IdempotencyKey: "order-1"}); err != nil {
 		log.Fatal(err)
 	}
 	fmt.Println("delivered", <-delivered)

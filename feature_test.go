@@ -31,7 +31,7 @@ func TestUnsupportedFeature(t *testing.T) {
 	err = Consume(db, "c", "m", func(*gorm.DB) error { return nil })
 	require.ErrorIs(t, err, ErrUnsupportedFeature)
 
-	require.NoError(t, Publish(e.db, Event{ID: "core", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "core", Type: "x"}))
 	var got []string
 	e.ob.Handle("x", func(_ context.Context, ev Event) error { got = append(got, ev.ID); return nil })
 	r, err := e.ob.Relay(e.db, RelayConfig{})

@@ -784,7 +784,7 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 		if n := tableCount(t, fdb, want); n != 1 {
 			t.Fatalf("%s: BUG: no table named exactly %q after db.Use (found %d)", fdb.name, want, n)
 		}
-		require.NoError(t, outbox.Publish(db, outbox.Event{Type: "t"}), "%s: publish into %q", fdb.name, want)
+		require.NoError(t, outbox.PublishAlone(db, outbox.Event{Type: "t"}), "%s: publish into %q", fdb.name, want)
 		var n int64
 		require.NoError(t, db.Table(want).Count(&n).Error)
 		require.EqualValues(t, 1, n)

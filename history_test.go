@@ -62,7 +62,7 @@ func testHistory(t *testing.T, b backend) {
 		genID.Store(ev.ID)
 		return Permanent(errors.New("g: refused"))
 	})
-	require.NoError(t, Publish(e.db, Event{Type: "g"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "g"}))
 	_, err = r.ProcessOnce(t.Context())
 	require.NoError(t, err)
 	id, _ := genID.Load().(string)
@@ -142,7 +142,7 @@ func BenchmarkFailurePath(b *testing.B) {
 				for j := range events {
 					events[j] = Event{Type: "order.created", Payload: j}
 				}
-				if err := Publish(db, events...); err != nil {
+				if err := PublishAlone(db, events...); err != nil {
 					b.Fatal(err)
 				}
 				ctx := context.Background()

@@ -48,16 +48,16 @@ func testHooksStoredAfterPanic(t *testing.T, b backend) {
 	})
 	c := &collector{}
 	e.ob.Handle("x", c.handle)
-	require.PanicsWithValue(t, "hook bug", func() { _ = Publish(e.db, Event{Type: "x"}, Event{Type: "x"}) })
+	require.PanicsWithValue(t, "hook bug", func() { _ = PublishAlone(e.db, Event{Type: "x"}, Event{Type: "x"}) })
 	assert.Equal(t, []bool{false, false}, outcome, "both events the hooks saw, neither stored")
 
 	// A panic after the hooks, while the payload is encoded.
 	outcome = nil
-	require.PanicsWithValue(t, "marshal bug", func() { _ = Publish(e.db, Event{Type: "x", Payload: panicMarshaler{}}) })
+	require.PanicsWithValue(t, "marshal bug", func() { _ = PublishAlone(e.db, Event{Type: "x", Payload: panicMarshaler{}}) })
 	assert.Equal(t, []bool{false}, outcome, "an event a panic kept from being stored is not stored")
 
 	outcome = nil
-	require.NoError(t, Publish(e.db.Session(&gorm.Session{DryRun: true}), Event{Type: "x"}))
+	require.NoError(t, PublishAlone(e.db.Session(&gorm.Session{DryRun: true}), Event{Type: "x"}))
 	assert.Equal(t, []bool{false}, outcome)
 	assert.Zero(t, c.len(), "a dry run dispatches nothing")
 }
@@ -98,7 +98,7 @@ func testHooksKeepGenerated(t *testing.T, b backend) {
 	if b.logical {
 		c := &collector{}
 		e.ob.Handle("x", c.handle)
-		require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x"}))
+		require.NoError(t, PublishAlone(e.db, Event{Type: "x"}, Event{Type: "x"}))
 		drain(t, e.relay(RelayConfig{Workers: 1})) // one worker: delivery order is commit order
 		assert.Equal(t, seen, c.ids(), "the hook saw the IDs delivered")
 		assert.EqualValues(t, 0, e.count(""), "generated events delivered from the stream leave no row")
@@ -106,8 +106,8 @@ func testHooksKeepGenerated(t *testing.T, b backend) {
 	}
 	rec := &insertRecorder{Store: e.ob.store}
 	e.ob.store = rec
-	require.NoError(t, Publish(e.db, Event{Type: "x"}))
-	require.NoError(t, Publish(e.db, Event{Type: "x", IdempotencyKey: "named"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "x", IdempotencyKey: "named"}))
 	require.Len(t, rec.generated, 2)
 	assert.Equal(t, []bool{true}, rec.generated[0], "a generated event stays generated (its INSERT cannot conflict), hook or not")
 	assert.Equal(t, []bool{false}, rec.generated[1], "a named event does not")
@@ -148,15 +148,15 @@ func testHooksStored(t *testing.T, b backend) {
 			})
 			e.ob.Handle(AnyEvent, func(context.Context, Event) error { return nil })
 			n := func(name string, ev Event) Event { ev.Headers = map[string]string{"n": name}; return ev }
-			require.NoError(t, Publish(e.db, n("new", Event{Type: "x"})))
-			require.NoError(t, Publish(e.db, n("first", Event{Type: "x", IdempotencyKey: "k"})))
-			require.NoError(t, Publish(e.db, n("fresh", Event{Type: "x"}), n("dup", Event{Type: "x", IdempotencyKey: "k"})))
-			require.NoError(t, Publish(e.db, n("twin-a", Event{ID: "twin", Type: "x"}), n("twin-b", Event{ID: "twin", Type: "x"})))
-			require.Error(t, Publish(e.db, n("ok-but-refused-with", Event{Type: "x"}), n("invalid", Event{})))
-			require.NoError(t, Publish(e.db.Session(&gorm.Session{DryRun: true}), n("dry", Event{Type: "x"})))
+			require.NoError(t, PublishAlone(e.db, n("new", Event{Type: "x"})))
+			require.NoError(t, PublishAlone(e.db, n("first", Event{Type: "x", IdempotencyKey: "k"})))
+			require.NoError(t, PublishAlone(e.db, n("fresh", Event{Type: "x"}), n("dup", Event{Type: "x", IdempotencyKey: "k"})))
+			require.NoError(t, PublishAlone(e.db, n("twin-a", Event{ID: "twin", Type: "x"}), n("twin-b", Event{ID: "twin", Type: "x"})))
+			require.Error(t, PublishAlone(e.db, n("ok-but-refused-with", Event{Type: "x"}), n("invalid", Event{})))
+			require.NoError(t, PublishAlone(e.db.Session(&gorm.Session{DryRun: true}), n("dry", Event{Type: "x"})))
 			if mode == Persistent && !b.logical {
-				require.NoError(t, Publish(e.db, n("named", Event{ID: "taken", Type: "x"})))
-				err := Publish(e.db, n("conflict", Event{ID: "taken", Type: "x", IdempotencyKey: "other"}))
+				require.NoError(t, PublishAlone(e.db, n("named", Event{ID: "taken", Type: "x"})))
+				err := PublishAlone(e.db, n("conflict", Event{ID: "taken", Type: "x", IdempotencyKey: "other"}))
 				require.ErrorIs(t, err, ErrIDConflict)
 				require.ErrorIs(t, err, ErrInvalidEvent)
 			}

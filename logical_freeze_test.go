@@ -91,7 +91,7 @@ func TestLogicalBusyDispatcherKeepsSession(t *testing.T) {
 	})
 	const n = 100 // more than the reader buffers (64)
 	for i := range n {
-		require.NoError(t, Publish(e.db, Event{ID: fmt.Sprintf("e-%03d", i), Type: "x"}))
+		require.NoError(t, PublishAlone(e.db, Event{ID: fmt.Sprintf("e-%03d", i), Type: "x"}))
 	}
 	e.ob.replicationDSN = e.dsn + "&wal_sender_timeout=" + timeout.String()
 	r := e.relay(RelayConfig{BatchSize: 1, Workers: 1})
@@ -127,7 +127,7 @@ func TestLogicalProcessOnceSlowBatch(t *testing.T) {
 	// wal_sender_timeout 2s: the session may go 1s without a report.
 	e.ob.replicationDSN = e.dsn + "&wal_sender_timeout=2s"
 	r := e.relay(RelayConfig{Workers: 1})
-	require.NoError(t, Publish(e.db, Event{Type: "slow"}, Event{Type: "slow"}, Event{Type: "slow"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "slow"}, Event{Type: "slow"}, Event{Type: "slow"}))
 	n, err := r.ProcessOnce(t.Context())
 	require.NoError(t, err)
 	assert.Equal(t, 3, n)

@@ -34,7 +34,7 @@ func TestLogicalSlotLostIsLoud(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	require.NoError(t, Publish(e.db, Event{ID: "before", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "before", Type: "x"}))
 	require.Eventually(t, func() bool { return got.len() == 1 }, 10*time.Second, 10*time.Millisecond)
 
 	// The relay reconnects within a poll interval: end its session and
@@ -44,7 +44,7 @@ func TestLogicalSlotLostIsLoud(t *testing.T) {
 		return e.db.Exec("SELECT pg_drop_replication_slot(?)", e.slot).Error == nil
 	}, 10*time.Second, 5*time.Millisecond)
 
-	require.ErrorIs(t, Publish(e.db, Event{ID: "into-the-void", Type: "x"}), ErrNoSlot, "fails closed")
+	require.ErrorIs(t, PublishAlone(e.db, Event{ID: "into-the-void", Type: "x"}), ErrNoSlot, "fails closed")
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "the replication slot is gone") }, 10*time.Second, 10*time.Millisecond)
 	line := lineWith(logs.String(), "the replication slot is gone")
 	assert.Contains(t, line, "level=ERROR")
@@ -73,7 +73,7 @@ func TestLogicalSlotLostIsLoud(t *testing.T) {
 	assert.EqualValues(t, 1, st.SlotLost)
 
 	// The relay streams the new slot, says so once, and delivers again.
-	require.NoError(t, Publish(e.db, Event{ID: "after", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "after", Type: "x"}))
 	require.Eventually(t, func() bool { return got.len() == 2 }, 10*time.Second, 10*time.Millisecond)
 	assert.Equal(t, []string{"before", "after"}, got.ids())
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "in place of the lost one") }, 10*time.Second, 10*time.Millisecond)

@@ -149,7 +149,7 @@ func TestLogicalCommitRollbackSavepoint(t *testing.T) {
 		require.NoError(t, Publish(tx, Event{Type: "rolled-back"}))
 		return errors.New("roll back")
 	}))
-	require.NoError(t, Publish(e.db, Event{Type: "no-tx"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "no-tx"}))
 
 	assert.Equal(t, 3, e.drain(r))
 	var types []string
@@ -201,7 +201,7 @@ func TestLogicalNoSlotFailsClosed(t *testing.T) {
 	replaced, err := e.ob.wal.CreateSlot(t.Context(), sqlDB, e.slot, e.ob.logger)
 	require.NoError(t, err)
 	assert.True(t, replaced, "the publication outlived the slot")
-	require.NoError(t, Publish(e.db, Event{Type: "order.created"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "order.created"}))
 }
 
 func TestLogicalRetriesFailedReplayNoHandler(t *testing.T) {
@@ -228,7 +228,7 @@ func TestLogicalRetriesFailedReplayNoHandler(t *testing.T) {
 		return Permanent(errors.New("cannot ever"))
 	})
 	r := e.relay(RelayConfig{Backoff: func(int) time.Duration { return time.Second }})
-	require.NoError(t, Publish(e.db, Event{ID: "f", Type: "flaky"}, Event{ID: "p", Type: "poison"}, Event{ID: "n", Type: "nobody"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "f", Type: "flaky"}, Event{ID: "p", Type: "poison"}, Event{ID: "n", Type: "nobody"}))
 
 	e.drain(r)
 	f := e.record("f")
@@ -263,12 +263,12 @@ func TestLogicalIdempotencyKeyFirstCommittedWins(t *testing.T) {
 	var got collector
 	e.ob.Handle(AnyEvent, got.handle)
 	r := e.relay(RelayConfig{Workers: 1}) // one worker: delivery order is commit order
-	require.NoError(t, Publish(e.db, Event{ID: "first", Type: "x", IdempotencyKey: "k"}))
-	require.NoError(t, Publish(e.db, Event{ID: "second", Type: "x", IdempotencyKey: "k"}))
-	require.NoError(t, Publish(e.db, Event{ID: "explicit", Type: "x"}))
-	require.NoError(t, Publish(e.db, Event{ID: "explicit", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "first", Type: "x", IdempotencyKey: "k"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "second", Type: "x", IdempotencyKey: "k"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "explicit", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "explicit", Type: "x"}))
 	e.drain(r)
-	require.NoError(t, Publish(e.db, Event{ID: "third", Type: "x", IdempotencyKey: "k"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "third", Type: "x", IdempotencyKey: "k"}))
 	e.drain(r)
 	assert.Equal(t, []string{"first", "explicit"}, got.ids())
 	assert.Equal(t, StatusSent, e.record("first").Status, "the key is kept in the table as in Persistent mode")
@@ -294,8 +294,8 @@ func TestLogicalOrderByAggregate(t *testing.T) {
 	})
 	r := e.relay(RelayConfig{OrderByAggregate: true, Workers: 8, Backoff: func(int) time.Duration { return time.Second }})
 	agg := func(id, a string) Event { return Event{ID: id, Type: "x", AggregateType: "order", AggregateID: a} }
-	require.NoError(t, Publish(e.db, agg("a1", "A"), agg("b1", "B"), agg("a2", "A")))
-	require.NoError(t, Publish(e.db, agg("a3", "A"), agg("b2", "B")))
+	require.NoError(t, PublishAlone(e.db, agg("a1", "A"), agg("b1", "B"), agg("a2", "A")))
+	require.NoError(t, PublishAlone(e.db, agg("a3", "A"), agg("b2", "B")))
 	e.drain(r)
 	mu.Lock()
 	assert.Equal(t, []string{"b1", "b2"}, filter(order, "b"), "B is not held back")
@@ -303,7 +303,7 @@ func TestLogicalOrderByAggregate(t *testing.T) {
 	mu.Unlock()
 	e.clock.Advance(2 * time.Second)
 	e.drain(r)
-	require.NoError(t, Publish(e.db, agg("a4", "A")))
+	require.NoError(t, PublishAlone(e.db, agg("a4", "A")))
 	e.drain(r)
 	mu.Lock()
 	defer mu.Unlock()
@@ -340,10 +340,10 @@ func TestLogicalRunStandbyTakesOver(t *testing.T) {
 	stopB := run(e.relay(RelayConfig{PollInterval: 50 * time.Millisecond}))
 	defer stopB()
 
-	require.NoError(t, Publish(e.db, Event{ID: "1", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "1", Type: "x"}))
 	waitUntil(t, 10*time.Second, "event 1 delivered", func() bool { return got.len() >= 1 })
 	stopA()
-	require.NoError(t, Publish(e.db, Event{ID: "2", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "2", Type: "x"}))
 	waitUntil(t, 10*time.Second, "the standby takes over and delivers event 2", func() bool { return got.len() >= 2 })
 	assert.Equal(t, []string{"1", "2"}, got.ids())
 	st, err := e.ob.Stats(e.db.WithContext(t.Context()))
@@ -441,7 +441,7 @@ func TestLogicalUnavailableParksWithoutAttempts(t *testing.T) {
 		return got.handle(ctx, ev)
 	})
 	r := e.relay(RelayConfig{Workers: 1})
-	require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x"}, Event{Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "x"}, Event{Type: "x"}, Event{Type: "x"}))
 	_, err := r.ProcessOnce(t.Context())
 	require.Error(t, err)
 	assert.True(t, IsUnavailable(err), "%v", err)
@@ -476,7 +476,7 @@ func TestLogicalShutdownMidBatch(t *testing.T) {
 	for range 20 {
 		batch = append(batch, Event{Type: "x"})
 	}
-	require.NoError(t, Publish(e.db, batch...))
+	require.NoError(t, PublishAlone(e.db, batch...))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- e.relay(RelayConfig{Workers: 1}).Run(ctx) }()
@@ -512,7 +512,7 @@ func TestLogicalStatsSlotLag(t *testing.T) {
 	})
 	big := strings.Repeat("x", 64<<10)
 	for range 4 {
-		require.NoError(t, Publish(e.db, Event{Type: "x", Payload: map[string]string{"pad": big}}))
+		require.NoError(t, PublishAlone(e.db, Event{Type: "x", Payload: map[string]string{"pad": big}}))
 	}
 	lagging, err := e.ob.Stats(e.db.WithContext(t.Context()))
 	require.NoError(t, err)
@@ -666,15 +666,15 @@ func TestLogicalIDReusedByAnotherEvent(t *testing.T) {
 	e := setupLogical(t, Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	var got collector
 	e.ob.Handle(AnyEvent, got.handle)
-	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k1"}))
-	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k2"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k1"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k2"}))
 	e.drain(e.relay(RelayConfig{}))
 	assert.Equal(t, []string{"same"}, got.ids())
 	assert.Equal(t, "k1", got.events[0].IdempotencyKey, "the first committed wins")
 	assert.Equal(t, 1, strings.Count(logs.String(), "reuses the ID of another event"), "in one batch")
 
 	// In a later batch, against the row the first one left.
-	require.NoError(t, Publish(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k3"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "same", Type: "x", IdempotencyKey: "k3"}))
 	e.drain(e.relay(RelayConfig{}))
 	assert.Len(t, got.ids(), 1)
 	assert.Equal(t, 2, strings.Count(logs.String(), "reuses the ID of another event"), "against the table")
@@ -696,10 +696,10 @@ func TestLogicalOrderMixedIDs(t *testing.T) {
 		later   func(e *logicalEnv) error // publishes the later event(s) of aggregate A
 	}{
 		{"ExplicitIDAfterFailure", errors.New("a1 fails once"), func(e *logicalEnv) error {
-			return Publish(e.db, Event{ID: "a2", Type: "x", AggregateType: "order", AggregateID: "A"})
+			return PublishAlone(e.db, Event{ID: "a2", Type: "x", AggregateType: "order", AggregateID: "A"})
 		}},
 		{"KeyAfterFailure", errors.New("a1 fails once"), func(e *logicalEnv) error {
-			return Publish(e.db, Event{Type: "x", AggregateType: "order", AggregateID: "A", IdempotencyKey: "a2-key", Headers: map[string]string{"n": "a2"}})
+			return PublishAlone(e.db, Event{Type: "x", AggregateType: "order", AggregateID: "A", IdempotencyKey: "a2-key", Headers: map[string]string{"n": "a2"}})
 		}},
 		{"RecorderAfterFailure", errors.New("a1 fails once"), func(e *logicalEnv) error {
 			o := Order{ID: 7}
@@ -707,7 +707,7 @@ func TestLogicalOrderMixedIDs(t *testing.T) {
 			return e.db.Create(&o).Error
 		}},
 		{"ExplicitIDWhileDown", Unavailable(errors.New("broker down")), func(e *logicalEnv) error {
-			return Publish(e.db, Event{ID: "a2", Type: "x", AggregateType: "order", AggregateID: "A"})
+			return PublishAlone(e.db, Event{ID: "a2", Type: "x", AggregateType: "order", AggregateID: "A"})
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -77,7 +77,7 @@ func TestOneOutboxManyDatabasesWakes(t *testing.T) {
 				return Publish(tx, Event{ID: "b-in-tx", Type: "x"})
 			}))
 			require.Equal(t, "b-in-tx", receive(t, got))
-			require.NoError(t, Publish(dbA, Event{ID: "a-no-tx", Type: "x"}))
+			require.NoError(t, PublishAlone(dbA, Event{ID: "a-no-tx", Type: "x"}))
 			require.Equal(t, "a-no-tx", receive(t, got))
 		})
 	}
@@ -94,7 +94,7 @@ func TestNotifyGoesToTheCommitsDatabase(t *testing.T) {
 	require.NoError(t, dbB.Use(writer))
 	// A commit on A first: a notifier bound to the first database it saw
 	// would then stay on A.
-	require.NoError(t, Publish(dbA, Event{Type: "x"}))
+	require.NoError(t, PublishAlone(dbA, Event{Type: "x"}))
 
 	// Another process's relay on B: a second Outbox on a pool of its own.
 	other, err := gorm.Open(postgres.New(postgres.Config{DSN: dsnOf(t, dbB)}), &gorm.Config{Logger: logger.Discard})
@@ -110,7 +110,7 @@ func TestNotifyGoesToTheCommitsDatabase(t *testing.T) {
 	relayOb.Handle(AnyEvent, func(_ context.Context, e Event) error { got <- e.ID; return nil })
 	// The first claim delivers the marker: from then on only a wake-up
 	// delivers before the hour.
-	require.NoError(t, Publish(dbB, Event{ID: "marker", Type: "x"}))
+	require.NoError(t, PublishAlone(dbB, Event{ID: "marker", Type: "x"}))
 	r, err := relayOb.Relay(other, RelayConfig{PollInterval: time.Hour})
 	require.NoError(t, err)
 	runRelay(t, r)
@@ -124,7 +124,7 @@ func TestNotifyGoesToTheCommitsDatabase(t *testing.T) {
 		return dbB.Raw("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'").Scan(&n).Error == nil && n > 0
 	}, 10*time.Second, 10*time.Millisecond, "the relay LISTENs on B")
 	for _, id := range []string{"first", "second"} {
-		require.NoError(t, Publish(dbB, Event{ID: id, Type: "x"}))
+		require.NoError(t, PublishAlone(dbB, Event{ID: id, Type: "x"}))
 		require.Equal(t, id, receive(t, got), "no NOTIFY reached the relay on B's database")
 	}
 }
@@ -152,9 +152,9 @@ func TestNotifyPerSchema(t *testing.T) {
 
 	// B's NOTIFY has been sent once B's listener has it; had it gone to
 	// A's channel too, it would be the first A's listener reads.
-	require.NoError(t, Publish(dbB, Event{Type: "x"}))
+	require.NoError(t, PublishAlone(dbB, Event{Type: "x"}))
 	require.Equal(t, schemaOf(t, dbB), nextB())
-	require.NoError(t, Publish(dbA, Event{Type: "x"}))
+	require.NoError(t, PublishAlone(dbA, Event{Type: "x"}))
 	require.Equal(t, schemaOf(t, dbA), nextA(), "A's listener hears A's commit, not B's")
 }
 

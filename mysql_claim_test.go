@@ -161,7 +161,7 @@ func TestMySQLClaimRetriesLockWait(t *testing.T) {
 	require.NoError(t, db.Use(ob))
 	c := &collector{}
 	ob.Handle("x", c.handle)
-	require.NoError(t, Publish(db, Event{ID: "waited", Type: "x"}))
+	require.NoError(t, PublishAlone(db, Event{ID: "waited", Type: "x"}))
 
 	sqlBase, err := base.DB()
 	require.NoError(t, err)

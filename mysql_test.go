@@ -75,7 +75,7 @@ func TestMySQLTimeZones(t *testing.T) {
 		return nil
 	})
 	occurred := time.Date(2026, 3, 29, 1, 30, 0, 123456000, time.UTC)
-	require.NoError(t, Publish(db, Event{ID: "tz", Type: "x", OccurredAt: occurred}))
+	require.NoError(t, PublishAlone(db, Event{ID: "tz", Type: "x", OccurredAt: occurred}))
 
 	st, err := ob.Stats(db.WithContext(t.Context()))
 	require.NoError(t, err)

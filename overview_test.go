@@ -75,7 +75,7 @@ func testOverview(t *testing.T, b backend) {
 	e.ob.Handle("bad", func(context.Context, Event) error { return Permanent(errors.New("no")) })
 
 	publishN(t, e.db, "fast", 3)
-	require.NoError(t, Publish(e.db, Event{Type: "fast"})) // a generated ID
+	require.NoError(t, PublishAlone(e.db, Event{Type: "fast"})) // a generated ID
 	publishN(t, e.db, "bad", 2)
 	publishN(t, e.db, "idle", 1) // no handler: stays pending
 	r := e.relay(RelayConfig{Backoff: func(int) time.Duration { return time.Hour }})

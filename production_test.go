@@ -127,7 +127,7 @@ func testWakeInProcess(t *testing.T, b backend) {
 
 	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return Publish(tx, Event{ID: "in-tx", Type: "x"}) }))
 	assert.Equal(t, "in-tx", receive(t, got))
-	require.NoError(t, Publish(e.db, Event{ID: "no-tx", Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "no-tx", Type: "x"}))
 	assert.Equal(t, "no-tx", receive(t, got))
 }
 
@@ -250,7 +250,7 @@ func testOrderByAggregate(t *testing.T, b backend) {
 		)
 	}
 	for _, ev := range events { // one transaction each: distinct commit order
-		require.NoError(t, Publish(e.db, ev))
+		require.NoError(t, PublishAlone(e.db, ev))
 	}
 
 	cfg := RelayConfig{OrderByAggregate: true, Workers: 4, Backoff: func(int) time.Duration { return 0 }}
@@ -319,7 +319,7 @@ func testOrderFailedHoldsBack(t *testing.T, b backend) {
 		return c.handle(ctx, ev)
 	})
 	for _, id := range []string{"a1", "a2", "b1"} {
-		require.NoError(t, Publish(e.db, Event{ID: id, Type: "x", AggregateType: "t", AggregateID: id[:1]}))
+		require.NoError(t, PublishAlone(e.db, Event{ID: id, Type: "x", AggregateType: "t", AggregateID: id[:1]}))
 	}
 	r := e.relay(RelayConfig{OrderByAggregate: true})
 	for range 3 {
@@ -609,7 +609,7 @@ func testListenUnavailable(t *testing.T, b backend) {
 	runRelay(t, mustRelay(t, ob, db, RelayConfig{PollInterval: 20 * time.Millisecond}))
 
 	for i := range 3 {
-		require.NoError(t, Publish(db, Event{ID: fmt.Sprint("polled-", i), Type: "x"}))
+		require.NoError(t, PublishAlone(db, Event{ID: fmt.Sprint("polled-", i), Type: "x"}))
 		assert.Equal(t, fmt.Sprint("polled-", i), receive(t, got), "the relay keeps delivering by polling")
 	}
 	// The listener runs beside the poll: on a loaded machine the events can
@@ -646,8 +646,8 @@ func testGeneratedEventsInsertPlainly(t *testing.T, b backend) {
 	e := b.setup(t)
 	c := &collector{}
 	e.ob.Handle("x", c.handle)
-	require.NoError(t, Publish(e.db, Event{Type: "x", IdempotencyKey: "once"}))
-	require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x", IdempotencyKey: "once"}, Event{Type: "x"}),
+	require.NoError(t, PublishAlone(e.db, Event{Type: "x", IdempotencyKey: "once"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "x"}, Event{Type: "x", IdempotencyKey: "once"}, Event{Type: "x"}),
 		"a duplicate key next to generated events is a no-op")
 	if b.logical {
 		// Logical mode's Publish writes no row; the relay writes the keyed

@@ -18,19 +18,34 @@ import (
 // relays only when tx commits and disappear if it rolls back. An event whose
 // idempotency key is already in the table is skipped without error (the first
 // write wins); one whose ID is already taken by an event with another key is
-// an error. Outside a transaction each call inserts at once.
+// an error.
 //
 // In [Memory] mode the events are handed to the handlers synchronously right
 // after the outermost commit of tx, and dropped if tx (or the savepoint they
-// were published in) rolls back. Outside a transaction they are dispatched at
-// once.
+// were published in) rolls back.
+//
+// tx must be in a transaction: on a *gorm.DB outside one, Publish writes
+// nothing and returns [ErrNoTransaction], since the events would commit
+// alone, apart from the business writes they belong with (Publish(db, e)
+// then db.Create(&order) is the dual write the outbox exists to prevent).
+// [PublishAlone] publishes events by themselves on purpose.
 //
 // Every event is validated and encoded before anything is written, so an
 // error wrapping [ErrInvalidEvent] leaves tx untouched: return it from the
 // transaction function and the business writes roll back with it. tx must
 // come from a *gorm.DB on which the plugin is installed, otherwise the error
 // is [ErrNotInstalled].
-func Publish(tx *gorm.DB, events ...Event) error {
+func Publish(tx *gorm.DB, events ...Event) error { return publish(tx, false, events) }
+
+// PublishAlone publishes events by themselves: on a *gorm.DB outside a
+// transaction, in Persistent mode they are written at once (in one
+// transaction of their own when they need several statements), in Memory
+// mode dispatched at once; inside a transaction it is [Publish]. Use it for
+// events that belong to no business write (a scheduled report, a replay
+// from a script); within a unit of work, call Publish on its transaction.
+func PublishAlone(db *gorm.DB, events ...Event) error { return publish(db, true, events) }
+
+func publish(tx *gorm.DB, alone bool, events []Event) error {
 	if tx == nil {
 		return ErrNotInstalled
 	}
@@ -43,6 +58,9 @@ func Publish(tx *gorm.DB, events ...Event) error {
 	}
 	if len(events) == 0 {
 		return nil
+	}
+	if _, inTx := txhook.Tracked(tx.Statement.ConnPool); !inTx && !alone && !tx.DryRun {
+		return ErrNoTransaction
 	}
 	ctx := tx.Statement.Context
 	if ctx == nil {

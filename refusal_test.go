@@ -100,7 +100,7 @@ func testPayloadRefusalsSayWhy(t *testing.T, b backend) {
 		"TooDeepBytes": {[]byte(strings.Repeat("[", 20000) + strings.Repeat("]", 20000)), "deeper than 31 levels"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := Publish(e.db, Event{Type: "x", Payload: tc.payload})
+			err := PublishAlone(e.db, Event{Type: "x", Payload: tc.payload})
 			require.ErrorIs(t, err, ErrInvalidEvent)
 			assert.ErrorContains(t, err, tc.want)
 		})
@@ -116,7 +116,7 @@ func testPayloadRefusalsSayWhy(t *testing.T, b backend) {
 		}{A: "\ufffd", B: "\xff"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			require.NoError(t, Publish(e.db, Event{Type: "x", Payload: p}))
+			require.NoError(t, PublishAlone(e.db, Event{Type: "x", Payload: p}))
 		})
 	}
 }

@@ -57,7 +57,7 @@ func TestWaitReplicasLogical(t *testing.T) {
 	e := logicalBackend(t).setup(t) // a server without standbys
 	var called atomic.Bool
 	e.ob.Handle("x", func(context.Context, Event) error { called.Store(true); return nil })
-	require.NoError(t, Publish(e.db, Event{Type: "x"}, Event{Type: "x"}, Event{Type: "x"}))
+	require.NoError(t, PublishAlone(e.db, Event{Type: "x"}, Event{Type: "x"}, Event{Type: "x"}))
 	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
 	_, err := r.ProcessOnce(t.Context())
 	require.ErrorIs(t, err, ErrReplicasBehind)

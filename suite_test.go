@@ -28,6 +28,7 @@ func runSuite(t *testing.T, b backend) {
 	tests := map[string]func(*testing.T, backend){
 		"PersistentInsertsInCallersTransaction": testPersistentInsertsInTx,
 		"PersistentOutsideTransaction":          testPersistentOutsideTx,
+		"PublishNeedsTransaction":               testPublishNeedsTransaction,
 		"DuplicateIdempotencyKeyIsNoop":         testDuplicateKey,
 		"PayloadRoundTrip":                      testPayloadRoundTrip,
 		"MemoryMode":                            testMemoryMode,
@@ -157,11 +158,42 @@ func testPersistentInsertsInTx(t *testing.T, b backend) {
 	assert.EqualValues(t, 1, e.count("named_id = ?", "outer"))
 }
 
+// testPublishNeedsTransaction: Publish on a *gorm.DB outside a transaction
+// writes nothing, in every mode, and says how to publish alone; in a
+// transaction, and through PublishAlone, the events are published.
+func testPublishNeedsTransaction(t *testing.T, b backend) {
+	for _, mode := range []Mode{Persistent, Memory} {
+		t.Run(mode.String(), func(t *testing.T) {
+			e := b.setup(t, withConfig(Config{Mode: mode}))
+			c := &collector{}
+			e.ob.Handle(AnyEvent, c.handle)
+			var stored []bool
+			e.ob.AddHooks(Hooks{Stored: func(_ context.Context, _ *Event, ok bool) { stored = append(stored, ok) }})
+			err := Publish(e.db, Event{ID: "alone", Type: "x"})
+			require.ErrorIs(t, err, ErrNoTransaction)
+			assert.ErrorContains(t, err, "outbox.PublishAlone", "the error says how to publish alone")
+			assert.Empty(t, stored, "refused before the hooks see it")
+			require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return Publish(tx, Event{ID: "in-tx", Type: "x"}) }))
+			require.NoError(t, PublishAlone(e.db, Event{ID: "on-purpose", Type: "x"}))
+			if mode == Memory {
+				assert.Equal(t, []string{"in-tx", "on-purpose"}, c.ids())
+				return
+			}
+			if b.logical {
+				assert.Equal(t, []string{"in-tx", "on-purpose"}, e.delivered(t, c))
+				return
+			}
+			assert.EqualValues(t, 0, e.count("named_id = ?", "alone"))
+			assert.EqualValues(t, 2, e.count(""))
+		})
+	}
+}
+
 func testPersistentOutsideTx(t *testing.T, b backend) {
 	e := b.setup(t)
 	c := &collector{}
 	e.ob.Handle(AnyEvent, c.handle)
-	require.NoError(t, Publish(e.db.WithContext(t.Context()), ev("a", 1), ev("b", 2)))
+	require.NoError(t, PublishAlone(e.db.WithContext(t.Context()), ev("a", 1), ev("b", 2)))
 	published := e.clock.Now()
 
 	// Defaults: UUIDv7 id, key = id, occurred_at now at microsecond precision.
@@ -190,7 +222,7 @@ func testPersistentOutsideTx(t *testing.T, b backend) {
 	for i := range many {
 		many[i] = Event{Type: "bulk", IdempotencyKey: fmt.Sprint("bulk-", i), Payload: i}
 	}
-	require.NoError(t, Publish(e.db, many...))
+	require.NoError(t, PublishAlone(e.db, many...))
 	require.NoError(t, e.db.Transaction(func(tx *gorm.DB) error { return Publish(tx, many[:1500]...) }), "duplicates are skipped")
 	bulk := func() int { // the bulk events delivered, each key once
 		keys := map[string]int{}
@@ -212,7 +244,7 @@ func testPersistentOutsideTx(t *testing.T, b backend) {
 		many[i].IdempotencyKey = fmt.Sprint("other-", i)
 	}
 	many[2400].Type = ""
-	require.ErrorIs(t, Publish(e.db, many...), ErrInvalidEvent)
+	require.ErrorIs(t, PublishAlone(e.db, many...), ErrInvalidEvent)
 	if b.logical { // nothing of the rejected call reaches the WAL
 		e.delivered(t, c)
 		assert.Equal(t, 2500, bulk(), "an invalid event rejects the whole call")
@@ -322,7 +354,7 @@ func testMemoryMode(t *testing.T, b backend) {
 	assert.Len(t, order, 2, "nothing on rollback")
 
 	// Outside a transaction: at once.
-	require.NoError(t, Publish(e.db, Event{ID: "m3", Type: "other"}))
+	require.NoError(t, PublishAlone(e.db, Event{ID: "m3", Type: "other"}))
 	assert.Equal(t, []string{"typed:m1", "any:m1", "any:m3"}, order)
 	assert.False(t, e.db.Migrator().HasTable(e.ob.Table()), "memory mode writes no table")
 
@@ -481,7 +513,7 @@ func testAfterCommit(t *testing.T, b backend) {
 				if mode == Memory {
 					// In memory mode the same points are exercised by events.
 					e.ob.Handle("*", func(_ context.Context, ev Event) error { hookRan(ev.ID); return nil })
-					hook = func(tx *gorm.DB, name string) { require.NoError(t, Publish(tx, Event{ID: name, Type: "t"})) }
+					hook = func(tx *gorm.DB, name string) { require.NoError(t, PublishAlone(tx, Event{ID: name, Type: "t"})) }
 				} else {
 					hook = func(tx *gorm.DB, name string) { AfterCommit(tx, func() { hookRan(name) }) }
 				}
@@ -598,7 +630,7 @@ func testBadInput(t *testing.T, b backend) {
 		{Type: "x", OccurredAt: time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)},
 		{Type: "x", OccurredAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)},
 	} {
-		require.NoError(t, Publish(e.db, ok))
+		require.NoError(t, PublishAlone(e.db, ok))
 	}
 }
 
@@ -620,7 +652,7 @@ func testUnsafeTableName(t *testing.T, b backend) {
 		// A generated event and one with a key of its own, of an aggregate:
 		// the claim, ordering and outcome statements (in Logical mode the
 		// relay's own INSERT) all run on the table.
-		require.NoError(t, Publish(e.db, ev("x", 1), Event{Type: "x", IdempotencyKey: "k", AggregateType: "a", AggregateID: "1"}), name)
+		require.NoError(t, PublishAlone(e.db, ev("x", 1), Event{Type: "x", IdempotencyKey: "k", AggregateType: "a", AggregateID: "1"}), name)
 		if b.logical { // a WAL message, no row until the relay writes the keyed event's
 			assert.EqualValues(t, 0, e.count(""), name)
 		} else {
@@ -641,7 +673,7 @@ func testUnsafeTableName(t *testing.T, b backend) {
 
 func testPublishWithoutPlugin(t *testing.T, b backend) {
 	db := b.open(t, &gorm.Config{})
-	require.ErrorIs(t, Publish(db, ev("x", 1)), ErrNotInstalled)
+	require.ErrorIs(t, PublishAlone(db, ev("x", 1)), ErrNotInstalled)
 	require.ErrorIs(t, db.Transaction(func(tx *gorm.DB) error { return Publish(tx, ev("x", 1)) }), ErrNotInstalled)
 	require.ErrorIs(t, Publish(nil, ev("x", 1)), ErrNotInstalled)
 }
@@ -660,7 +692,7 @@ func testDisableAutoMigrate(t *testing.T, b backend) {
 		require.NoError(t, db.Exec(st.SQL).Error)
 	}
 	assert.True(t, db.Migrator().HasTable(DefaultInboxTable), "SchemaSQL creates the inbox too")
-	require.NoError(t, Publish(db, ev("x", 1)))
+	require.NoError(t, PublishAlone(db, ev("x", 1)))
 	// Running the shipped DDL twice is harmless.
 	require.NoError(t, ob.Migrate(db.WithContext(t.Context())))
 }

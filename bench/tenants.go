@@ -416,7 +416,7 @@ loop:
 			mu.Lock()
 			committed[id] = time.Now()
 			mu.Unlock()
-			if perr := outbox.Publish(ts.dbs[1], outbox.Event{ID: id, Type: "quiet", Payload: struct{}{}}); perr != nil {
+			if perr := outbox.PublishAlone(ts.dbs[1], outbox.Event{ID: id, Type: "quiet", Payload: struct{}{}}); perr != nil {
 				err = perr
 				break loop
 			}

@@ -75,7 +75,7 @@ func ExampleWithLinkOnly() {
 	ob.Handle("report.requested", func(ctx context.Context, e outbox.Event) error { return nil })
 
 	ctx, req := tp.Tracer("app").Start(context.Background(), "POST /reports")
-	if err := outbox.Publish(db.WithContext(ctx), outbox.Event{Type: "report.requested"}); err != nil {
+	if err := outbox.PublishAlone(db.WithContext(ctx), outbox.Event{Type: "report.requested"}); err != nil {
 		log.Fatal(err)
 	}
 	req.End()
@@ -115,7 +115,7 @@ func ExampleWithStats() {
 	}
 	ob.Handle("order.created", func(ctx context.Context, e outbox.Event) error { return nil })
 	for range 3 {
-		if err := outbox.Publish(db, outbox.Event{Type: "order.created"}); err != nil {
+		if err := outbox.PublishAlone(db, outbox.Event{Type: "order.created"}); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -170,7 +170,7 @@ func ExampleWithMeterProvider() {
 		return outbox.Permanent(fmt.Errorf("refund %s: unknown payment", e.AggregateID))
 	})
 	for _, typ := range []string{"order.created", "order.created", "order.refunded"} {
-		if err := outbox.Publish(db, outbox.Event{Type: typ, AggregateID: "7"}); err != nil {
+		if err := outbox.PublishAlone(db, outbox.Event{Type: typ, AggregateID: "7"}); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -232,7 +232,7 @@ func ExampleWithPropagator() {
 		log.Fatal(err)
 	}
 	ctx, req := tp.Tracer("app").Start(baggage.ContextWithBaggage(context.Background(), bag), "POST /orders")
-	if err := outbox.Publish(db.WithContext(ctx), outbox.Event{Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db.WithContext(ctx), outbox.Event{Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 	req.End()

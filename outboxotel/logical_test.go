@@ -156,8 +156,8 @@ func TestDroppedLogical(t *testing.T) {
 	tel := newTelemetry(t)
 	db, ob := installLogical(t, tel, outboxotel.WithStatsInterval(time.Nanosecond))
 	ob.Handle("x", func(context.Context, outbox.Event) error { return nil })
-	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "same", Type: "x", IdempotencyKey: "k1"}))
-	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "same", Type: "x", IdempotencyKey: "k2"}))
+	require.NoError(t, outbox.PublishAlone(db, outbox.Event{ID: "same", Type: "x", IdempotencyKey: "k1"}))
+	require.NoError(t, outbox.PublishAlone(db, outbox.Event{ID: "same", Type: "x", IdempotencyKey: "k2"}))
 	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
 
 	m, ok := findMetric(tel.collect(t), "outbox.events.dropped")

@@ -269,7 +269,7 @@ func TestLinkOnly(t *testing.T) {
 	ob := tel.install(t, db, outbox.Config{}, outboxotel.WithLinkOnly())
 	ob.Handle("*", func(context.Context, outbox.Event) error { return nil })
 	ctx, req := tel.tp.Tracer("app").Start(t.Context(), "request")
-	require.NoError(t, outbox.Publish(db.WithContext(ctx), outbox.Event{Type: "x"}))
+	require.NoError(t, outbox.PublishAlone(db.WithContext(ctx), outbox.Event{Type: "x"}))
 	req.End()
 	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
 
@@ -289,7 +289,7 @@ func TestNoActiveSpan(t *testing.T) {
 	ob := tel.install(t, db, outbox.Config{})
 	adapter := &fakeAdapter{tracer: tel.tp.Tracer("broker-client")}
 	ob.Handle("*", adapter.handle)
-	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "e", Type: "x"}))
+	require.NoError(t, outbox.PublishAlone(db, outbox.Event{ID: "e", Type: "x"}))
 	assert.Nil(t, outboxtest.Row(t, db, "e").Headers, "no trace context stored")
 	assert.Empty(t, tel.spansNamed("create x"))
 	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
@@ -309,7 +309,7 @@ func TestExistingTraceparent(t *testing.T) {
 	ob.Handle("*", func(context.Context, outbox.Event) error { return nil })
 	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 	ctx, req := tel.tp.Tracer("app").Start(t.Context(), "request")
-	require.NoError(t, outbox.Publish(db.WithContext(ctx), outbox.Event{ID: "e", Type: "x", Headers: map[string]string{"Traceparent": tp}}))
+	require.NoError(t, outbox.PublishAlone(db.WithContext(ctx), outbox.Event{ID: "e", Type: "x", Headers: map[string]string{"Traceparent": tp}}))
 	req.End()
 	assert.Empty(t, tel.spansNamed("create x"))
 	outboxtest.Drain(t, outboxtest.Relay(t, ob, db, outbox.RelayConfig{}))
@@ -338,7 +338,7 @@ func TestBaggageOnlyWhenAsked(t *testing.T) {
 		var seen baggage.Baggage
 		ob.Handle("x", func(ctx context.Context, _ outbox.Event) error { seen = baggage.FromContext(ctx); return nil })
 		ctx, req := tel.tp.Tracer("app").Start(baggage.ContextWithBaggage(t.Context(), bag), "request")
-		require.NoError(t, outbox.Publish(db.WithContext(ctx), outbox.Event{ID: "e", Type: "x"}))
+		require.NoError(t, outbox.PublishAlone(db.WithContext(ctx), outbox.Event{ID: "e", Type: "x"}))
 		req.End()
 		h := outboxtest.Row(t, db, "e").Headers
 		require.NotNil(t, h)
@@ -407,15 +407,15 @@ func checkCreateOnlyWhenStored(t *testing.T, tel *telemetry, db *gorm.DB, ob *ou
 		return nil
 	})
 	ctx, req := tel.tp.Tracer("app").Start(t.Context(), "request")
-	tx := db.WithContext(ctx)
-	require.NoError(t, outbox.Publish(tx, outbox.Event{Type: "kept", IdempotencyKey: "k"}))
+	db = db.WithContext(ctx)
+	require.NoError(t, outbox.PublishAlone(db, outbox.Event{Type: "kept", IdempotencyKey: "k"}))
 	if duplicates {
-		require.NoError(t, outbox.Publish(tx, outbox.Event{Type: "duplicate", IdempotencyKey: "k"}))
+		require.NoError(t, outbox.PublishAlone(db, outbox.Event{Type: "duplicate", IdempotencyKey: "k"}))
 	}
-	err := outbox.Publish(tx, outbox.Event{Type: "beside-invalid"}, outbox.Event{Type: "invalid", Payload: make(chan int)})
+	err := outbox.PublishAlone(db, outbox.Event{Type: "beside-invalid"}, outbox.Event{Type: "invalid", Payload: make(chan int)})
 	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
-	require.NoError(t, outbox.Publish(tx.Session(&gorm.Session{DryRun: true}), outbox.Event{Type: "dry"}))
-	require.NoError(t, tx.Transaction(func(tx *gorm.DB) error {
+	require.NoError(t, outbox.Publish(db.Session(&gorm.Session{DryRun: true}), outbox.Event{Type: "dry"}))
+	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
 		return outbox.Publish(tx, outbox.Event{Type: "kept-in-tx"}, outbox.Event{Type: "kept-in-tx"})
 	}))
 	req.End()
@@ -453,7 +453,7 @@ func TestFailedOnLastAttempt(t *testing.T) {
 		tel := newTelemetry(t)
 		db := backends(t)[0].open(t)
 		tel.install(t, db, outbox.Config{Mode: outbox.Memory})
-		require.NoError(t, outbox.Publish(db, outbox.Event{Type: "orphan"}))
+		require.NoError(t, outbox.PublishAlone(db, outbox.Event{Type: "orphan"}))
 		rm := tel.collect(t)
 		assertCount(t, rm, "outbox.deliveries", "orphan", outboxotel.OutcomeFailed, 1)
 		assertCount(t, rm, "outbox.deliveries", "orphan", outboxotel.OutcomeNoHandler, 0)

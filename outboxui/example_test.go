@@ -28,7 +28,7 @@ func ExampleHandler() {
 	if err := db.Use(ob); err != nil {
 		log.Fatal(err)
 	}
-	if err := outbox.Publish(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
+	if err := outbox.PublishAlone(db, outbox.Event{ID: "e1", Type: "order.created"}); err != nil {
 		log.Fatal(err)
 	}
 

@@ -113,7 +113,7 @@ func newFixture(t *testing.T, b backend) *fixture {
 		events = append(events, outbox.Event{ID: id, Type: "payment.captured", Payload: map[string]any{"card": "4242", "amount": 12}})
 	}
 	events = append(events, outbox.Event{ID: "wait-1", Type: "order.shipped", Payload: 1})
-	require.NoError(t, outbox.Publish(f.db, events...))
+	require.NoError(t, outbox.PublishAlone(f.db, events...))
 	_, err = outboxtest.Relay(t, f.ob, f.db, outbox.RelayConfig{}).ProcessOnce(t.Context())
 	require.NoError(t, err)
 	return f
@@ -331,7 +331,7 @@ func TestShow(t *testing.T) {
 
 		// User data cannot drive the terminal: escape sequences and
 		// bidirectional overrides are printed escaped.
-		require.NoError(t, outbox.Publish(f.db, outbox.Event{ID: "esc", Type: "x", AggregateID: "a\x1b[2Jb\u202e",
+		require.NoError(t, outbox.PublishAlone(f.db, outbox.Event{ID: "esc", Type: "x", AggregateID: "a\x1b[2Jb\u202e",
 			Payload: map[string]string{"s": "\u009b31m"}}))
 		code, out, _ = f.run(t, "", "show", "esc")
 		require.Equal(t, exitOK, code)
