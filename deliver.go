@@ -39,6 +39,7 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 	if r.stream != nil {
 		n, err := r.stream.Once(ctx)
 		if err != nil {
+			r.life.cycle(err)
 			return n, err
 		}
 		m, _, err := r.process(ctx, nil, r.cfg.BatchSize)
@@ -62,12 +63,15 @@ func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent in
 	}
 	b, err := r.table.Claim(ctx, ids, limit)
 	if err != nil || b == nil {
+		r.life.cycle(err)
 		return 0, 0, err
 	}
+	r.life.claimed()
 	down, err := r.fanout().Process(ctx, b)
 	if down != nil {
 		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
 	}
+	r.life.cycle(err)
 	return len(b.Items()), b.Sent(), err
 }
 
@@ -100,8 +104,12 @@ func (r *Relay) attempt(bctx context.Context, c *claimed) error {
 	return r.o.deliver(context.WithValue(hctx, attemptKey{}, c.Attempts), Event(c.Event))
 }
 
-// report hands one attempt's outcome to the Delivered hooks.
+// report records a delivery, and hands one attempt's outcome to the
+// Delivered hooks.
 func (r *Relay) report(c *claimed, res engine.Result, err error, took time.Duration) {
+	if res.Kind == engine.Sent {
+		r.life.delivered()
+	}
 	if !r.o.observesDeliveries() {
 		return
 	}

@@ -93,6 +93,11 @@ type RelayConfig struct {
 	// pg_stat_replication (pg_monitor, or a superuser). Other databases
 	// refuse it (ErrInvalidConfig). Defaults to 0: deliver at once.
 	WaitReplicas int
+
+	// Name names the relay in [Stats] Relays, `outbox stats` and the
+	// dashboard's relays panel, beside its host and process ID. Defaults
+	// to the host's name and the process ID ("host:pid").
+	Name string
 }
 
 // Outcome is what a delivery attempt came to ([Delivery]), or an entry
@@ -181,6 +186,8 @@ type Relay struct {
 
 	orderingMu   sync.Mutex
 	orderingDone bool
+
+	life relayLife // what the relay records of itself (heartbeat.go)
 }
 
 // Relay returns a relay that delivers the events in db's outbox table to the
@@ -209,6 +216,7 @@ func (o *Outbox) Relay(db *gorm.DB, cfg RelayConfig) (*Relay, error) {
 	if err := r.check(cfg); err != nil {
 		return nil, err
 	}
+	r.life.init(o.mode, cfg.Name, o.now)
 	sqlDB, err := rawDB(db)
 	if err != nil {
 		return nil, err

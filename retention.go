@@ -16,7 +16,7 @@ const defaultRetainSent = 72 * time.Hour
 
 // services is the background work a relay runs beside delivery: retention
 // of sent rows and of their history (unless Config.RetainSent is
-// RetainForever),
+// RetainForever), its heartbeat,
 // and the overview's rollup, where the store has them.
 func (r *Relay) services() []maint.Service {
 	var svcs []maint.Service
@@ -26,6 +26,9 @@ func (r *Relay) services() []maint.Service {
 	}
 	if _, ok := r.o.store.(store.Overview); ok {
 		svcs = append(svcs, r.o.rollup(r.table.DB, r.cfg.StatementTimeout).Service())
+	}
+	if rs, ok := r.o.store.(store.Relays); ok {
+		svcs = append(svcs, r.heartbeat(rs))
 	}
 	return svcs
 }

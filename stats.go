@@ -25,6 +25,16 @@ type Stats struct {
 	// changed) within the last hour: new failures, where Failed also
 	// counts old ones nobody has replayed or purged yet.
 	FailedLastHour int64
+	// Relays are the relays that serve the table now, by name: those that
+	// recorded themselves within the last 15 s (a relay records itself
+	// every 5 s while it runs). None while events wait means nothing
+	// delivers them.
+	Relays []RelayStatus
+	// LastDelivery is when a relay of the table last delivered an event,
+	// as the relays recorded it; zero when none has. RelaySeen is when a
+	// relay last recorded itself, alive or gone since; zero when none has
+	// (a relay's row is kept for a day after it stops).
+	LastDelivery, RelaySeen time.Time
 
 	// Logical mode only: SlotLagBytes is how much WAL the replication slot
 	// keeps because no relay has confirmed it yet; SlotActive reports
@@ -134,6 +144,9 @@ func (o *Outbox) statsBeside(ctx context.Context, db *sql.DB, st *Stats) error {
 			return fmt.Errorf("outbox: stats: %w", err)
 		}
 		st.FailedLastHour = n
+	}
+	if err := o.relayStatus(ctx, db, st); err != nil {
+		return err
 	}
 	if o.wal != nil {
 		ss, err := o.wal.SlotStats(ctx, db, o.slot)

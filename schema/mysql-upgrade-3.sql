@@ -80,7 +80,7 @@ CREATE TABLE IF NOT EXISTS `outbox_events_rollup_state` (
 -- Each event's failed attempts and replays (outbox.Outbox.History, the
 -- dashboard's event page): written only when a delivery fails or an
 -- operator replays, never by Publish or a delivery that succeeds; deleted
--- by age with the sent rows (RelayConfig.RetainSent) and with a purged row.
+-- by age with the sent rows (Config.RetainSent) and with a purged row.
 -- outcome is retry (failed, to be tried again), failed (gave up) or
 -- replayed (error is then the error the replay cleared the way past).
 CREATE TABLE IF NOT EXISTS `outbox_events_attempts` (
@@ -92,5 +92,22 @@ CREATE TABLE IF NOT EXISTS `outbox_events_attempts` (
     actor           VARCHAR(255) NULL,
     PRIMARY KEY (seq, at),
     INDEX `outbox_events_attempts_at_idx` (at)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+-- The relays that serve this table (outbox.Stats' Relays, outbox stats
+-- --min-relays, the dashboard's relays panel): each relay writes its row
+-- every few seconds while it runs, with when it last claimed and delivered
+-- events and its last error; the rows of relays not seen for a day are
+-- deleted by the others. Never on the write path.
+CREATE TABLE IF NOT EXISTS `outbox_events_relays` (
+    id               VARCHAR(64)  NOT NULL PRIMARY KEY,
+    name             VARCHAR(255) NOT NULL,
+    host             VARCHAR(255) NOT NULL,
+    pid              INT          NOT NULL,
+    mode             VARCHAR(16)  NOT NULL,
+    started_at       DATETIME(6)  NOT NULL,
+    seen_at          DATETIME(6)  NOT NULL,
+    last_claim_at    DATETIME(6)  NULL,
+    last_delivery_at DATETIME(6)  NULL,
+    last_error       TEXT         NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.outbox_events.upgrade'));

@@ -102,7 +102,7 @@ CREATE INDEX IF NOT EXISTS "outbox_events_failed_idx"
 -- Each event's failed attempts and replays (outbox.Outbox.History, the
 -- dashboard's event page): written only when a delivery fails or an
 -- operator replays, never by Publish or a delivery that succeeds; deleted
--- by age with the sent rows (RelayConfig.RetainSent) and with a purged row.
+-- by age with the sent rows (Config.RetainSent) and with a purged row.
 -- outcome is retry (failed, to be tried again), failed (gave up) or
 -- replayed (error is then the error the replay cleared the way past).
 CREATE TABLE IF NOT EXISTS "outbox_events_attempts" (
@@ -116,4 +116,21 @@ CREATE TABLE IF NOT EXISTS "outbox_events_attempts" (
 );
 CREATE INDEX IF NOT EXISTS "outbox_events_attempts_at_idx"
     ON "outbox_events_attempts" (at);
+-- The relays that serve this table (outbox.Stats' Relays, outbox stats
+-- --min-relays, the dashboard's relays panel): each relay writes its row
+-- every few seconds while it runs, with when it last claimed and delivered
+-- events and its last error; the rows of relays not seen for a day are
+-- deleted by the others. Never on the write path.
+CREATE TABLE IF NOT EXISTS "outbox_events_relays" (
+    id               TEXT         PRIMARY KEY,
+    name             TEXT         NOT NULL,
+    host             TEXT         NOT NULL,
+    pid              INTEGER      NOT NULL,
+    mode             TEXT         NOT NULL,
+    started_at       DATETIME     NOT NULL,
+    seen_at          DATETIME     NOT NULL,
+    last_claim_at    DATETIME,
+    last_delivery_at DATETIME,
+    last_error       TEXT
+);
 COMMIT;

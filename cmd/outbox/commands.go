@@ -20,12 +20,15 @@ func isInvalidFilter(err error) bool { return errors.Is(err, outbox.ErrInvalidFi
 func isNotFound(err error) bool { return errors.Is(err, outbox.ErrNotFound) }
 
 func (c *cli) stats(ctx context.Context, args []string) error {
-	fs := c.flags("stats", "[--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--json]")
+	fs := c.flags("stats", "[--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--min-relays N] [--max-relay-silence D] [--json]")
 	o := c.common(fs)
 	var maxAge ageFlag
 	fs.Var(&maxAge, "max-pending-age", "check: fail (exit 3) when the oldest pending event is older than `D` (e.g. 5m)")
 	maxFailed := fs.Int("max-failed", -1, "check: fail (exit 3) when more than `N` events are failed (default: no check)")
 	maxFailedHour := fs.Int("max-failed-last-hour", -1, "check: fail (exit 3) when more than `N` events failed in the last hour (default: no check)")
+	minRelays := fs.Int("min-relays", 0, "check: fail (exit 3) when fewer than `N` relays serve the table (recorded themselves within 15s)")
+	var maxSilence ageFlag
+	fs.Var(&maxSilence, "max-relay-silence", "check: fail (exit 3) when no relay has recorded itself for longer than `D` (e.g. 1m)")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	if pos, err := parse(fs, args); err != nil {
 		return err
@@ -41,19 +44,22 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	now := time.Now()
 	if *asJSON {
-		err = json.NewEncoder(c.stdout).Encode(map[string]any{
-			"table": t.table, "pending": st.Pending, "failed": st.Failed,
-			"failed_last_hour": st.FailedLastHour, "oldest_pending_seconds": st.OldestPending.Seconds(),
-		})
+		err = c.statsJSON(t.table, st)
 	} else {
-		_, err = fmt.Fprintf(c.stdout, "table             %s\npending           %d\nfailed            %d\nfailed last hour  %d\noldest pending    %s\n",
-			t.table, st.Pending, st.Failed, st.FailedLastHour, age(st.OldestPending))
+		err = c.statsText(t.table, st, now)
 	}
 	if err != nil {
 		return err
 	}
 	var failed []string
+	if *minRelays > 0 && len(st.Relays) < *minRelays {
+		failed = append(failed, fmt.Sprintf("%d relays serve the table (at least %d wanted)", len(st.Relays), *minRelays))
+	}
+	if maxSilence.d > 0 && (st.RelaySeen.IsZero() || now.Sub(st.RelaySeen) > maxSilence.d) {
+		failed = append(failed, fmt.Sprintf("no relay has recorded itself for %s (limit %s)", since(st.RelaySeen, now), maxSilence.d))
+	}
 	if maxAge.d > 0 && st.OldestPending > maxAge.d {
 		failed = append(failed, fmt.Sprintf("the oldest pending event is %s old (limit %s)", age(st.OldestPending), maxAge.d))
 	}
@@ -67,6 +73,59 @@ func (c *cli) stats(ctx context.Context, args []string) error {
 		return checkFailed{errors.New(strings.Join(failed, "; "))}
 	}
 	return nil
+}
+
+// statsText prints st for a person: the counts, then a line per relay.
+func (c *cli) statsText(table string, st outbox.Stats, now time.Time) error {
+	_, err := fmt.Fprintf(c.stdout, "table             %s\npending           %d\nfailed            %d\nfailed last hour  %d\noldest pending    %s\nlast delivery     %s\nrelays            %d\n",
+		table, st.Pending, st.Failed, st.FailedLastHour, age(st.OldestPending), since(st.LastDelivery, now), len(st.Relays))
+	for _, r := range st.Relays {
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(c.stdout, "  %s  %s pid %d, %s, up %s, seen %s, last claim %s, last delivery %s%s\n",
+			clean(r.Name, false), clean(r.Host, false), r.PID, r.Mode, age(now.Sub(r.Started)), since(r.Seen, now), since(r.LastClaim, now), since(r.LastDelivery, now), relayError(r.LastError))
+	}
+	return err
+}
+
+// statsJSON prints st as one JSON object.
+func (c *cli) statsJSON(table string, st outbox.Stats) error {
+	relays := make([]map[string]any, len(st.Relays))
+	for i, r := range st.Relays {
+		relays[i] = map[string]any{
+			"name": r.Name, "host": r.Host, "pid": r.PID, "mode": r.Mode, "started": r.Started, "seen": r.Seen,
+			"last_claim": jsonTime(r.LastClaim), "last_delivery": jsonTime(r.LastDelivery), "last_error": r.LastError,
+		}
+	}
+	return json.NewEncoder(c.stdout).Encode(map[string]any{
+		"table": table, "pending": st.Pending, "failed": st.Failed,
+		"failed_last_hour": st.FailedLastHour, "oldest_pending_seconds": st.OldestPending.Seconds(),
+		"last_delivery": jsonTime(st.LastDelivery), "relay_seen": jsonTime(st.RelaySeen), "relays": relays,
+	})
+}
+
+// jsonTime is t for JSON, null for zero.
+func jsonTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+// since is how long ago t was, "never" for zero.
+func since(t, now time.Time) string {
+	if t.IsZero() {
+		return "never"
+	}
+	return age(max(now.Sub(t), time.Second)) + " ago"
+}
+
+func relayError(e string) string {
+	if e == "" {
+		return ""
+	}
+	return ", last error: " + oneLine(e, 200)
 }
 
 func age(d time.Duration) string {

@@ -5,7 +5,7 @@
 //
 //	go install github.com/gorm-outbox/outbox/cmd/outbox@latest
 //
-//	outbox stats   [--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--json]
+//	outbox stats   [--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--min-relays N] [--max-relay-silence D] [--json]
 //	outbox list    [filters] [--limit N] [--after SEQ | --newest [--before SEQ]] [--json [--payload]]
 //	outbox show    ID [--no-payload] [--json]
 //	outbox replay  [ID...] [filters] [--all] [--dry-run] [--yes]
@@ -170,7 +170,7 @@ func (c *cli) usage(w io.Writer) {
 	fmt.Fprint(w, `outbox operates the outbox table of github.com/gorm-outbox/outbox.
 
 Usage:
-  outbox stats   [--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--json]
+  outbox stats   [--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--min-relays N] [--max-relay-silence D] [--json]
   outbox list    [filters] [--limit N] [--after SEQ | --newest [--before SEQ]] [--json [--payload]]
   outbox show    ID [--no-payload] [--json]
   outbox replay  [ID...] [filters] [--all] [--dry-run] [--yes]

@@ -210,6 +210,33 @@ func TestStats(t *testing.T) {
 		assert.Greater(t, st["oldest_pending_seconds"], 0.0)
 		assert.Less(t, st["oldest_pending_seconds"], 3600.0)
 
+		// No relay runs: the relay checks fail, on every database.
+		code, out, errOut = f.run(t, "", "stats", "--min-relays", "1", "--max-relay-silence", "1m")
+		assert.Equal(t, exitCheck, code)
+		assert.Contains(t, out, "relays            0\n")
+		assert.Contains(t, errOut, "0 relays serve the table (at least 1 wanted)")
+		assert.Contains(t, errOut, "no relay has recorded itself for never (limit 1m0s)")
+		// A relay that runs records itself at once.
+		ctx, stop := context.WithCancel(t.Context())
+		ran := make(chan error, 1)
+		go func() { ran <- outboxtest.Relay(t, f.ob, f.db, outbox.RelayConfig{Name: "on-call"}).Run(ctx) }()
+		require.Eventually(t, func() bool {
+			code, _, _ := f.run(t, "", "stats", "--min-relays", "1", "--max-relay-silence", "1m")
+			return code == exitOK
+		}, 10*time.Second, 20*time.Millisecond, "the running relay meets both checks")
+		code, out, errOut = f.run(t, "", "stats", "--min-relays", "2")
+		assert.Equal(t, exitCheck, code, errOut)
+		assert.Contains(t, out, "relays            1\n")
+		assert.Regexp(t, `\n  on-call  \S+ pid \d+, persistent, up `, out)
+		code, out, errOut = f.run(t, "", "stats", "--json")
+		require.Equal(t, exitOK, code, errOut)
+		require.NoError(t, json.Unmarshal([]byte(out), &st))
+		if assert.Len(t, st["relays"], 1) {
+			assert.Equal(t, "on-call", st["relays"].([]any)[0].(map[string]any)["name"])
+		}
+		stop()
+		require.NoError(t, <-ran)
+
 		// Nothing failed, nothing pending: every check passes.
 		_, err := f.ob.Purge(f.db.WithContext(t.Context()), outbox.Filter{Statuses: []outbox.Status{outbox.StatusFailed}})
 		require.NoError(t, err)

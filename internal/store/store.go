@@ -482,6 +482,34 @@ const (
 	AttemptReplayed = "replayed"
 )
 
+// Relays is where the relays of a table record that they run: a row per
+// relay, which it writes every few seconds while it runs (outbox.Stats'
+// Relays, the dashboard's relays panel).
+type Relays interface {
+	// Beat writes the relay's row: inserted the first time, replaced
+	// after.
+	Beat(ctx context.Context, db DB, r RelayRow) error
+	// Relays reads the rows of the relays seen at or after since (all of
+	// them with since zero), by name.
+	Relays(ctx context.Context, db DB, since time.Time) ([]RelayRow, error)
+	// ForgetRelays deletes the rows of the relays not seen since before.
+	ForgetRelays(ctx context.Context, db DB, before time.Time) (int64, error)
+}
+
+// RelayRow is one relay's row.
+type RelayRow struct {
+	ID, Name, Host string
+	PID            int
+	Mode           string
+	Started, Seen  time.Time
+	// LastClaim and LastDelivery are when it last claimed events and last
+	// delivered one; zero for never.
+	LastClaim, LastDelivery time.Time
+	// LastError is its last cycle's error, "" when that cycle went
+	// through.
+	LastError string
+}
+
 // Walker is implemented by a store whose new events are written due at once
 // (available_at NULL) and found by seq, from a watermark the relay keeps,
 // instead of through an index of pending rows every INSERT would enter.

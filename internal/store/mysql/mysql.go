@@ -61,6 +61,7 @@ var (
 	_ store.InboxLead = (*Store)(nil)
 	_ store.Overview  = (*Store)(nil)
 	_ store.History   = (*Store)(nil)
+	_ store.Relays    = (*Store)(nil)
 )
 
 // New returns the store of the table named table.
@@ -104,7 +105,14 @@ func New(table string) *Store {
 				}
 				return " ON DUPLICATE KEY UPDATE " + strings.Join(set, ", ")
 			},
-			InsertIgnore:  [2]string{"INSERT IGNORE INTO", ""},
+			InsertIgnore: [2]string{"INSERT IGNORE INTO", ""},
+			Upsert: func(_ string, cols []string) string {
+				set := make([]string, len(cols))
+				for i, c := range cols {
+					set[i] = c + " = VALUES(" + c + ")"
+				}
+				return " ON DUPLICATE KEY UPDATE " + strings.Join(set, ", ")
+			},
 			LimitedDelete: true,
 		},
 	}}

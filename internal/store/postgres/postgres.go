@@ -75,6 +75,7 @@ func New(table string) *Store {
 			MillisBetween: func(a, b string) string { return "extract(epoch FROM " + b + " - " + a + ") * 1000" },
 			IntDiv:        "/",
 			AddOnConflict: sqlbuild.OnConflictAdd,
+			Upsert:        sqlbuild.OnConflictSet,
 			InsertIgnore:  [2]string{"INSERT INTO", " ON CONFLICT DO NOTHING"},
 		},
 	}}
@@ -88,6 +89,7 @@ var (
 	_ store.InboxLead = (*Store)(nil)
 	_ store.Overview  = (*Store)(nil)
 	_ store.History   = (*Store)(nil)
+	_ store.Relays    = (*Store)(nil)
 	_ store.Notifier  = (*Store)(nil)
 	_ store.Logical   = (*Store)(nil)
 	_ store.Walker    = (*Store)(nil)

@@ -35,6 +35,18 @@ type Dialect struct {
 	// LimitedDelete: DELETE takes ORDER BY and LIMIT (MySQL), where the
 	// others take a LIMIT only in a subquery.
 	LimitedDelete bool
+	// Upsert ends an INSERT that replaces the columns cols of the row
+	// already there under its key.
+	Upsert func(key string, cols []string) string
+}
+
+// OnConflictSet is Upsert for PostgreSQL and SQLite.
+func OnConflictSet(key string, cols []string) string {
+	set := make([]string, len(cols))
+	for i, c := range cols {
+		set[i] = c + " = excluded." + c
+	}
+	return " ON CONFLICT (" + key + ") DO UPDATE SET " + strings.Join(set, ", ")
 }
 
 // Derived quotes the name of a table derived from the outbox table's.

@@ -69,6 +69,7 @@ func New(table string) *Store {
 			MillisBetween: func(a, b string) string { return "(julianday(" + b + ") - julianday(" + a + ")) * 86400000.0" },
 			IntDiv:        "/",
 			AddOnConflict: sqlbuild.OnConflictAdd,
+			Upsert:        sqlbuild.OnConflictSet,
 			InsertIgnore:  [2]string{"INSERT INTO", " ON CONFLICT DO NOTHING"},
 		},
 	}}
@@ -81,6 +82,7 @@ var (
 	_ store.Inbox    = (*Store)(nil)
 	_ store.Overview = (*Store)(nil)
 	_ store.History  = (*Store)(nil)
+	_ store.Relays   = (*Store)(nil)
 	_ store.Walker   = (*Store)(nil)
 )
 
