@@ -224,6 +224,36 @@ func (o *Outbox) Replay(db *gorm.DB, f Filter) (int, error) {
 	return n, nil
 }
 
+// RetryNow makes the pending events matching f that wait for a retry (a
+// failed attempt's backoff, a RetryAfter) due now, and returns how many it
+// changed: a relay delivers them at once instead of after the wait, for
+// instance once a receiver that failed is fixed. Their attempts are kept
+// (MaxAttempts still counts them), and each gets an entry in its history
+// ([OutcomeRetried], with [WithActor]'s actor). Rows that are not pending,
+// new events (already due) and events a relay is delivering right now are
+// skipped; a filter whose Statuses leave out pending is
+// [ErrInvalidFilter]. It works in batches as [Outbox.Replay] does; db may
+// be a transaction, and its context governs the statements. On error, the
+// batches before it stay changed and are counted in the result.
+func (o *Outbox) RetryNow(db *gorm.DB, f Filter) (int, error) {
+	ctx := dbContext(db)
+	if err := o.usable(db); err != nil {
+		return 0, err
+	}
+	if err := f.validate(); err != nil {
+		return 0, err
+	}
+	if len(f.Statuses) > 0 && !slices.Contains(f.Statuses, StatusPending) {
+		return 0, fmt.Errorf("%w: retry now changes only pending events waiting for a retry; statuses %v leave them out", ErrInvalidFilter, f.Statuses)
+	}
+	f.Statuses = []Status{StatusPending}
+	n, err := o.store.RetryNow(ctx, db.Statement.ConnPool, store.Replay{Filter: f.filter(), Now: o.now, Actor: actorFrom(ctx)})
+	if err != nil {
+		return n, fmt.Errorf("outbox: retry events now: %w", err)
+	}
+	return n, nil
+}
+
 // Purge deletes the sent and failed rows matching f and returns how many it
 // deleted. It never deletes pending rows: a filter whose Statuses include
 // pending is [ErrInvalidFilter], and with no Statuses it matches sent and

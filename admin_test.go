@@ -539,3 +539,66 @@ func testRetentionDeletesOnlySent(t *testing.T, b backend) {
 	assert.EqualValues(t, 2, e.count("status = ?", StatusFailed), "failed rows are never deleted")
 	assert.EqualValues(t, 4, e.count("status = ?", StatusPending), "pending rows are never deleted")
 }
+
+func init() {
+	adminTests["AdminRetryNow"] = testAdminRetryNow
+}
+
+// testAdminRetryNow: RetryNow makes the pending events waiting for a retry
+// due at once, keeping their attempts, with a history entry; it touches
+// nothing else, and refuses a filter without pending.
+func testAdminRetryNow(t *testing.T, b backend) {
+	e := b.setup(t)
+	ctx := WithActor(t.Context(), "bob@ops")
+	db := e.db.WithContext(ctx)
+	fixed := false
+	e.ob.Handle("slow", func(context.Context, Event) error {
+		if fixed {
+			return nil
+		}
+		return RetryAfter(errors.New("receiver: 503"), time.Hour)
+	})
+	e.ob.Handle("bad", func(context.Context, Event) error { return Permanent(errors.New("422")) })
+	publishN(t, e.db, "slow", 2)
+	publishN(t, e.db, "bad", 1)
+	r := e.relay(RelayConfig{Workers: 1})
+	_, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	n, err := r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, n, "the slow events wait an hour")
+
+	_, err = e.ob.RetryNow(db, Filter{Statuses: []Status{StatusFailed}})
+	require.ErrorIs(t, err, ErrInvalidFilter)
+	n, err = e.ob.RetryNow(db, Filter{Types: []string{"bad"}})
+	require.NoError(t, err)
+	assert.Zero(t, n, "a failed event is replayed, not retried")
+
+	e.clock.Advance(time.Second)
+	n, err = e.ob.RetryNow(db, Filter{Types: []string{"slow"}})
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	for _, id := range []string{"slow-00000", "slow-00001"} {
+		row, err := e.ob.Get(db, id)
+		require.NoError(t, err)
+		assert.Equal(t, StatusPending, row.Status)
+		assert.Equal(t, 1, row.Attempts, "its attempt is kept")
+		assert.False(t, row.AvailableAt.After(e.ob.now()), "due now")
+		h, err := e.ob.History(db, id)
+		require.NoError(t, err)
+		if assert.Len(t, h, 2) {
+			assert.Equal(t, OutcomeRetried, h[1].Outcome)
+			assert.Equal(t, "bob@ops", h[1].Actor)
+			assert.Contains(t, h[1].Error, "receiver: 503")
+		}
+	}
+	n, err = e.ob.RetryNow(db, Filter{})
+	require.NoError(t, err)
+	assert.Zero(t, n, "nothing waits any more")
+
+	fixed = true
+	n, err = r.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "delivered at once")
+	assert.EqualValues(t, 2, e.count("status = ?", StatusSent))
+}

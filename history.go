@@ -21,7 +21,8 @@ type HistoryEntry struct {
 	// Attempt is the attempt's number (1 for the first after the event
 	// was written or replayed); 0 for a replay.
 	Attempt int
-	// Outcome is OutcomeRetry, OutcomeFailed or OutcomeReplayed.
+	// Outcome is OutcomeRetry, OutcomeFailed, OutcomeReplayed or
+	// OutcomeRetried.
 	Outcome Outcome
 	// Error is the handler's error (a replay's: the error the event had
 	// when it was replayed).

@@ -48,6 +48,12 @@ type Hooks struct {
 	// handler's is.
 	Deliver func(next Handler) Handler
 
+	// Duplicate is called by [Consume] for a message the consumer has
+	// already consumed (a redelivery): its function was not called, and
+	// Consume returns nil. Consume also logs it at Debug. It must be fast
+	// and safe for concurrent use (outboxotel counts them).
+	Duplicate func(ctx context.Context, consumer, messageID string)
+
 	// Delivered is called after every delivery attempt with its outcome
 	// and timings, from the delivering goroutine, for every relay of this
 	// Outbox: build metrics or traces on it (package outboxotel does). In
@@ -65,6 +71,7 @@ type hookSet struct {
 	deliver   Handler // the Deliver wrappers around matching; nil when none
 	wrappers  []func(Handler) Handler
 	delivered []func(Delivery)
+	duplicate []func(context.Context, string, string)
 }
 
 // AddHooks installs h on o. Hooks added earlier run first: their Publish
@@ -80,6 +87,7 @@ func (o *Outbox) AddHooks(h Hooks) {
 		next.stored = slices.Clone(old.stored)
 		next.wrappers = slices.Clone(old.wrappers)
 		next.delivered = slices.Clone(old.delivered)
+		next.duplicate = slices.Clone(old.duplicate)
 	}
 	if h.Publish != nil {
 		next.publish = append(next.publish, h.Publish)
@@ -92,6 +100,9 @@ func (o *Outbox) AddHooks(h Hooks) {
 	}
 	if h.Delivered != nil {
 		next.delivered = append(next.delivered, h.Delivered)
+	}
+	if h.Duplicate != nil {
+		next.duplicate = append(next.duplicate, h.Duplicate)
 	}
 	if len(next.wrappers) > 0 {
 		next.deliver = o.matching

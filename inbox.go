@@ -103,7 +103,11 @@ func Consume(db *gorm.DB, consumer, messageID string, fn func(tx *gorm.DB) error
 		return fmt.Errorf("%w: Consume needs a function to run", ErrInvalidEvent)
 	}
 	if o.noTable != nil {
-		return o.memInbox.consume(db, inboxKey{consumer, messageID}, o.inboxRetention, o.clock, fn)
+		dup, err := o.memInbox.consume(db, inboxKey{consumer, messageID}, o.inboxRetention, o.clock, fn)
+		if dup {
+			o.duplicate(dbContext(db), consumer, messageID)
+		}
+		return err
 	}
 	in, ok := o.store.(store.Inbox)
 	if !ok {
@@ -173,6 +177,7 @@ func (o *Outbox) consumeOnce(db *gorm.DB, in store.Inbox, consumer, messageID st
 	})
 	switch {
 	case errors.Is(err, errConsumed):
+		o.duplicate(dbContext(db), consumer, messageID)
 		return nil
 	case err != nil && lead.Err() != nil:
 		return recordErr(err)
@@ -219,6 +224,17 @@ const (
 	leadYes
 	leadNo
 )
+
+// duplicate tells of a message Consume found consumed: at debug in the
+// log, and to the Duplicate hooks (outboxotel counts them).
+func (o *Outbox) duplicate(ctx context.Context, consumer, messageID string) {
+	o.logger.DebugContext(ctx, "outbox: message already consumed; skipped", slog.String("consumer", consumer), slog.String("message_id", messageID))
+	if hs := o.hooks.Load(); hs != nil {
+		for _, f := range hs.duplicate {
+			f(ctx, consumer, messageID)
+		}
+	}
+}
 
 // CheckInboxID reports whether [Consume] takes s as a consumer name or a
 // message ID: nil, or the error wrapping [ErrInvalidInboxID] that Consume
@@ -288,7 +304,7 @@ type inboxEntry struct {
 	at       time.Time
 }
 
-func (m *memInbox) consume(db *gorm.DB, key inboxKey, retention time.Duration, clock func() time.Time, fn func(tx *gorm.DB) error) error {
+func (m *memInbox) consume(db *gorm.DB, key inboxKey, retention time.Duration, clock func() time.Time, fn func(tx *gorm.DB) error) (dup bool, err error) {
 	ctx := dbContext(db)
 	outer, _ := txhook.Tracked(db.Statement.ConnPool)
 	for {
@@ -303,19 +319,19 @@ func (m *memInbox) consume(db *gorm.DB, key inboxKey, retention time.Duration, c
 			e = &inboxEntry{ended: make(chan struct{})}
 			m.ents[key] = e
 			m.mu.Unlock()
-			return m.run(db, key, e, clock, fn)
+			return false, m.run(db, key, e, clock, fn)
 		case e.consumed, outer != nil && e.owner == outer:
 			// Consumed, or being consumed by this very transaction, as a
 			// second INSERT of the pair in one transaction finds it.
 			m.mu.Unlock()
-			return nil
+			return true, nil
 		}
 		ended := e.ended
 		m.mu.Unlock()
 		select {
 		case <-ended:
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		}
 	}
 }

@@ -636,3 +636,31 @@ func (e *testEnv) lockWaiters(tx *gorm.DB) func() int64 {
 		return n
 	}
 }
+
+func init() {
+	inboxTests["ConsumeDuplicateTold"] = forInboxModes(testConsumeDuplicateTold)
+}
+
+// testConsumeDuplicateTold: a redelivery of a consumed message calls the
+// Duplicate hooks (and logs at debug); the first delivery, and a delivery
+// after one that failed, do not.
+func testConsumeDuplicateTold(t *testing.T, e *testEnv) {
+	var mu sync.Mutex
+	var told []string
+	e.ob.AddHooks(Hooks{Duplicate: func(_ context.Context, consumer, id string) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, consumer+"/"+id)
+	}})
+	var calls atomic.Int64
+	fn := effect(901, &calls)
+	require.Error(t, Consume(e.db, "c", "m-1", func(*gorm.DB) error { return errors.New("not yet") }))
+	require.NoError(t, Consume(e.db, "c", "m-1", fn))
+	require.NoError(t, Consume(e.db, "c", "m-1", fn))
+	require.NoError(t, Consume(e.db, "other", "m-1", fn))
+	require.NoError(t, Consume(e.db, "c", "m-1", fn))
+	assert.EqualValues(t, 2, calls.Load())
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"c/m-1", "c/m-1"}, told, "each redelivery, nothing else")
+}

@@ -121,6 +121,9 @@ const (
 	// OutcomeReplayed, in a history only: set pending again by
 	// [Outbox.Replay].
 	OutcomeReplayed Outcome = "replayed"
+	// OutcomeRetried, in a history only: made due at once by
+	// [Outbox.RetryNow], while it waited for a retry.
+	OutcomeRetried Outcome = "retried"
 )
 
 // Delivery describes one delivery attempt, for [Hooks.Delivered].

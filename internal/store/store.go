@@ -274,6 +274,11 @@ type Store interface {
 	// stores). It returns how many it replayed, those of the batches
 	// before an error included.
 	Replay(ctx context.Context, db DB, r Replay) (int, error)
+	// RetryNow makes the pending rows matching r that wait for a retry
+	// (due later, no lease holding them) due now, in batches as Replay,
+	// and records it in each one's history (History stores). Their
+	// attempts are kept. It returns how many it changed.
+	RetryNow(ctx context.Context, db DB, r Replay) (int, error)
 	// Purge deletes the rows matching f in batches of rows read
 	// beforehand that still match, with their history, and returns how
 	// many it deleted, those of the batches before an error included. The
@@ -471,7 +476,7 @@ type History interface {
 type Attempt struct {
 	At           time.Time
 	Attempt      int
-	Outcome      string // "retry", "failed" or "replayed"
+	Outcome      string // "retry", "failed", "replayed" or "retried"
 	Error, Actor string
 }
 
@@ -480,6 +485,7 @@ const (
 	AttemptRetry    = "retry"
 	AttemptFailed   = "failed"
 	AttemptReplayed = "replayed"
+	AttemptRetried  = "retried"
 )
 
 // Relays is where the relays of a table record that they run: a row per

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/gorm-outbox/outbox/internal/store"
@@ -195,6 +196,49 @@ func (s *Syntax) Replay(ctx context.Context, db store.DB, r store.Replay) (int, 
 				// is what a failure here loses: it is reported).
 				if _, err := s.Exec(ctx, db, s.recordReplays(batch, now, r.Actor)); err != nil {
 					return total, fmt.Errorf("replayed %d events but could not record it in their history: %w", n, err)
+				}
+			}
+		}
+		if len(seqs) < adminScan {
+			return total, nil
+		}
+		after = seqs[len(seqs)-1]
+	}
+}
+
+// RetryNow implements store.Store: each batch an UPDATE of the rows read
+// beforehand in seq order that are still pending, due later and not
+// leased (a relay holding one is delivering it), then their history
+// entries.
+func (s *Syntax) RetryNow(ctx context.Context, db store.DB, r store.Replay) (int, error) {
+	total := 0
+	var after int64
+	waiting := func(b *Builder, now time.Time) []string {
+		return []string{"status = 'pending'", "available_at > " + b.Time(now),
+			"(locked_until IS NULL OR locked_until <= " + b.Time(now) + ")"}
+	}
+	for {
+		b := s.Build()
+		b.W("SELECT seq FROM ", s.Table)
+		s.Where(b, r.Filter, append(waiting(b, r.Now()), "seq > "+b.Arg(after))...)
+		b.W(" ORDER BY seq LIMIT ", b.Arg(adminScan))
+		seqs, err := s.seqList(ctx, db, b.Query())
+		if err != nil {
+			return total, err
+		}
+		for batch := range slices.Chunk(seqs, s.adminChunk(r.Filter)) {
+			now := r.Now()
+			u := s.Build()
+			u.W("UPDATE ", s.Table, " SET available_at = ", u.Time(now), ", updated_at = ", u.Time(now))
+			s.Where(u, r.Filter, append(waiting(u, now), u.Seqs("seq", batch))...)
+			n, err := s.Exec(ctx, db, u.Query())
+			if err != nil {
+				return total, fmt.Errorf("retry %d events now: %w", len(batch), err)
+			}
+			total += int(n)
+			if n > 0 {
+				if _, err := s.Exec(ctx, db, s.recordRetried(batch, now, r.Actor)); err != nil {
+					return total, fmt.Errorf("retried %d events now but could not record it in their history: %w", n, err)
 				}
 			}
 		}

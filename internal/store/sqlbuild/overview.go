@@ -358,6 +358,14 @@ func (s *Syntax) recordReplays(seqs []int64, now time.Time, actor string) Query 
 		b.Arg(actor), ", '') FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs), " AND updated_at = ", b.Time(now), " AND status = 'pending'").Query()
 }
 
+// recordRetried is the history entries of the rows at seqs a RetryNow at
+// now just made due, with the error they had and who retried them.
+func (s *Syntax) recordRetried(seqs []int64, now time.Time, actor string) Query {
+	b := s.Build()
+	return b.W("INSERT INTO ", s.attemptsTable(), " (seq, at, attempt, outcome, error, actor) SELECT seq, updated_at, attempts, 'retried', last_error, NULLIF(",
+		b.Arg(actor), ", '') FROM ", s.Table, " WHERE ", b.Seqs("seq", seqs), " AND updated_at = ", b.Time(now), " AND status = 'pending'").Query()
+}
+
 // Attempts implements store.History.
 func (s *Syntax) Attempts(ctx context.Context, db store.DB, id string) ([]store.Attempt, error) {
 	b := s.Build()
