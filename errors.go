@@ -55,8 +55,9 @@ var (
 	// [Logical] mode. [Memory] mode works on any database.
 	ErrUnsupportedDialect = errs.ErrUnsupportedDialect
 
-	// ErrUnsupportedVersion: the database server is too old (MariaDB before
-	// 10.6, MySQL before 8.0.1, PostgreSQL before 14 in [Logical] mode).
+	// ErrUnsupportedVersion: the database server is too old, refused at
+	// db.Use: PostgreSQL before 13 (14 in [Logical] mode), MariaDB before
+	// 10.6, MySQL before 8.0.1, a SQLite library before 3.35.
 	ErrUnsupportedVersion = errs.ErrUnsupportedVersion
 
 	// ErrServerSetting: a server setting rules the outbox out until it is

@@ -9,11 +9,13 @@ import (
 	"database/sql/driver"
 	_ "embed"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/gorm-outbox/outbox/internal/errs"
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/store/sqlbuild"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -114,8 +116,31 @@ func (s *Store) ReplicasFlushed(ctx context.Context, db store.DB, lsn string) (i
 // Name implements store.Store.
 func (s *Store) Name() string { return "postgres" }
 
-// Check implements store.Schema: PostgreSQL has no setting to refuse.
-func (s *Store) Check(context.Context, *gorm.DB, *slog.Logger) error { return nil }
+// Check implements store.Store: a server before PostgreSQL 13 is refused.
+func (s *Store) Check(ctx context.Context, gdb *gorm.DB, _ *slog.Logger) error {
+	db, err := gdb.DB()
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	var version int
+	if err := db.QueryRowContext(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return fmt.Errorf("outbox: inspect the PostgreSQL server: %w", err)
+	}
+	return CheckVersion(version)
+}
+
+// minVersion is PostgreSQL 13: the slot's wal_status, which Emit reads, and
+// the oldest release the project tests against upstream's support window.
+const minVersion = 130000
+
+// CheckVersion refuses a server older than PostgreSQL 13
+// (server_version_num).
+func CheckVersion(version int) error {
+	if version < minVersion {
+		return fmt.Errorf("%w: PostgreSQL %d.%d; the outbox needs PostgreSQL 13 or later", errs.ErrUnsupportedVersion, version/10000, version%10000)
+	}
+	return nil
+}
 
 // Schema implements store.Schema.
 func (s *Store) Schema() string { return store.Rename(schema, s.name) }

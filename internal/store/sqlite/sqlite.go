@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"reflect"
+	"strconv"
 	"strings"
 	"time"
 
@@ -182,10 +183,30 @@ func (s *Store) Check(ctx context.Context, gdb *gorm.DB, logger *slog.Logger) er
 	// Every pooled connection to ":memory:" gets its own empty database, so
 	// the relay would not see the events the writers committed; one
 	// connection, one database, works.
+	var version string
+	if err := db.QueryRowContext(ctx, "SELECT sqlite_version()").Scan(&version); err != nil {
+		return fmt.Errorf("outbox: inspect the SQLite library: %w", err)
+	}
+	if err := CheckVersion(version); err != nil {
+		return err
+	}
 	if file == "" && db.Stats().MaxOpenConnections != 1 {
 		return fmt.Errorf("%w: persistent mode needs a SQLite file: an in-memory database (\":memory:\") gives each pooled connection its own database, so relays would not see committed events; use a file (see docs/databases.md, SQLite), Mode: outbox.Memory, or SetMaxOpenConns(1) before db.Use", errs.ErrInvalidConfig)
 	}
 	warnSettings(ctx, db, gdb.Dialector, logger)
+	return nil
+}
+
+// CheckVersion refuses a SQLite library before 3.35, which has no UPDATE
+// ... RETURNING (the claim) nor INSERT ... RETURNING (DeliverAfterCommit).
+func CheckVersion(version string) error {
+	var v [3]int
+	for i, p := range strings.SplitN(version, ".", 3) {
+		v[i], _ = strconv.Atoi(p)
+	}
+	if v[0] < 3 || v[0] == 3 && v[1] < 35 {
+		return fmt.Errorf("%w: SQLite %s; the outbox needs SQLite 3.35 or later (RETURNING)", errs.ErrUnsupportedVersion, version)
+	}
 	return nil
 }
 
