@@ -13,6 +13,12 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/encode"
+	"github.com/gorm-outbox/outbox/internal/engine"
+	"github.com/gorm-outbox/outbox/internal/overview"
+	"github.com/gorm-outbox/outbox/internal/store"
+	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
+	pgstore "github.com/gorm-outbox/outbox/internal/store/postgres"
+	sqlitestore "github.com/gorm-outbox/outbox/internal/store/sqlite"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
@@ -44,6 +50,14 @@ var documented = map[string]struct {
 	"Config.DeliverAfterCommit":    {false, ""},
 	"Config.DisableNotify":         {false, ""},
 	"ListParams.Limit":             {defaultListLimit, strconv.Itoa(maxListLimit)},
+	"RelayConfig.HandlerTimeout":   {"the lease budget", ""},
+	"RelayConfig.WaitReplicas":     {0, ""},
+	"RelayConfig.Name":             {"host:pid", ""},
+	"RelayGroupConfig.MaxActive":   {defaultMaxActive, ""},
+	"Config.InboxTable":            {DefaultInboxTable, ""},
+	"Config.InboxRetention":        {defaultInboxRetention, ""},
+	"OverviewParams.Window":        {overview.DefaultWindow, "RollupRetention"},
+	"OverviewParams.Step":          {"Window/60", "1000 intervals"},
 }
 
 // docRow is a row of a docs table: | `Name` | `default` | limits | ... |
@@ -212,4 +226,20 @@ func TestReadmeExample(t *testing.T) {
 			run(t, readmeVariant(t, program, name, dsn.(string)))
 		})
 	}
+}
+
+// TestDocsFigures: the figures the docs state in prose, as the code
+// defines them.
+func TestDocsFigures(t *testing.T) {
+	relay, err := os.ReadFile("docs/relay.md")
+	require.NoError(t, err)
+	assert.Equal(t, 55*time.Second, engine.Budget(defaultLease), "RelayConfig.HandlerTimeout's doc and relay.md say 55s at the default Lease")
+	assert.Contains(t, string(relay), "`55s` at the default Lease")
+	assert.Equal(t, 50*time.Millisecond, engine.FlushAfter, "relay.md: outcomes gathered for up to 50 ms")
+	assert.Equal(t, 100*time.Millisecond, engine.WalkEvery, "relay.md: the watermark's walk every 100 ms")
+	for _, s := range []store.Store{pgstore.New("t"), mysqlstore.New("t"), sqlitestore.New("t")} {
+		assert.Equal(t, 1000, s.Limits().OutcomeRows, "relay.md: 1000 rows an outcome statement, %s", s.Name())
+	}
+	assert.Contains(t, string(relay), "gathered for up to 50 ms, 1000 rows a statement")
+	assert.Equal(t, 7*24*time.Hour, defaultInboxRetention, "modes.md: 7 days")
 }

@@ -81,8 +81,11 @@ func storeByName(dialect, table string) (store.Store, error) {
 	return store.ByName(dialect, table)
 }
 
-// Migrate creates the outbox table and its indexes if they do not exist. It
-// is what db.Use runs unless Config.DisableAutoMigrate is set.
+// Migrate creates the outbox table and its indexes, and the tables beside
+// it (the inbox, Config.InboxTable; the overview's rollup and its state,
+// <table>_rollup and <table>_rollup_state; the event history,
+// <table>_attempts; the relays, <table>_relays) if they do not exist. It is
+// what db.Use runs unless Config.DisableAutoMigrate is set.
 //
 // It reads the catalog first and runs DDL only for what is missing: even
 // CREATE ... IF NOT EXISTS takes a lock that would queue behind open
