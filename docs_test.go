@@ -3,6 +3,9 @@ package outbox
 import (
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -242,4 +245,77 @@ func TestDocsFigures(t *testing.T) {
 	}
 	assert.Contains(t, string(relay), "gathered for up to 50 ms, 1000 rows a statement")
 	assert.Equal(t, 7*24*time.Hour, defaultInboxRetention, "modes.md: 7 days")
+}
+
+// TestEveryEntryPointHasAnExample: every exported function and method of
+// the package is shown by a runnable Example: one named for it, or one
+// that calls it. The methods GORM calls itself (the plugin's Name and
+// Initialize, the model hooks) are not entry points.
+func TestEveryEntryPointHasAnExample(t *testing.T) {
+	notEntryPoints := map[string]string{
+		"Outbox.Name":           "gorm.Plugin: GORM calls it",
+		"Outbox.Initialize":     "gorm.Plugin: db.Use calls it",
+		"Recorder.BeforeSave":   "a GORM hook",
+		"Recorder.BeforeDelete": "a GORM hook",
+		"Row.AfterFind":         "a GORM hook",
+		"Row.TableName":         "GORM's table name",
+	}
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, ".", nil, 0)
+	require.NoError(t, err)
+	exported := map[string]string{} // "Type.Method" or "Func" -> the name called
+	named := map[string]bool{}      // Example names, suffixes dropped
+	called := map[string]bool{}     // functions and methods the Examples call
+	for _, p := range pkgs {
+		for file, f := range p.Files {
+			for _, d := range f.Decls {
+				fd, ok := d.(*ast.FuncDecl)
+				if !ok {
+					continue
+				}
+				if strings.HasSuffix(file, "_test.go") {
+					if !strings.HasPrefix(fd.Name.Name, "Example") {
+						continue
+					}
+					n := strings.TrimPrefix(fd.Name.Name, "Example")
+					if i := strings.LastIndex(n, "_"); i > 0 && n[i+1] >= 'a' && n[i+1] <= 'z' {
+						n = n[:i] // ExampleX_suffix
+					}
+					named[strings.Replace(n, "_", ".", 1)] = true
+					ast.Inspect(fd.Body, func(n ast.Node) bool {
+						if c, ok := n.(*ast.CallExpr); ok {
+							if sel, ok := c.Fun.(*ast.SelectorExpr); ok {
+								called[sel.Sel.Name] = true
+							}
+						}
+						return true
+					})
+					continue
+				}
+				if !fd.Name.IsExported() {
+					continue
+				}
+				key := fd.Name.Name
+				if fd.Recv != nil {
+					typ := fd.Recv.List[0].Type
+					if s, ok := typ.(*ast.StarExpr); ok {
+						typ = s.X
+					}
+					id, ok := typ.(*ast.Ident)
+					if !ok || !id.IsExported() {
+						continue
+					}
+					key = id.Name + "." + fd.Name.Name
+				}
+				exported[key] = fd.Name.Name
+			}
+		}
+	}
+	require.NotEmpty(t, exported)
+	for key, name := range exported {
+		if _, skip := notEntryPoints[key]; skip || named[key] || called[name] {
+			continue
+		}
+		t.Errorf("%s has no Example: add Example%s (example_*_test.go), or call it in one", key, strings.Replace(key, ".", "_", 1))
+	}
 }

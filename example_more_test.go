@@ -256,6 +256,7 @@ func ExampleSchemaSQL() {
 	// CREATE INDEX IF NOT EXISTS "shop_outbox_failed_idx"
 	// CREATE TABLE IF NOT EXISTS "shop_outbox_attempts" (
 	// CREATE INDEX IF NOT EXISTS "shop_outbox_attempts_at_idx"
+	// CREATE TABLE IF NOT EXISTS "shop_outbox_relays" (
 	// CREATE TABLE IF NOT EXISTS "outbox_inbox" (
 	// CREATE INDEX IF NOT EXISTS "outbox_inbox_consumed_idx"
 	// oracle: true

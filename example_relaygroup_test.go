@@ -70,8 +70,10 @@ func ExampleOutbox_RelayGroup() {
 		}
 		fmt.Printf("%s: %d delivered, %d sent in its table\n", name, delivered[name], sent)
 	}
+	fmt.Println("removed:", group.Remove("acme"), group.Names())
 	// Output:
 	// acme: 2 delivered, 2 sent in its table
 	// globex: 2 delivered, 2 sent in its table
 	// initech: 2 delivered, 2 sent in its table
+	// removed: true [globex initech]
 }
