@@ -2,7 +2,6 @@ package kafka
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"syscall"
@@ -43,7 +42,7 @@ func TestErrorClassification(t *testing.T) {
 		"message too large":          {kerr.MessageTooLarge, false}, // Publish makes it Permanent first
 		"cancelled by the caller":    {context.Canceled, false},
 	} {
-		err := fmt.Errorf("outbox/kafka: publish event e1 to topic %q: %w", "t", tc.err)
+		err := publishError(tc.err, "t")
 		assert.Equal(t, tc.unavailable, unavailable(err), name)
 	}
 }

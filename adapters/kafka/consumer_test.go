@@ -392,7 +392,7 @@ func TestConsumerNoID(t *testing.T) {
 	out := logs.String()
 	assert.Equal(t, 2, strings.Count(out, "level=ERROR"))
 	assert.Contains(t, out, "key=k1")
-	assert.Contains(t, out, "message ID: outbox: invalid event: empty ID")
+	assert.Contains(t, out, "message ID: "+outbox.ErrInvalidInboxID.Error()+": empty ID")
 	assert.Contains(t, out, "decode record")
 	assert.NotContains(t, out, "secret")
 

@@ -286,11 +286,12 @@ func (p *Producer) Publish(ctx context.Context, e outbox.Event) (err error) {
 
 func (p *Producer) publish(ctx context.Context, topic string, key []byte, e outbox.Event) error {
 	if err := checkTopic(topic); err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/kafka: publish event %s: topic %q: %w", e.ID, topic, err))
+		// Quoted: it may hold anything.
+		return outbox.Permanent(fmt.Errorf("%w: topic %q (outbox/kafka)", err, topic))
 	}
 	rec, err := p.record(topic, key, e)
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/kafka: publish event %s: %w", e.ID, err))
+		return outbox.Permanent(publishError(err, topic))
 	}
 
 	// ProduceSync flushes the record at once instead of letting it linger,
@@ -305,7 +306,7 @@ func (p *Producer) publish(ctx context.Context, topic string, key []byte, e outb
 		if err == nil {
 			return nil
 		}
-		err = fmt.Errorf("outbox/kafka: publish event %s to topic %q: %w", e.ID, topic, err)
+		err = publishError(err, topic)
 		switch {
 		case errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
 			errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidRecord):
@@ -315,12 +316,22 @@ func (p *Producer) publish(ctx context.Context, topic string, key []byte, e outb
 		}
 		return err
 	case <-ctx.Done():
-		err := fmt.Errorf("outbox/kafka: publish event %s to topic %q: waiting for the broker's ack: %w", e.ID, topic, ctx.Err())
+		err := publishError(fmt.Errorf("no ack from the broker: %w", ctx.Err()), topic)
 		if unavailable(err) {
 			return outbox.Unavailable(err)
 		}
 		return err
 	}
+}
+
+// publishError is the error of a produce to topic that failed with err:
+// err first, then the destination and the adapter, such as "unable to
+// dial: dial tcp 10.0.0.7:9092: connect: connection refused: topic orders
+// (outbox/kafka)". The event ID is left out: the relay's logs and the
+// outbox row carry it, and a reader of a column cut to a width wants the
+// cause.
+func publishError(err error, topic string) error {
+	return fmt.Errorf("%w: topic %s (outbox/kafka)", err, topic)
 }
 
 // unavailable reports whether err says that the brokers, not the record,

@@ -87,7 +87,8 @@ func TestTopicMapping(t *testing.T) {
 	err := p.Publish(t.Context(), bad)
 	require.Error(t, err)
 	assert.True(t, outbox.IsPermanent(err))
-	assert.Contains(t, err.Error(), `outbox/kafka: publish event evt-bad: topic "events.order created!"`)
+	assert.Equal(t, `topic name may hold only ASCII letters, digits, '.', '_' and '-': topic "events.order created!" (outbox/kafka) (permanent)`, err.Error(),
+		"the cause first, then the topic and the adapter; never the event ID")
 
 	_, err = kafka.New(kafka.Config{Topic: "no spaces"})
 	require.ErrorContains(t, err, "outbox/kafka: Topic")
@@ -222,6 +223,15 @@ func TestRecordErrorsAreNotUnavailable(t *testing.T) {
 		c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: code, Count: 1})
 		err := p.Publish(t.Context(), testEvent("evt-"+code.Message, "1", 1))
 		require.ErrorIs(t, err, code)
+		// The broker's error first (franz-go may add details to it), then
+		// the topic and the adapter.
+		suffix := ": topic " + kafka.DefaultTopic + " (outbox/kafka)"
+		if permanent {
+			suffix += " (permanent)"
+		}
+		assert.True(t, strings.HasPrefix(err.Error(), code.Error()), "%v", err)
+		assert.True(t, strings.HasSuffix(err.Error(), suffix), "%v", err)
+		assert.NotContains(t, err.Error(), "evt-", "the event ID is the relay's to log")
 		assert.Equal(t, permanent, outbox.IsPermanent(err), "%v", err)
 		assert.False(t, outbox.IsUnavailable(err), "%v", err)
 	}
@@ -234,6 +244,9 @@ func TestInvalidPayloadIsPermanent(t *testing.T) {
 	defer p.Close()
 	err = p.Publish(t.Context(), outbox.Event{ID: "evt-bad", Type: "x", Payload: json.RawMessage(`{"secret":`)})
 	require.True(t, outbox.IsPermanent(err))
+	assert.ErrorIs(t, err, outbox.ErrInvalidEvent)
+	assert.True(t, strings.HasSuffix(err.Error(), ": topic "+kafka.DefaultTopic+" (outbox/kafka) (permanent)"), "%v", err)
+	assert.NotContains(t, err.Error(), "evt-bad", "the event ID is the relay's to log")
 	assert.False(t, strings.Contains(err.Error(), "secret"), "payloads never appear in errors")
 }
 
@@ -257,7 +270,7 @@ func TestPublishDuringOutage(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.False(t, outbox.IsPermanent(err))
 	assert.True(t, outbox.IsUnavailable(err), "no broker to ack: the destination is down")
-	assert.Contains(t, err.Error(), "outbox/kafka: publish event evt-during")
+	assert.Equal(t, "no ack from the broker: context deadline exceeded: topic "+kafka.DefaultTopic+" (outbox/kafka) (destination unavailable)", err.Error())
 	assert.Less(t, time.Since(began), 5*time.Second, "the handler returns when its context ends")
 
 	c = broker.start()

@@ -289,15 +289,16 @@ func (p *Publisher) operation(ctx context.Context, subject string) wire.Operatio
 
 func (p *Publisher) send(ctx context.Context, subject string, e outbox.Event) error {
 	if err := checkSubject(subject); err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: subject %q: %w", e.ID, subject, err))
+		// Quoted: it may hold whitespace.
+		return outbox.Permanent(fmt.Errorf("%w: subject %q (outbox/nats)", err, subject))
 	}
 	m, err := wire.NATSBinding.Encode(p.cfg.Format, e, wire.CloudEventOptions{Source: p.cfg.Source})
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: %w", e.ID, err))
+		return outbox.Permanent(publishError(err, subject))
 	}
 	hdr, err := headers(m)
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/nats: publish event %s: %w", e.ID, err))
+		return outbox.Permanent(publishError(err, subject))
 	}
 	msg := &natsgo.Msg{Subject: subject, Data: m.Body, Header: hdr}
 
@@ -308,7 +309,7 @@ func (p *Publisher) send(ctx context.Context, subject string, e outbox.Event) er
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	if _, err := p.js.PublishMsg(ctx, msg, opts...); err != nil {
-		err = fmt.Errorf("outbox/nats: publish event %s to %s: %w", e.ID, subject, err)
+		err = publishError(err, subject)
 		switch {
 		case errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||
 			errors.Is(err, natsgo.ErrBadSubject):
@@ -324,6 +325,15 @@ func (p *Publisher) send(ctx context.Context, subject string, e outbox.Event) er
 	// A duplicate ack is success: the stream already holds this event from
 	// an earlier attempt whose outcome the relay did not record.
 	return nil
+}
+
+// publishError is the error of a publish to subject that failed with err:
+// err first, then the destination and the adapter, such as "nats: no
+// responders available for request: subject orders.created (outbox/nats)".
+// The event ID is left out: the relay's logs and the outbox row carry it,
+// and a reader of a column cut to a width wants the cause.
+func publishError(err error, subject string) error {
+	return fmt.Errorf("%w: subject %s (outbox/nats)", err, subject)
 }
 
 // connectionClosed logs, once, that the connection will not come back.

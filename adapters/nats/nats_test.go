@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -123,7 +124,10 @@ func TestSubjectMappingAndExpectStream(t *testing.T) {
 	require.Error(t, err)
 	assert.False(t, outbox.IsPermanent(err))
 	assert.False(t, outbox.IsUnavailable(err), "the server answered: it is up")
-	assert.Contains(t, err.Error(), "outbox/nats: publish event evt-wrong")
+	assert.True(t, strings.HasPrefix(err.Error(), "nats: "), "the server's answer first: %v", err)
+	assert.Contains(t, err.Error(), "expected stream does not match")
+	assert.True(t, strings.HasSuffix(err.Error(), ": subject "+prefix+".x (outbox/nats)"), "then the subject and the adapter: %v", err)
+	assert.NotContains(t, err.Error(), "evt-wrong", "the event ID is the relay's to log")
 }
 
 func TestErrorsPermanentOrRetryable(t *testing.T) {
@@ -133,18 +137,29 @@ func TestErrorsPermanentOrRetryable(t *testing.T) {
 	h := newPublisher(t, js, outboxnats.Config{SubjectPrefix: prefix + ".", Timeout: 2 * time.Second}).Handler()
 	ctx := t.Context()
 
-	for name, e := range map[string]outbox.Event{
-		"space in subject":    {ID: "e1", Type: "order created"},
-		"wildcard in subject": {ID: "e2", Type: "order.*"},
-		"empty token":         {ID: "e3", Type: "order..created"},
-		"CRLF in header":      {ID: "e4", Type: "ok", Headers: map[string]string{"x-trace": "a\r\nNats-Msg-Id: forged"}},
-		"colon in name":       {ID: "e5", Type: "ok", Headers: map[string]string{"a:b": "v"}},
+	for name, tc := range map[string]struct {
+		e    outbox.Event
+		want string // the error, with PREFIX for the subject prefix
+	}{
+		"space in subject":    {outbox.Event{ID: "evt-1", Type: "order created"}, `subject contains whitespace: subject "PREFIX.order created" (outbox/nats) (permanent)`},
+		"wildcard in subject": {outbox.Event{ID: "evt-2", Type: "order.*"}, `subject has a wildcard token: subject "PREFIX.order.*" (outbox/nats) (permanent)`},
+		"empty token":         {outbox.Event{ID: "evt-3", Type: "order..created"}, `subject has an empty token: subject "PREFIX.order..created" (outbox/nats) (permanent)`},
+		"CRLF in header": {
+			outbox.Event{ID: "evt-4", Type: "ok", Headers: map[string]string{"x-trace": "a\r\nNats-Msg-Id: forged"}},
+			`header "x-trace": value contains CR or LF: subject PREFIX.ok (outbox/nats) (permanent)`,
+		},
+		"colon in name": {
+			outbox.Event{ID: "evt-5", Type: "ok", Headers: map[string]string{"a:b": "v"}},
+			`header name "a:b" is not a token (printable ASCII without spaces or colons): subject PREFIX.ok (outbox/nats) (permanent)`,
+		},
 	} {
+		e := tc.e
 		e.Payload = json.RawMessage(`{"secret":"do-not-log"}`)
 		err := h(ctx, e)
 		require.Error(t, err, name)
 		assert.True(t, outbox.IsPermanent(err), "%s: %v", name, err)
-		assert.Contains(t, err.Error(), "outbox/nats: publish event "+e.ID, name)
+		assert.Equal(t, strings.ReplaceAll(tc.want, "PREFIX", prefix), err.Error(), "%s: the cause first, then the subject and the adapter", name)
+		assert.NotContains(t, err.Error(), e.ID, "%s: the event ID is the relay's to log", name)
 		assert.NotContains(t, err.Error(), "do-not-log", name)
 		assert.NotContains(t, err.Error(), "forged", "header values stay out of errors")
 	}
@@ -221,12 +236,20 @@ func TestErrorClassification(t *testing.T) {
 		js := &fakeJS{err: tc.err}
 		p, err := outboxnats.New(js, outboxnats.Config{Logger: slog.New(slog.DiscardHandler)})
 		require.NoError(t, err)
-		err = p.Handler()(t.Context(), outbox.Event{ID: "e1", Type: "order.created", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
+		err = p.Handler()(t.Context(), outbox.Event{ID: "evt-classified", Type: "order.created", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
 		require.Error(t, err, name)
 		assert.ErrorIs(t, err, tc.err, name)
 		assert.Equal(t, tc.want == unavailable, outbox.IsUnavailable(err), "%s: Unavailable: %v", name, err)
 		assert.Equal(t, tc.want == permanent, outbox.IsPermanent(err), "%s: Permanent: %v", name, err)
-		assert.Contains(t, err.Error(), "outbox/nats: publish event e1 to outbox.order.created", name)
+		want := tc.err.Error() + ": subject outbox.order.created (outbox/nats)"
+		switch tc.want {
+		case unavailable:
+			want += " (destination unavailable)"
+		case permanent:
+			want += " (permanent)"
+		}
+		assert.Equal(t, want, err.Error(), "%s: the cause first, then the subject and the adapter", name)
+		assert.NotContains(t, err.Error(), "evt-classified", name)
 		assert.NotContains(t, err.Error(), "do-not-log", name)
 	}
 }

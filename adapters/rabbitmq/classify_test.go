@@ -44,15 +44,21 @@ func TestErrorClassification(t *testing.T) {
 		"returned (no route)":            {fmt.Errorf("%w: 312 NO_ROUTE", ErrUnroutable), false},
 		"cancelled by the caller":        {context.Canceled, false},
 	} {
-		err := classify(fmt.Errorf("outbox/rabbitmq: publish event e1: %w", tc.err))
+		err := classify((&Publisher{exchange: "x"}).publishError(tc.err, "k"))
 		assert.ErrorIs(t, err, tc.err, name)
 		assert.Equal(t, tc.unavailable, outbox.IsUnavailable(err), "%s: %v", name, err)
 		assert.False(t, outbox.IsPermanent(err), name)
 	}
 	// The close reason keeps its text and its wrapped errors.
 	err := closeReason("channel", &amqp.Error{Code: amqp.NotFound, Reason: "NOT_FOUND - no exchange", Recover: true}, true)
-	assert.EqualError(t, err, "outbox/rabbitmq: connection lost before the broker confirmed the message: channel closed: Exception (404) Reason: \"NOT_FOUND - no exchange\"")
+	assert.EqualError(t, err, "channel closed before the broker confirmed the message: Exception (404) Reason: \"NOT_FOUND - no exchange\"")
+	assert.EqualError(t, closeReason("connection", nil, false), "connection closed before the broker confirmed the message")
 	var amqpErr *amqp.Error
 	assert.True(t, errors.As(err, &amqpErr))
 	assert.ErrorIs(t, err, ErrConnectionLost)
+
+	// A publish's error: the cause first, then the destination and the
+	// adapter, then the core's mark.
+	assert.EqualError(t, classify((&Publisher{exchange: "outbox.events"}).publishError(err, "order.created")),
+		`channel closed before the broker confirmed the message: Exception (404) Reason: "NOT_FOUND - no exchange": exchange "outbox.events", routing key "order.created" (outbox/rabbitmq) (destination unavailable)`)
 }

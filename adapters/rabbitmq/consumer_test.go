@@ -274,7 +274,7 @@ func TestNewConsumerChecksConfig(t *testing.T) {
 	}{
 		{"nil db", nil, Config{}, ok, "no outbox plugin"},
 		{"db without the plugin", bare, Config{}, ok, "no outbox plugin"},
-		{"no Consumer", db, Config{}, with(func(c *ConsumerConfig) { c.Consumer = "" }), "Consumer: outbox: invalid event: empty ID"},
+		{"no Consumer", db, Config{}, with(func(c *ConsumerConfig) { c.Consumer = "" }), "Consumer: " + outbox.ErrInvalidInboxID.Error() + ": empty ID"},
 		{"Consumer too long", db, Config{}, with(func(c *ConsumerConfig) { c.Consumer = strings.Repeat("x", outbox.MaxInboxIDLen+1) }), "longer than the inbox's 255"},
 		{"no Handle", db, Config{}, with(func(c *ConsumerConfig) { c.Handle = nil }), "Handle is required"},
 		{"no Queue", db, Config{}, with(func(c *ConsumerConfig) { c.Queue = "" }), "Queue is required"},

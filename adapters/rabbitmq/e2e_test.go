@@ -84,8 +84,8 @@ func TestOutageWithRelay(t *testing.T) {
 	n, err := relay.ProcessOnce(t.Context())
 	require.True(t, outbox.IsUnavailable(err), "the relay reports the broker down: %v", err)
 	require.Equal(t, 2, n)
-	assert.Contains(t, err.Error(), "outbox/rabbitmq: publish event during-")
-	assert.Contains(t, err.Error(), "simulated outage")
+	assert.Contains(t, err.Error(), `dial: dial tcp: connection refused (simulated outage): exchange "`+f.exchange+`", routing key "order.`, "the cause first, then the destination")
+	assert.Contains(t, err.Error(), `" (outbox/rabbitmq)`)
 	for _, id := range []string{"during-1", "during-2"} {
 		r := record(t, db, id)
 		assert.Equal(t, outbox.StatusPending, r.Status, "a failed publish is retried, not dropped")

@@ -91,8 +91,13 @@ const (
 	DefaultConnectionName = "gorm-outbox"
 )
 
-// Sentinel errors, wrapped by the errors [Publisher.Publish] returns. All of
-// them are retryable: the relay tries the event again later. [ErrNacked]
+// Sentinel errors, wrapped by the errors [Publisher.Publish] returns. Those
+// lead with their cause (one of these, or the broker's or the network's
+// error), then name the exchange, the routing key and the adapter:
+//
+//	broker nacked the message: exchange "outbox.events", routing key "order.created" (outbox/rabbitmq)
+//
+// All of them are retryable: the relay tries the event again later. [ErrNacked]
 // and [ErrUnroutable] are about the message and count an attempt; the
 // others say the broker is unavailable ([outbox.Unavailable]), except a
 // channel closed for the message itself (see [Publisher.Publish]).
@@ -100,23 +105,23 @@ var (
 	// ErrNacked means the broker refused the message (a negative publisher
 	// confirm), for example because a queue with x-overflow=reject-publish
 	// is full.
-	ErrNacked = errors.New("outbox/rabbitmq: broker nacked the message")
+	ErrNacked = errors.New("broker nacked the message")
 
 	// ErrUnroutable means the message was mandatory and no queue was bound
 	// to receive it, so the broker returned it instead of storing it.
-	ErrUnroutable = errors.New("outbox/rabbitmq: message unroutable (returned by the broker)")
+	ErrUnroutable = errors.New("message unroutable (returned by the broker)")
 
 	// ErrConnectionLost means the connection or channel closed before the
 	// broker confirmed the message. The broker may or may not have stored
 	// it; the relay's retry may therefore produce a duplicate.
-	ErrConnectionLost = errors.New("outbox/rabbitmq: connection lost before the broker confirmed the message")
+	ErrConnectionLost = errors.New("connection lost before the broker confirmed the message")
 
 	// ErrBlocked means the broker has blocked the connection (a memory or
 	// disk alarm). Publishing then would hang, so it fails at once.
-	ErrBlocked = errors.New("outbox/rabbitmq: connection blocked by the broker")
+	ErrBlocked = errors.New("connection blocked by the broker")
 
 	// ErrClosed is returned after [Publisher.Close].
-	ErrClosed = errors.New("outbox/rabbitmq: publisher closed")
+	ErrClosed = errors.New("publisher closed")
 )
 
 // Config configures a [Publisher]. Its zero value publishes to a local
@@ -302,11 +307,11 @@ func (p *Publisher) Publish(ctx context.Context, e outbox.Event) error {
 }
 
 func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
+	key := p.routingKey(e)
 	msg, err := p.message(e)
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/rabbitmq: publish event %s: %w", e.ID, err))
+		return outbox.Permanent(p.publishError(err, key))
 	}
-	key := p.routingKey(e)
 
 	// A publish that fails with amqp.ErrClosed was never written to the
 	// socket: the session died between two publishes (typically a broker
@@ -316,25 +321,34 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 		s, err := p.session(ctx)
 		if err != nil {
 			// No session: nothing about this message was tried.
-			return unavailableUnlessCancelled(fmt.Errorf("outbox/rabbitmq: publish event %s: %w", e.ID, err))
+			return unavailableUnlessCancelled(p.publishError(err, key))
 		}
 		f, err := s.publish(ctx, p.exchange, key, p.mandatory, msg)
 		if errors.Is(err, amqp.ErrClosed) && attempt == 0 {
 			continue
 		}
 		if err != nil {
-			return classify(fmt.Errorf("outbox/rabbitmq: publish event %s to exchange %q: %w", e.ID, p.exchange, err))
+			return classify(p.publishError(err, key))
 		}
 		select {
 		case err := <-f.result:
 			if err != nil {
-				return classify(fmt.Errorf("outbox/rabbitmq: publish event %s to exchange %q with routing key %q: %w", e.ID, p.exchange, key, err))
+				return classify(p.publishError(err, key))
 			}
 			return nil
 		case <-ctx.Done():
-			return classify(fmt.Errorf("outbox/rabbitmq: publish event %s: waiting for the broker's confirm: %w", e.ID, ctx.Err()))
+			return classify(p.publishError(fmt.Errorf("no confirm from the broker: %w", ctx.Err()), key))
 		}
 	}
+}
+
+// publishError is the error of a publish with the routing key key that
+// failed with err: err first, then the destination and the adapter (see
+// [ErrNacked]'s example). The event ID is left out: the relay's logs and
+// the outbox row carry it, and a reader of a column cut to a width wants
+// the cause. So is the URL, which holds credentials.
+func (p *Publisher) publishError(err error, key string) error {
+	return fmt.Errorf("%w: exchange %q, routing key %q (outbox/rabbitmq)", err, p.exchange, key)
 }
 
 // classify marks err [outbox.Unavailable] when it says the broker, not the
@@ -427,7 +441,7 @@ func (p *Publisher) session(ctx context.Context) (*session, error) {
 	case p.closed:
 		return nil, ErrClosed
 	case p.dialErr != nil:
-		return nil, fmt.Errorf("connect: %w", p.dialErr)
+		return nil, p.dialErr // it names the step: dial, open channel, ...
 	case p.sess == nil || !p.sess.alive():
 		return nil, fmt.Errorf("connect: %w", ErrConnectionLost)
 	}

@@ -109,8 +109,8 @@ func TestUnroutableIsAnError(t *testing.T) {
 	require.ErrorIs(t, err, ErrUnroutable)
 	assert.False(t, outbox.IsPermanent(err), "binding a queue later must let a retry succeed")
 	assert.False(t, outbox.IsUnavailable(err), "about this routing key, not the broker")
-	assert.Contains(t, err.Error(), "outbox/rabbitmq: publish event evt-lost")
-	assert.Contains(t, err.Error(), "NO_ROUTE")
+	assert.Equal(t, `message unroutable (returned by the broker): 312 NO_ROUTE: exchange "`+f.exchange+`", routing key "order.created" (outbox/rabbitmq)`, err.Error(),
+		"the cause first, then the destination and the adapter; never the event ID")
 
 	// The channel survives a return: the next routable publish works.
 	d := f.consume("#")
@@ -135,7 +135,8 @@ func TestNackIsAnError(t *testing.T) {
 	require.ErrorIs(t, err, ErrNacked)
 	assert.False(t, outbox.IsPermanent(err))
 	assert.False(t, outbox.IsUnavailable(err), "a nack is about this message")
-	assert.Contains(t, err.Error(), "outbox/rabbitmq: publish event evt-rejected")
+	assert.Equal(t, `broker nacked the message: exchange "`+f.exchange+`", routing key "order.created" (outbox/rabbitmq)`, err.Error(),
+		"the cause first, then the destination and the adapter; never the event ID")
 }
 
 func TestConcurrentPublishes(t *testing.T) {

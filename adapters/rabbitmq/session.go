@@ -188,9 +188,9 @@ type closedError struct {
 
 func (e *closedError) Error() string {
 	if e.reason != nil {
-		return fmt.Sprintf("%v: %s closed: %v", ErrConnectionLost, e.what, e.reason)
+		return fmt.Sprintf("%s closed before the broker confirmed the message: %v", e.what, e.reason)
 	}
-	return fmt.Sprintf("%v: %s closed", ErrConnectionLost, e.what)
+	return e.what + " closed before the broker confirmed the message"
 }
 
 func (e *closedError) Unwrap() []error {

@@ -119,7 +119,7 @@ const (
 // keeps the event and sends it again once Redis has its replicas back; the
 // entry is in the primary's stream already, so the retry appends a second
 // one.
-var ErrUnderReplicated = errors.New("outbox/redis: fewer replicas acknowledged the entry than Config.WaitReplicas")
+var ErrUnderReplicated = errors.New("fewer replicas than Config.WaitReplicas acknowledged the entry")
 
 // Client is the part of a go-redis client the adapter uses. *redis.Client
 // (from redis.NewClient, or redis.NewFailoverClient for Sentinel),
@@ -338,7 +338,7 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 		stream = p.cfg.StreamFor(e)
 	}
 	if stream == "" {
-		return outbox.Permanent(fmt.Errorf("outbox/redis: publish event %s: StreamFor returned an empty stream key", e.ID))
+		return outbox.Permanent(errors.New("StreamFor returned an empty stream key (outbox/redis)"))
 	}
 	ctx, e, end := wire.StartSend(ctx, p.cfg.Telemetry, wire.Operation{
 		System: "redis", Destination: stream, ServerAddress: p.host, ServerPort: p.port,
@@ -352,7 +352,7 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 func (p *Publisher) send(ctx context.Context, stream string, e outbox.Event) error {
 	values, err := p.entry(e)
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/redis: publish event %s: %w", e.ID, err))
+		return outbox.Permanent(fmt.Errorf("%w: stream %s (outbox/redis)", err, stream))
 	}
 	args := &goredis.XAddArgs{Stream: stream, ID: "*", Values: values}
 	if p.cfg.MaxLen > 0 {
@@ -361,42 +361,45 @@ func (p *Publisher) send(ctx context.Context, stream string, e outbox.Event) err
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 	defer cancel()
 	if p.pipe != nil {
-		return p.sendWait(ctx, stream, e, args)
+		return p.sendWait(ctx, stream, args)
 	}
-	return p.failed(e, stream, "", p.rdb.XAdd(ctx, args).Err())
+	return failed("stream "+stream, p.rdb.XAdd(ctx, args).Err())
 }
 
 // sendWait sends the XADD and a WAIT for Config.WaitReplicas in one round
 // trip. The WAIT runs even when the XADD failed; that reply is ignored.
-func (p *Publisher) sendWait(ctx context.Context, stream string, e outbox.Event, args *goredis.XAddArgs) error {
+func (p *Publisher) sendWait(ctx context.Context, stream string, args *goredis.XAddArgs) error {
 	pipe := p.pipe.Pipeline()
 	xadd := pipe.XAdd(ctx, args)
 	wait := goredis.NewIntCmd(ctx, "wait", p.cfg.WaitReplicas, p.cfg.WaitTimeout.Milliseconds())
 	_ = pipe.Process(ctx, wait) // queued; Exec sends both
 	_, _ = pipe.Exec(ctx)       // the commands hold the errors
 	if err := xadd.Err(); err != nil {
-		return p.failed(e, stream, "", err)
+		return failed("stream "+stream, err)
 	}
-	appended := "entry " + xadd.Val() + " appended, "
+	appended := "entry " + xadd.Val() + " appended to stream " + stream
 	if err := wait.Err(); err != nil {
-		return p.failed(e, stream, appended+"WAIT: ", err)
+		return failed("WAIT after "+appended, err)
 	}
 	if n := wait.Val(); n < int64(p.cfg.WaitReplicas) {
-		return p.failed(e, stream, fmt.Sprintf("%sacknowledged by %d of %d replicas within %v: ", appended, n, p.cfg.WaitReplicas, p.cfg.WaitTimeout),
-			ErrUnderReplicated)
+		return failed(appended, fmt.Errorf("%w: %d of %d within %v", ErrUnderReplicated, n, p.cfg.WaitReplicas, p.cfg.WaitTimeout))
 	}
 	return nil
 }
 
-// failed returns err, the outcome of publishing e to stream, as the
-// relay's error (nil stays nil), with what before err's text; an outage,
-// as err says, is [outbox.Unavailable].
-func (p *Publisher) failed(e outbox.Event, stream, what string, err error) error {
+// failed returns err, the outcome of a publish, as the relay's error (nil
+// stays nil): err first, then where it happened (the stream, and the entry
+// once appended) and the adapter, such as "READONLY You can't write
+// against a read only replica.: stream orders (outbox/redis)". The event ID
+// is left out: the relay's logs and the outbox row carry it, and a reader
+// of a column cut to a width wants the cause. An outage, as err says, is
+// [outbox.Unavailable].
+func failed(where string, err error) error {
 	if err == nil {
 		return nil
 	}
 	down := unavailable(err)
-	err = fmt.Errorf("outbox/redis: publish event %s to stream %s: %s%w", e.ID, stream, what, err)
+	err = fmt.Errorf("%w: %s (outbox/redis)", err, where)
 	if down {
 		return outbox.Unavailable(err)
 	}

@@ -90,7 +90,7 @@ func TestStreamFor(t *testing.T) {
 	err = h(t.Context(), outbox.Event{ID: "b", Type: "bad", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
 	require.Error(t, err)
 	assert.True(t, outbox.IsPermanent(err))
-	assert.Contains(t, err.Error(), "outbox/redis: publish event b")
+	assert.Equal(t, "StreamFor returned an empty stream key (outbox/redis) (permanent)", err.Error(), "the cause first; never the event ID")
 	assert.NotContains(t, err.Error(), "do-not-log")
 }
 
@@ -254,7 +254,11 @@ func TestErrorClassification(t *testing.T) {
 		assert.ErrorIs(t, err, tc.err, name)
 		assert.Equal(t, tc.unavailable, outbox.IsUnavailable(err), "%s: %v", name, err)
 		assert.False(t, outbox.IsPermanent(err), name)
-		assert.Contains(t, err.Error(), "outbox/redis: publish event e1 to stream s", name)
+		want := tc.err.Error() + ": stream s (outbox/redis)"
+		if tc.unavailable {
+			want += " (destination unavailable)"
+		}
+		assert.Equal(t, want, err.Error(), "%s: the cause first, then the stream and the adapter; never the event ID", name)
 		assert.NotContains(t, err.Error(), "do-not-log", name)
 	}
 }
@@ -278,7 +282,7 @@ func TestErrorsFromRealServers(t *testing.T) {
 	require.NoError(t, rdb.Set(t.Context(), key, "not a stream", 0).Err())
 	err = newPublisher(t, rdb, outboxredis.Config{Stream: key}).Handler()(t.Context(), outbox.Event{ID: "e2", Type: "t", Payload: json.RawMessage(`1`)})
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "WRONGTYPE")
+	assert.Equal(t, "WRONGTYPE Operation against a key holding the wrong kind of value: stream "+key+" (outbox/redis)", err.Error())
 	assert.False(t, outbox.IsUnavailable(err), "%v", err)
 	assert.False(t, outbox.IsPermanent(err), "%v", err)
 }

@@ -72,7 +72,7 @@ func ExampleNew() {
 	}
 	ob.Handle("customer.updated", sender.Handler())
 
-	err = outbox.Publish(db,
+	err = outbox.PublishAlone(db, // no business write here: the events by themselves
 		outbox.Event{ID: "ok", Type: "customer.updated", AggregateType: "customer", AggregateID: "c-1"},
 		outbox.Event{ID: "bad", Type: "customer.updated"},
 	)

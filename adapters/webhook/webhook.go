@@ -106,8 +106,12 @@
 // address), is a permanent failure ([outbox.Permanent]): the relay fails the
 // event at once. 5xx, 408, 429, timeouts and network errors are returned as
 // plain errors, which the relay retries with backoff, or no sooner than a
-// Retry-After header asks (capped at an hour). Errors name the event
-// ID, the host and the status, never the payload or the response body.
+// Retry-After header asks (capped at an hour). Errors lead with their
+// cause (the status, such as "410 Gone from POST https://host
+// (outbox/webhook)", or the network error), then name the request by its
+// method, scheme and host and the adapter; never the event ID (the relay's
+// logs and the outbox row carry it), the URL's path or query (which may
+// hold a token), the payload or the response body.
 //
 // Outages: a request that cannot reach the receiver (DNS, connection
 // refused, dial or TLS failure, a connection reset or closed before the
@@ -259,7 +263,7 @@ type Config struct {
 // concurrent use.
 type Sender struct {
 	url     string
-	host    string
+	target  string // "POST scheme://host": the request as errors name it
 	secrets [][]byte
 	client  *http.Client
 	cfg     Config
@@ -334,7 +338,7 @@ func New(endpoint string, secret []byte, cfg Config) (*Sender, error) {
 	}
 	return &Sender{
 		url:     endpoint,
-		host:    u.Host,
+		target:  http.MethodPost + " " + u.Scheme + "://" + u.Host,
 		secrets: secrets,
 		client:  client,
 		cfg:     cfg,
@@ -368,9 +372,13 @@ type StatusError struct {
 	StatusCode int
 }
 
-// Error returns the status, such as "status 503 Service Unavailable".
+// Error returns the status, such as "503 Service Unavailable" ("status
+// 599" for a code without a standard text).
 func (e *StatusError) Error() string {
-	return fmt.Sprintf("status %d %s", e.StatusCode, http.StatusText(e.StatusCode))
+	if text := http.StatusText(e.StatusCode); text != "" {
+		return fmt.Sprintf("%d %s", e.StatusCode, text)
+	}
+	return fmt.Sprintf("status %d", e.StatusCode)
 }
 
 // Handler returns the outbox handler that posts each event it is given:
@@ -391,7 +399,7 @@ func (s *Sender) send(ctx context.Context, e outbox.Event) (err error) {
 func (s *Sender) deliver(ctx context.Context, e outbox.Event) error {
 	msg, err := s.message(e)
 	if err != nil {
-		return outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: %w", e.ID, err))
+		return outbox.Permanent(s.deliveryError(err))
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
@@ -407,11 +415,11 @@ func (s *Sender) deliver(ctx context.Context, e outbox.Event) error {
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return s.requestError(e, err, connected.Load())
+		return s.requestError(err, connected.Load())
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
 	_ = resp.Body.Close()
-	return s.statusError(e, resp)
+	return s.statusError(resp)
 }
 
 // request builds the POST of msg, the event e laid out, with its headers
@@ -420,7 +428,8 @@ func (s *Sender) request(ctx context.Context, e outbox.Event, msg wire.Message) 
 	body := msg.Body
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url, bytes.NewReader(body))
 	if err != nil {
-		return nil, outbox.Permanent(fmt.Errorf("outbox/webhook: deliver event %s: build request for %s", e.ID, s.host))
+		// NewRequest's error may quote the URL, which may hold a token.
+		return nil, outbox.Permanent(s.deliveryError(errors.New("cannot build the request")))
 	}
 	s.configHeaders(req.Header)
 	if s.cfg.Format == wire.Native {
@@ -487,16 +496,25 @@ func (s *Sender) bindingHeaders(h http.Header, msg wire.Message) {
 	}
 }
 
+// deliveryError is the error of a delivery that failed with err, before
+// or while sending: err first, then the request and the adapter, such as
+// "dial tcp 10.0.0.1:443: connect: connection refused: POST https://host
+// (outbox/webhook)". Neither the event ID (the relay's logs and the row
+// carry it) nor the URL's path or query (a token, at times) is in it.
+func (s *Sender) deliveryError(err error) error {
+	return fmt.Errorf("%w: %s (outbox/webhook)", err, s.target)
+}
+
 // requestError is the error of a request that failed without a response:
 // Unavailable when the receiver was not reached.
-func (s *Sender) requestError(e outbox.Event, err error, connected bool) error {
+func (s *Sender) requestError(err error, connected bool) error {
 	// *url.Error quotes the whole URL, which may carry a token; name
-	// the host only.
+	// the scheme and host only.
 	var ue *url.Error
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	err = fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, err)
+	err = s.deliveryError(err)
 	if unreachable(err, connected) {
 		return outbox.Unavailable(err)
 	}
@@ -505,12 +523,13 @@ func (s *Sender) requestError(e outbox.Event, err error, connected bool) error {
 
 // statusError is the error of the response resp: nil for a 2xx, else a
 // StatusError, classified (see the package doc).
-func (s *Sender) statusError(e outbox.Event, resp *http.Response) error {
+func (s *Sender) statusError(resp *http.Response) error {
 	code := resp.StatusCode
 	if code >= 200 && code < 300 {
 		return nil
 	}
-	err := fmt.Errorf("outbox/webhook: deliver event %s to %s: %w", e.ID, s.host, &StatusError{StatusCode: code})
+	// "410 Gone from POST https://host (outbox/webhook)".
+	err := fmt.Errorf("%w from %s (outbox/webhook)", &StatusError{StatusCode: code}, s.target)
 	if (code >= 300 && code < 500) && code != http.StatusRequestTimeout && code != http.StatusTooManyRequests {
 		return outbox.Permanent(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -216,12 +217,17 @@ func TestEnvelopeKeepsPayloadAsPublished(t *testing.T) {
 	err := h(t.Context(), e)
 	require.Error(t, err)
 	assert.True(t, outbox.IsPermanent(err))
+	assert.ErrorIs(t, err, outbox.ErrInvalidEvent)
+	assert.Equal(t, "outbox: invalid event: payload bytes are not valid JSON: POST "+rc.URL+" (outbox/webhook) (permanent)", err.Error(),
+		"the cause first, then the request and the adapter")
 	assert.NotContains(t, err.Error(), "ada@example.com")
 	assert.Len(t, rc.requests(), 1, "nothing sent")
 }
 
 func TestStatusClassification(t *testing.T) {
 	t.Parallel()
+	assert.Equal(t, "410 Gone", (&webhook.StatusError{StatusCode: http.StatusGone}).Error())
+	assert.Equal(t, "status 599", (&webhook.StatusError{StatusCode: 599}).Error())
 	const (
 		retry = iota
 		permanent
@@ -241,6 +247,7 @@ func TestStatusClassification(t *testing.T) {
 		http.StatusBadGateway:            unavailable,
 		http.StatusServiceUnavailable:    unavailable,
 		http.StatusGatewayTimeout:        unavailable,
+		599:                              retry, // no standard text
 	} {
 		t.Run(strconv.Itoa(code), func(t *testing.T) {
 			t.Parallel()
@@ -256,7 +263,17 @@ func TestStatusClassification(t *testing.T) {
 			var se *webhook.StatusError
 			require.ErrorAs(t, err, &se)
 			assert.Equal(t, code, se.StatusCode)
-			assert.Contains(t, err.Error(), "outbox/webhook: deliver event evt-1")
+			// The status first ("410 Gone"), then the request and the
+			// adapter, then the core's mark; never the event ID.
+			want := se.Error() + " from POST " + rc.URL + " (outbox/webhook)"
+			switch class {
+			case permanent:
+				want += " (permanent)"
+			case unavailable:
+				want += " (destination unavailable)"
+			}
+			assert.Equal(t, want, err.Error())
+			assert.NotContains(t, err.Error(), "evt-1", "the event ID is the relay's to log")
 			assert.NotContains(t, err.Error(), "ada@example.com", "neither payload nor response body in errors")
 			assert.Len(t, rc.requests(), 1, "redirects are not followed")
 		})
@@ -294,8 +311,11 @@ func TestConnectionRefusedIsUnavailable(t *testing.T) {
 	assert.False(t, outbox.IsPermanent(err))
 	assert.True(t, outbox.IsUnavailable(err), "%v", err)
 	assert.ErrorIs(t, err, syscall.ECONNREFUSED)
-	assert.Contains(t, err.Error(), "outbox/webhook: deliver event evt-1 to "+addr)
+	assert.Regexp(t, `^dial tcp `+regexp.QuoteMeta(addr)+`: .*connection refused: POST http://`+regexp.QuoteMeta(addr)+` \(outbox/webhook\) \(destination unavailable\)$`, err.Error(),
+		"the cause first, then the request (scheme and host) and the adapter")
+	assert.NotContains(t, err.Error(), "evt-1", "the event ID is the relay's to log")
 	assert.NotContains(t, err.Error(), "s3cret", "the URL's query may hold a token")
+	assert.NotContains(t, err.Error(), "/hook", "nor its path")
 }
 
 func TestDNSFailureIsUnavailable(t *testing.T) {
