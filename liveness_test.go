@@ -2,7 +2,9 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"gorm.io/gorm"
 )
 
 func init() {
@@ -89,4 +92,55 @@ func testRelaysRecorded(t *testing.T, b backend) {
 	require.Len(t, st.Relays, 1)
 	assert.Equal(t, "relay-b", st.Relays[0].Name)
 	assert.Zero(t, st.LastDelivery, "relay-a's row, and its last delivery, are gone")
+}
+
+func init() {
+	productionTests["OrderingIndexRaceIsQuiet"] = testOrderingIndexRaceIsQuiet
+}
+
+// testOrderingIndexRaceIsQuiet: relays that start together with
+// OrderByAggregate, each in a process of its own (a pool and an Outbox of
+// its own), take turns building the ordering index: none logs an error for
+// the race, and each delivers.
+func testOrderingIndexRaceIsQuiet(t *testing.T, b backend) {
+	if b.sqlite != nil {
+		t.Skip("SQLite has one writer: its relays cannot race on the index")
+	}
+	e := b.setup(t)
+	const relays = 4
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	rs := make([]*Relay, relays)
+	for i := range rs {
+		db := e.reopen(t)
+		ob := Plugin(Config{Mode: e.ob.mode, Table: e.ob.Table(), Logger: logger, Logical: LogicalConfig{Slot: e.ob.slot}})
+		ob.clock = e.clock.Now
+		require.NoError(t, db.Use(ob))
+		ob.Handle(AnyEvent, func(context.Context, Event) error { return nil })
+		rs[i] = mustRelay(t, ob, db, RelayConfig{OrderByAggregate: true})
+	}
+	start := make(chan struct{})
+	errs := make(chan error, relays)
+	for _, r := range rs {
+		go func() {
+			<-start
+			_, err := r.ProcessOnce(t.Context())
+			errs <- err
+		}()
+	}
+	close(start)
+	for range relays {
+		require.NoError(t, <-errs, "no relay fails for the race")
+	}
+	assert.NotContains(t, logs.String(), "level=ERROR", "no error logged for a race the relays win or lose harmlessly")
+	ok, err := e.ob.store.Exists(t.Context(), mustSQLDB(t, e.db), e.ob.Table()+"_aggregate_idx")
+	require.NoError(t, err)
+	assert.True(t, ok, "the index is built")
+}
+
+func mustSQLDB(t *testing.T, db *gorm.DB) *sql.DB {
+	t.Helper()
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	return sqlDB
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // SchemaVersion is the schema version this code reads and writes.
@@ -210,22 +211,39 @@ func stripSQLComments(s string) string {
 }
 
 // Serialized runs fn on a connection of db of its own while it holds a
-// lock the session takes (lock, a SELECT whose one value is 1 or true once
-// taken) and releases (unlock), however fn ends: how a store makes
-// processes that build one object at once take turns. lock selects 1 once
-// the lock is taken (anything else is a timeout). The session keeps
-// the lock: should the release fail, the connection is closed, not
+// lock the session takes (tryLock, a SELECT of 1 when it took the lock, 0
+// when another session holds it) and releases (unlock), however fn ends:
+// how a store makes processes that build one object at once take turns.
+// It tries again every few milliseconds, up to a few hundred, until ctx
+// ends: a waiter must not sit in a statement meanwhile, since a concurrent
+// index build (PostgreSQL's CONCURRENTLY) waits for every open statement's
+// snapshot, the waiter's included, and would deadlock with it. The session
+// keeps the lock: should the release fail, the connection is closed, not
 // returned to the pool with it.
-func Serialized(ctx context.Context, db *sql.DB, lock, unlock interface{ Statement() (string, []any) }, fn func(conn DB) error) error {
+func Serialized(ctx context.Context, db *sql.DB, tryLock, unlock interface{ Statement() (string, []any) }, fn func(conn DB) error) error {
 	conn, err := db.Conn(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	q, args := lock.Statement()
-	var got sql.NullInt64
-	if err := conn.QueryRowContext(ctx, q, args...).Scan(&got); err != nil {
-		return err
+	wait := 5 * time.Millisecond
+	for {
+		q, args := tryLock.Statement()
+		var got sql.NullInt64
+		if err := conn.QueryRowContext(ctx, q, args...).Scan(&got); err != nil {
+			return err
+		}
+		if got.Int64 == 1 {
+			break
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("outbox: waiting for another process's lock: %w", ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 200*time.Millisecond)
 	}
 	defer func() {
 		q, args := unlock.Statement()
@@ -233,8 +251,5 @@ func Serialized(ctx context.Context, db *sql.DB, lock, unlock interface{ Stateme
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
 	}()
-	if got.Int64 != 1 {
-		return errors.New("outbox: timed out waiting for another process's lock")
-	}
 	return fn(conn)
 }

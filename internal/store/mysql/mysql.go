@@ -454,7 +454,7 @@ func (d *Store) EnsureOrdering(ctx context.Context, db *sql.DB) error {
 		ddl += " WAIT 2"
 	}
 	return store.Serialized(ctx, db,
-		sqlbuild.Query{SQL: "SELECT GET_LOCK(CONCAT(DATABASE(), '.', ?), 60)", Args: []any{name}},
+		sqlbuild.Query{SQL: "SELECT GET_LOCK(CONCAT(DATABASE(), '.', ?), 0)", Args: []any{name}},
 		sqlbuild.Query{SQL: "SELECT RELEASE_LOCK(CONCAT(DATABASE(), '.', ?))", Args: []any{name}},
 		func(conn store.DB) error { return store.Ensure(ctx, conn, d.Exists, name, ddl) })
 }

@@ -234,7 +234,7 @@ func (s *Store) EnsureOrdering(ctx context.Context, db *sql.DB) error {
 		return err
 	}
 	return store.Serialized(ctx, db,
-		sqlbuild.Query{SQL: "SELECT 1 FROM pg_advisory_lock(hashtext(current_schema() || '.' || $1))", Args: []any{name}},
+		sqlbuild.Query{SQL: "SELECT CASE WHEN pg_try_advisory_lock(hashtext(current_schema() || '.' || $1)) THEN 1 ELSE 0 END", Args: []any{name}},
 		sqlbuild.Query{SQL: "SELECT pg_advisory_unlock(hashtext(current_schema() || '.' || $1))", Args: []any{name}},
 		func(conn store.DB) error {
 			return store.Ensure(ctx, conn, s.Exists, name,
