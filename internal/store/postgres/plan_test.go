@@ -23,8 +23,9 @@ func TestRelayStatementsKeepAGenericPlan(t *testing.T) {
 	if dsn == "" {
 		t.Skipf("%s is not set", dsnEnv)
 	}
-	s, gdb := opener(t, dsn)(t)
-	db, err := gdb.DB()
+	o := opener(t, dsn)(t)
+	s := o.Store
+	db, err := o.Gorm.DB()
 	require.NoError(t, err)
 	ctx := t.Context()
 	require.NoError(t, s.Migrate(ctx, db))

@@ -225,17 +225,19 @@ func (s *Store) Version(ctx context.Context, q store.DB) (int, error) {
 // INDEX takes a lock that queues behind open publishing transactions and
 // stalls every publisher behind it. A failed concurrent build leaves an
 // invalid index, dropped first. Relays that start together take turns
-// under an advisory lock of the schema and index: two concurrent builds of
-// one index deadlock, and the loser would report an error for a race it
-// lost harmlessly; in turn, the later ones find the index built.
+// under one advisory lock of the database: two concurrent builds deadlock,
+// of one index and of two (a concurrent build waits for every older
+// transaction of the database, another build's included, whatever its
+// schema), and the loser would report an error for a race it lost
+// harmlessly; in turn, the later ones find the index built.
 func (s *Store) EnsureOrdering(ctx context.Context, db *sql.DB) error {
 	name := s.name + "_aggregate_idx"
 	if ok, err := s.Exists(ctx, db, name); err != nil || ok {
 		return err
 	}
 	return store.Serialized(ctx, db,
-		sqlbuild.Query{SQL: "SELECT CASE WHEN pg_try_advisory_lock(hashtext(current_schema() || '.' || $1)) THEN 1 ELSE 0 END", Args: []any{name}},
-		sqlbuild.Query{SQL: "SELECT pg_advisory_unlock(hashtext(current_schema() || '.' || $1))", Args: []any{name}},
+		sqlbuild.Query{SQL: "SELECT CASE WHEN pg_try_advisory_lock(hashtext('outbox: build an ordering index')) THEN 1 ELSE 0 END"},
+		sqlbuild.Query{SQL: "SELECT pg_advisory_unlock(hashtext('outbox: build an ordering index'))"},
 		func(conn store.DB) error {
 			return store.Ensure(ctx, conn, s.Exists, name,
 				`DROP INDEX CONCURRENTLY IF EXISTS "`+name+`"`,

@@ -2,7 +2,9 @@ package sqlite_test
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	puresqlite "github.com/glebarez/sqlite"
 	"github.com/gorm-outbox/outbox/internal/store"
@@ -20,12 +22,32 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // table is a keyword with capitals: the statements must quote it.
 const table = "Order"
 
+// dialect is how the conformance suite's own SQL is spelt on SQLite, and
+// its parameter limit (SQLITE_MAX_VARIABLE_NUMBER since 3.32), the same
+// through either driver.
+var dialect = storetest.Dialect{
+	Placeholder: func(int) string { return "?" },
+	Time:        func(t time.Time) any { return t.UTC().Format("2006-01-02 15:04:05.999999999-07:00") },
+	IDHex:       "REPLACE(id, '-', '')",
+	MaxParams:   32766,
+}
+
+// past is the SQLite store's earlier schema versions: the first
+// release's table and version 2's. SQLite has no MD5: the upgrade to
+// version 3 keeps the old ID in id (read without its dashes by IDHex)
+// rather than store.RowID of it.
+var past = storetest.Past{
+	V1:         storetest.Shipped(1, "sqlite"),
+	V2:         storetest.Shipped(2, "sqlite"),
+	UpgradedID: func(id string) string { return strings.ReplaceAll(id, "-", "") },
+}
+
 // open returns an opener of a file in the test's directory through one
 // driver, with the settings the README recommends for it (the suite runs
 // the check db.Use runs), of a store with the limits lim (its own when
 // nil).
 func open(dial func(dsn string) gorm.Dialector, options string, lim *store.Limits) storetest.Open {
-	return func(t *testing.T) (store.Store, *gorm.DB) {
+	return func(t *testing.T) storetest.DB {
 		dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + options
 		gdb, err := gorm.Open(dial(dsn), &gorm.Config{Logger: logger.Discard})
 		require.NoError(t, err)
@@ -36,7 +58,7 @@ func open(dial func(dsn string) gorm.Dialector, options string, lim *store.Limit
 		if lim != nil {
 			s.Lim = *lim
 		}
-		return s, gdb
+		return storetest.DB{Store: s, Gorm: gdb, Dialect: dialect, Past: past}
 	}
 }
 

@@ -268,6 +268,75 @@ func testAdmin(t *testing.T, su *suite) {
 		assert.Equal(t, map[string]state{"p1": {"pending", 0}, "f1": {"pending", 0}, "s1": {"sent", 1}}, e.states(), "a sent row stays sent")
 	})
 
+	// RetryNow makes the pending rows that wait for a retry due now, their
+	// attempts kept; a row a lease holds, a new row (already due), rows of
+	// another status and rows the filter leaves out are not touched.
+	t.Run("RetryNow", func(t *testing.T) {
+		t.Parallel()
+		e := setup(t, su)
+		e.insert(now, ev("w1"), ev("w2"), ev("leased"), ev("failed"), ev("sent"), ev("other"), ev("new"))
+		waiting := []string{"w1", "w2", "leased", "other"}
+		at, later := now.Add(time.Second), now.Add(time.Hour)
+		lease := e.settle(append(waiting, "failed")...)
+		outs := []store.Outcome{e.outcome("failed", "failed", "e-failed", later)}
+		for _, id := range waiting {
+			outs = append(outs, e.outcome(id, "pending", "e-"+id, later))
+		}
+		require.EqualValues(t, len(outs), e.markFailed(outs, at, lease))
+		if e.history() != nil {
+			require.EqualValues(t, len(outs), e.recordAttempts(e.seqs(append(waiting, "failed")...), at))
+		}
+		e.sent(now, "sent")
+		// A relay holds "leased", due later, under a lease that lives.
+		held := later.Add(time.Hour)
+		require.Len(t, e.claim(store.ClaimSpec{Now: later, Lease: held, Limit: 1, Seqs: e.seqs("leased")}), 1)
+
+		at2 := at.Add(time.Minute)
+		f := store.Filter{IDs: []string{"w1", "w2", "leased", "failed", "sent", "new", "missing"}, Statuses: []string{"pending"}}
+		assert.EqualValues(t, 2, e.retryNow(f, at2, "ops@example.com"), "the rows that wait for a retry")
+		for _, id := range []string{"w1", "w2"} {
+			r := e.get(id)
+			assert.Equal(t, "pending", r.Status, id)
+			assert.Equal(t, 1, r.Attempts, "%s: the attempts are kept", id)
+			sameTime(t, at2, r.AvailableAt, "%s is due now", id)
+			sameTime(t, at2, r.UpdatedAt, "updated_at of %s", id)
+			assert.Nil(t, r.LockedUntil, id)
+			if assert.NotNil(t, r.LastError, id) {
+				assert.Equal(t, "e-"+id, *r.LastError, "%s: the error is kept", id)
+			}
+		}
+		l := e.get("leased")
+		sameTime(t, later, l.AvailableAt, "a row a lease holds is not touched")
+		sameTimePtr(t, held, l.LockedUntil, "its lease")
+		sameTime(t, later, e.get("other").AvailableAt, "a row the filter leaves out is not touched")
+		assert.Equal(t, map[string]state{"w1": {"pending", 1}, "w2": {"pending", 1}, "leased": {"pending", 2}, "failed": {"failed", 1},
+			"sent": {"sent", 1}, "other": {"pending", 1}, "new": {"pending", 0}}, e.states())
+		sameTime(t, now, e.get("new").UpdatedAt, "a new row is not touched")
+		assert.EqualValues(t, 0, e.retryNow(f, at2, ""), "nothing waits any more")
+		assert.ElementsMatch(t, []string{"w1", "w2", "new"}, e.claimIDs(store.ClaimSpec{Now: at2, Lease: at2.Add(time.Minute), Limit: 10}),
+			"the rows retried now are claimed with the new one")
+
+		if e.history() != nil {
+			sameAttempts(t, []store.Attempt{
+				{At: at, Attempt: 1, Outcome: store.AttemptRetry, Error: "e-w1"},
+				{At: at2, Attempt: 1, Outcome: store.AttemptRetried, Error: "e-w1", Actor: "ops@example.com"},
+			}, e.attempts("w1"), "w1 retried now")
+			sameAttempts(t, []store.Attempt{{At: at, Attempt: 1, Outcome: store.AttemptRetry, Error: "e-leased"}}, e.attempts("leased"), "a row not retried")
+		}
+
+		// Without a filter, every row that waits, by nobody named: the
+		// leased row is still held.
+		at3 := at2.Add(time.Minute)
+		assert.EqualValues(t, 1, e.retryNow(store.Filter{}, at3, ""), "the other row that waits")
+		sameTime(t, at3, e.get("other").AvailableAt, "other is due now")
+		if e.history() != nil {
+			sameAttempts(t, []store.Attempt{
+				{At: at, Attempt: 1, Outcome: store.AttemptRetry, Error: "e-other"},
+				{At: at3, Attempt: 1, Outcome: store.AttemptRetried, Error: "e-other"},
+			}, e.attempts("other"), "other retried now by nobody named")
+		}
+	})
+
 	t.Run("Purge", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, su)

@@ -33,6 +33,7 @@ var roles = []reflect.Type{
 	reflect.TypeFor[store.Notifier](),
 	reflect.TypeFor[store.Logical](),
 	reflect.TypeFor[store.Replicas](),
+	reflect.TypeFor[store.Relays](),
 }
 
 // calls counts the calls of a store's methods by name, across the
@@ -140,6 +141,7 @@ var (
 	_ store.Notifier  = (*recorder)(nil)
 	_ store.Logical   = (*recorder)(nil)
 	_ store.Replicas  = (*recorder)(nil)
+	_ store.Relays    = (*recorder)(nil)
 )
 
 func (r *recorder) note(method string) { r.calls.add(method) }
@@ -241,6 +243,11 @@ func (r *recorder) Count(ctx context.Context, db store.DB, f store.Filter) (int6
 func (r *recorder) Replay(ctx context.Context, db store.DB, rp store.Replay) (int, error) {
 	r.note("Replay")
 	return r.real.Replay(ctx, db, rp)
+}
+
+func (r *recorder) RetryNow(ctx context.Context, db store.DB, rp store.Replay) (int, error) {
+	r.note("RetryNow")
+	return r.real.RetryNow(ctx, db, rp)
 }
 
 func (r *recorder) Purge(ctx context.Context, db store.DB, f store.Filter) (int, error) {
@@ -426,4 +433,21 @@ func (r *recorder) WALInsertPosition(ctx context.Context, db store.DB) (string, 
 func (r *recorder) ReplicasFlushed(ctx context.Context, db store.DB, lsn string) (int, error) {
 	r.note("ReplicasFlushed")
 	return role[store.Replicas](r).ReplicasFlushed(ctx, db, lsn)
+}
+
+// store.Relays.
+
+func (r *recorder) Beat(ctx context.Context, db store.DB, row store.RelayRow) error {
+	r.note("Beat")
+	return role[store.Relays](r).Beat(ctx, db, row)
+}
+
+func (r *recorder) Relays(ctx context.Context, db store.DB, since time.Time) ([]store.RelayRow, error) {
+	r.note("Relays")
+	return role[store.Relays](r).Relays(ctx, db, since)
+}
+
+func (r *recorder) ForgetRelays(ctx context.Context, db store.DB, before time.Time) (int64, error) {
+	r.note("ForgetRelays")
+	return role[store.Relays](r).ForgetRelays(ctx, db, before)
 }

@@ -14,14 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// maxParams is each database's limit on a statement's parameters, as the
-// suite knows it: a store's Limits().MaxParams must not exceed it.
-var maxParams = map[string]int{
-	"sqlite":   32766, // SQLITE_MAX_VARIABLE_NUMBER since 3.32
-	"postgres": 65535,
-	"mysql":    65535,
-}
-
 // maxGaps is how many seqs a relay's watermark passes to Walk and Claim at
 // most (engine.MaxGaps), and walkRows how many rows one walk reads
 // (engine.WalkBatches claims of up to InsertRows rows, at most 10000).
@@ -82,11 +74,7 @@ func testLimits(t *testing.T, su *suite) {
 		assert.LessOrEqual(t, lim.InsertRows*insertParams, lim.MaxParams, "InsertRows*%d within MaxParams", insertParams)
 		assert.LessOrEqual(t, lim.OutcomeRows*outcomeParams, lim.MaxParams, "OutcomeRows*%d within MaxParams", outcomeParams)
 		require.Equal(t, 5+len(store.DelayBounds)+1, rollParams, "rollParams counts a rollup row's columns")
-		if known, ok := maxParams[e.s.Name()]; ok {
-			assert.LessOrEqual(t, lim.MaxParams, known, "MaxParams within %s's own limit", e.s.Name())
-		} else {
-			t.Logf("the suite does not know the parameter limit of %s: add it to maxParams", e.s.Name())
-		}
+		assert.LessOrEqual(t, lim.MaxParams, e.d.MaxParams, "MaxParams within the database's own limit (Dialect.MaxParams)")
 	})
 
 	// Every method that chunks, given more items than one statement takes
@@ -188,6 +176,21 @@ func testLimits(t *testing.T, su *suite) {
 		assert.EqualValues(t, 2*r, e.markFailed(outs, at, l1), "MarkFailed of %d outcomes", len(outs))
 		assert.EqualValues(t, r, e.countOf(store.Filter{Statuses: []string{"failed"}}), "the rows failed for good")
 		assert.EqualValues(t, 2*r, e.countOf(store.Filter{ErrorContains: "limit "}), "every outcome's error written")
+
+		// RetryNow of more rows waiting for a retry than one statement
+		// takes, in a transaction rolled back: the rows stay as they are.
+		e.rolledBack(func(tx *sql.Tx) {
+			n, err := e.s.RetryNow(e.ctx, tx, store.Replay{Now: func() time.Time { return now }})
+			require.NoError(t, err, "RetryNow of %d rows", r)
+			assert.EqualValues(t, r, n, "RetryNow of %d rows", r)
+			due := 0
+			for _, row := range e.listOn(tx, store.Page{Limit: 100000}) {
+				if row.Status == "pending" && row.AvailableAt.Equal(now) {
+					due++
+				}
+			}
+			assert.Equal(t, r, due, "every row that waited is due now")
+		})
 
 		var history int64
 		if h := e.history(); h != nil {
@@ -348,6 +351,14 @@ func testLimits(t *testing.T, su *suite) {
 				n, err := e.s.Replay(e.ctx, tx, store.Replay{Filter: rf, Now: func() time.Time { return now }})
 				if refusedOrRan(t, err, "Replay by "+c.name) {
 					assert.Zero(t, n, "Replay by %d %s: no row failed", long, c.name)
+				}
+			})
+			pf := c.f
+			pf.Statuses = []string{"pending"}
+			e.rolledBack(func(tx *sql.Tx) {
+				n, err := e.s.RetryNow(e.ctx, tx, store.Replay{Filter: pf, Now: func() time.Time { return now }})
+				if refusedOrRan(t, err, "RetryNow by "+c.name) {
+					assert.Zero(t, n, "RetryNow by %d %s: no row waits for a retry", long, c.name)
 				}
 			})
 		}

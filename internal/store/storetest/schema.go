@@ -14,13 +14,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// versionOneFiles are the tables the first release created (schema
-// version 1), by store name, for the stores whose Upgrade is not "": no seq
-// column, ordered by (created_at, id), the idempotency key unique over every
-// row. The root's and the command's upgrade tests read the same files.
+// shippedFiles are the tables earlier releases created on the shipped
+// stores, by store name: schema-v1/ the first release's (schema version
+// 1: no seq column, ordered by (created_at, id), the idempotency key
+// unique over every row), schema-v2/ version 2's (seq, but not yet the
+// primary key; the ID in id (text), every column NOT NULL but headers,
+// locked_until, last_error and sent_at; a pending index). The root's and
+// the command's upgrade tests read the same files. The suite reads none
+// of them by itself: a store's test passes its own in Past.
 //
-//go:embed schema-v1/*.sql
-var versionOneFiles embed.FS
+//go:embed schema-v1/*.sql schema-v2/*.sql
+var shippedFiles embed.FS
 
 // versionOneOrdering is version 1's ordering index, which relays with
 // OrderByAggregate built under the name EnsureOrdering still builds
@@ -31,26 +35,24 @@ CREATE INDEX IF NOT EXISTS "outbox_events_aggregate_idx"
     ON "outbox_events" (aggregate_type, aggregate_id, created_at, id) WHERE status <> 'sent';
 `
 
-// versionTwoFiles are the tables schema version 2 created, by store name:
-// seq, but not yet the primary key; the ID in id (text), every column NOT
-// NULL but headers, locked_until, last_error and sent_at; a pending index.
-//
-//go:embed schema-v2/*.sql
-var versionTwoFiles embed.FS
-
-// versionTwo is store name's version 2 table.
-func versionTwo(name string) (string, bool) {
-	ddl, err := versionTwoFiles.ReadFile("schema-v2/" + name + ".sql")
+// Shipped is the DDL of the table schema version (1 or 2) created on the
+// shipped store named name, for its test's Past (version 1's with its
+// ordering index). It panics when that store never had that version.
+func Shipped(version int, name string) string {
+	ddl, err := shippedFiles.ReadFile(fmt.Sprintf("schema-v%d/%s.sql", version, name))
 	if err != nil {
-		return "", false
+		panic(fmt.Sprintf("storetest: no release created a version %d table on %s: %v", version, name, err))
 	}
-	return string(ddl), true
+	if version == 1 {
+		return string(ddl) + versionOneOrdering
+	}
+	return string(ddl)
 }
 
 // oldInsert writes events as versions 1 and 2 wrote them, at the time at:
 // every column but seq (version 2 assigns it), the key and the times
 // spelt out. The builders write version 3 only, so this statement is the
-// suite's own, its times spelt as each store wrote them (timeArg).
+// suite's own, its times spelt as the store wrote them (Dialect.Time).
 func (e *env) oldInsert(at time.Time, evs ...store.Event) {
 	e.t.Helper()
 	for _, ev := range evs {
@@ -69,31 +71,29 @@ func (e *env) oldInsert(at time.Time, evs ...store.Event) {
 	}
 }
 
-// upgradeLockFree reports, on MySQL, whether no session of the test's
-// database holds the named lock the upgrade script takes (true elsewhere).
-// The lock's name is the server's, not the database's: an upgrade in
-// another database of the server may hold it meanwhile.
+// upgradeLockFree reports whether no session holds the lock the upgrade
+// scripts take for the session (Past.UpgradeLockHeld); true where the
+// lock is the script's transaction's.
 func (e *env) upgradeLockFree() bool {
 	e.t.Helper()
-	if e.real.Name() != "mysql" {
+	if e.past.UpgradeLockHeld == nil {
 		return true
 	}
-	var n int
-	require.NoError(e.t, e.db.QueryRowContext(e.ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE id = IS_USED_LOCK('"+
-		e.table+".upgrade') AND db = DATABASE()").Scan(&n))
-	return n == 0
+	held, err := e.past.UpgradeLockHeld(e.ctx, e.db, e.table)
+	require.NoError(e.t, err, "Past.UpgradeLockHeld")
+	return !held
 }
 
-// versionOne is store name's version 1 table with its ordering index.
-func versionOne(name string) (string, bool) {
-	ddl, err := versionOneFiles.ReadFile("schema-v1/" + name + ".sql")
-	if err != nil {
-		return "", false
+// upgradedID is what the id column reads once the upgrade to version 3
+// has run, for a row version 2 wrote with the ID id.
+func (e *env) upgradedID(id string) string {
+	if e.past.UpgradedID != nil {
+		return e.past.UpgradedID(id)
 	}
-	return string(ddl) + versionOneOrdering, true
+	return hexOf(store.RowID(id))
 }
 
-func testSchema(t *testing.T, su *suite, name string) {
+func testSchema(t *testing.T, su *suite) {
 	t.Run("CreateOnEmpty", func(t *testing.T) {
 		t.Parallel()
 		e := fresh(t, su)
@@ -170,6 +170,7 @@ func testSchema(t *testing.T, su *suite, name string) {
 			// This database never had version 1: Migrate of a version 1
 			// table (one without seq) refuses rather than guess, and
 			// changes nothing.
+			require.Empty(t, e.past.V1, "the test of %s gives a version 1 table in Past.V1, but the store has no Upgrade(1) script", e.s.Name())
 			e.raw("CREATE TABLE " + e.qt + " (id VARCHAR(64) PRIMARY KEY)")
 			v, err := e.s.Version(e.ctx, e.db)
 			require.NoError(t, err)
@@ -181,8 +182,8 @@ func testSchema(t *testing.T, su *suite, name string) {
 			t.Logf("%s has no version 1: checked that Migrate refuses", e.s.Name())
 			return
 		}
-		v1, ok := versionOne(e.s.Name())
-		require.True(t, ok, "store %s has an Upgrade(1) script but the suite has no version 1 table for it: add the first release's DDL to schema-v1/%s.sql", e.s.Name(), e.s.Name())
+		v1 := e.past.V1
+		require.NotEmpty(t, v1, "store %s has an Upgrade(1) script: its test must give the first release's table in Past.V1", e.s.Name())
 		for _, st := range statements(store.Rename(v1, e.table)) {
 			e.raw(st)
 		}
@@ -190,7 +191,7 @@ func testSchema(t *testing.T, su *suite, name string) {
 		require.NoError(t, err)
 		require.Equal(t, 1, v, "Version of a version 1 table")
 		name := e.orderingIndex()
-		ok, err = e.s.Exists(e.ctx, e.db, name)
+		ok, err := e.s.Exists(e.ctx, e.db, name)
 		require.NoError(t, err)
 		require.True(t, ok, "version 1's ordering index is named %s", name)
 
@@ -261,15 +262,15 @@ func testSchema(t *testing.T, su *suite, name string) {
 	t.Run("UpgradeFromVersion2", func(t *testing.T) {
 		t.Parallel()
 		e := fresh(t, su)
-		v2, ok := versionTwo(e.s.Name())
+		v2 := e.past.V2
 		if e.s.Upgrade(2) == "" {
-			require.False(t, ok, "the suite has a version 2 table for %s, which has no Upgrade(2) script", e.s.Name())
+			require.Empty(t, v2, "the test of %s gives a version 2 table in Past.V2, but the store has no Upgrade(2) script", e.s.Name())
 			e.raw("CREATE TABLE " + e.qt + " (seq BIGINT PRIMARY KEY, id VARCHAR(64))")
 			require.Error(t, e.s.Migrate(e.ctx, e.db), "Migrate of a version 2 table where there is no upgrade from it")
 			t.Logf("%s has no version 2: checked that Migrate refuses", e.s.Name())
 			return
 		}
-		require.True(t, ok, "store %s has an Upgrade(2) script but the suite has no version 2 table for it: add it to schema-v2/%s.sql", e.s.Name(), e.s.Name())
+		require.NotEmpty(t, v2, "store %s has an Upgrade(2) script: its test must give version 2's table in Past.V2", e.s.Name())
 		for _, st := range statements(store.Rename(v2, e.table)) {
 			e.raw(st)
 		}
@@ -330,10 +331,7 @@ func testSchema(t *testing.T, su *suite, name string) {
 			named, ok := e.namedID(r.Seq)
 			assert.True(t, ok && named == o.ID, "version 2's ID %s is in named_id (%q)", o.ID, named)
 			assert.Equal(t, o.Key == o.ID, e.nulls(r.Seq)["idempotency_key"], "the key of %s is NULL exactly when it is the ID", o.ID)
-			if e.s.Name() != "sqlite" {
-				// SQLite has no MD5: its script keeps the old ID in id.
-				assert.Equal(t, hexOf(store.RowID(o.ID)), e.idColumn(r.Seq), "the id column of %s is store.RowID of the ID", o.ID)
-			}
+			assert.Equal(t, e.upgradedID(o.ID), e.idColumn(r.Seq), "the id column of %s after the upgrade (store.RowID of the ID, or Past.UpgradedID)", o.ID)
 		}
 		if h := e.get("a-1").Headers; assert.NotNil(t, h) {
 			assert.JSONEq(t, `{"trace":"t-1"}`, *h)
@@ -388,10 +386,11 @@ func testSchema(t *testing.T, su *suite, name string) {
 	t.Run("UpgradeConcurrently", func(t *testing.T) {
 		t.Parallel()
 		e := fresh(t, su)
-		v2, ok := versionTwo(e.s.Name())
-		if !ok || e.s.Upgrade(2) == "" {
+		v2 := e.past.V2
+		if e.s.Upgrade(2) == "" {
 			t.Skipf("%s has no version 2", e.s.Name())
 		}
+		require.NotEmpty(t, v2, "store %s has an Upgrade(2) script: its test must give version 2's table in Past.V2", e.s.Name())
 		for _, st := range statements(store.Rename(v2, e.table)) {
 			e.raw(st)
 		}
@@ -450,32 +449,6 @@ func testSchema(t *testing.T, su *suite, name string) {
 		require.NoError(t, err)
 		assert.True(t, ok, "the ordering index after relays built it at once")
 	})
-
-	if name == "postgres" {
-		// Exists: "a PostgreSQL index a failed concurrent build left
-		// invalid does not" exist, so that EnsureOrdering builds it again.
-		t.Run("InvalidIndexRebuilt", func(t *testing.T) {
-			t.Parallel()
-			e := setup(t, su)
-			require.EqualValues(t, 2, e.insert(now, agg("x-1", "acct", "1"), agg("x-2", "acct", "2")))
-			name := e.orderingIndex()
-			_, err := e.db.ExecContext(e.ctx, `CREATE UNIQUE INDEX CONCURRENTLY "`+name+`" ON `+e.qt+" (aggregate_type)")
-			require.Error(t, err, "a concurrent build that fails")
-			var left bool
-			require.NoError(t, e.db.QueryRowContext(e.ctx, `SELECT to_regclass('"`+name+`"') IS NOT NULL`).Scan(&left))
-			require.True(t, left, "the failed build left its index behind")
-			ok, err := e.s.Exists(e.ctx, e.db, name)
-			require.NoError(t, err)
-			assert.False(t, ok, "Exists of an invalid index")
-			require.NoError(t, e.s.EnsureOrdering(e.ctx, e.db))
-			ok, err = e.s.Exists(e.ctx, e.db, name)
-			require.NoError(t, err)
-			assert.True(t, ok, "Exists after EnsureOrdering rebuilt it")
-			var valid bool
-			require.NoError(t, e.db.QueryRowContext(e.ctx, `SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass('"`+name+`"')`).Scan(&valid))
-			assert.True(t, valid, "the rebuilt index is valid")
-		})
-	}
 }
 
 // existsAll asserts that every object Schema() creates exists.

@@ -4,7 +4,7 @@
 // own test opens its database and calls it:
 //
 //	func TestStore(t *testing.T) {
-//		storetest.Exercise(t, func(t *testing.T) (store.Store, *gorm.DB) { ... })
+//		storetest.Exercise(t, func(t *testing.T) storetest.DB { ... })
 //	}
 //
 // Every call goes through the store's typed methods, as the root package
@@ -13,7 +13,14 @@
 // that none called. Every time the suite writes goes through the store,
 // from a fixed UTC clock: no check depends on the database's clock. The
 // little SQL of the suite's own (rows as older versions wrote them,
-// columns read directly, counts) goes through the env's helpers.
+// columns read directly, counts) goes through the env's helpers, spelt as
+// the store's test says its database spells it (Dialect).
+//
+// The suite knows no database and asks no store's name: whatever differs
+// between databases (a placeholder, a time argument, the parameter limit,
+// the tables of earlier schema versions, the lock an upgrade holds) is in
+// the DB the store's test opens. Checks of one database alone live in
+// that store's own test.
 package storetest
 
 import (
@@ -36,10 +43,66 @@ import (
 )
 
 // Open returns a store on a fresh, empty database of its own (schema,
-// database or file), without the outbox table, closed when t ends, and
-// the GORM session on it (Check takes one). The suite runs Check itself,
-// as db.Use does.
-type Open func(t *testing.T) (store.Store, *gorm.DB)
+// database or file), without the outbox table, closed when t ends, the
+// GORM session on it (Check takes one), and what the suite must know of
+// the database. The suite runs Check itself, as db.Use does.
+type Open func(t *testing.T) DB
+
+// DB is what Open returns: a store on a fresh database and what the suite
+// must know of that database, which the store's own test says.
+type DB struct {
+	Store store.Store
+	Gorm  *gorm.DB
+	// Dialect is how the suite's own SQL is spelt on the database, and
+	// its parameter limit.
+	Dialect Dialect
+	// Past is the store's earlier schema versions, for a store with
+	// Upgrade scripts; the zero Past for one without.
+	Past Past
+}
+
+// Dialect is how SQL of the suite's own (rows as older versions wrote
+// them, columns read directly, counts) is spelt on a database, and the
+// database's own limit the store's limits must keep within. Every field
+// is required.
+type Dialect struct {
+	// Placeholder spells the n-th (1-based) parameter of a statement:
+	// "$1", "?".
+	Placeholder func(n int) string
+	// Time is a time as an argument, in the form the store writes its
+	// times: rows as older versions wrote them must read back the same.
+	Time func(time.Time) any
+	// IDHex is the SQL expression, over the table's columns, that reads
+	// the id column (a native UUID, text, or 16 bytes) as 32 lower-case
+	// hex digits.
+	IDHex string
+	// MaxParams is the database's own limit on a statement's parameters:
+	// the store's Limits().MaxParams must not exceed it.
+	MaxParams int
+}
+
+// Past is what a store's earlier schema versions were, for the upgrade
+// checks: a store whose Upgrade(v) is not "" must give the table version
+// v created, and one without Upgrade scripts gives nothing (the suite
+// then checks that Migrate refuses such a table).
+type Past struct {
+	// V1 and V2 are the DDL of the tables schema versions 1 and 2
+	// created, under the name store.DefaultTable (the suite renames it);
+	// V1 with version 1's ordering index, <table>_aggregate_idx, which
+	// relays with OrderByAggregate built. The shipped stores' are
+	// Shipped's.
+	V1, V2 string
+	// UpgradedID is what the id column reads (as Dialect.IDHex reads it)
+	// once the upgrade to version 3 has run, for a row version 2 wrote
+	// with the ID id; nil: store.RowID of the ID, as the upgrade scripts
+	// compute it where the database has MD5.
+	UpgradedID func(id string) string
+	// UpgradeLockHeld reports whether a session holds the lock the
+	// upgrade scripts of the table named table take for the session
+	// (store.SessionLock); nil where the lock is the transaction's
+	// (store.TxLock), which cannot outlive it.
+	UpgradeLockHeld func(ctx context.Context, db *sql.DB, table string) (bool, error)
+}
 
 // now is the suite's clock: a fixed UTC time, in microseconds, the
 // precision every database keeps.
@@ -58,12 +121,12 @@ type suite struct {
 func Exercise(t *testing.T, open Open) {
 	t.Helper()
 	su := &suite{open: open, calls: &calls{}}
-	s, _ := open(t)
+	s := open(t).Store
 	t.Logf("store %s (%T)", s.Name(), s)
 	// Cleanups run once every subtest, parallel ones included, has ended.
 	t.Cleanup(func() { checkCoverage(t, s, su.calls) })
 
-	t.Run("Schema", func(t *testing.T) { t.Parallel(); testSchema(t, su, s.Name()) })
+	t.Run("Schema", func(t *testing.T) { t.Parallel(); testSchema(t, su) })
 	t.Run("Writer", func(t *testing.T) { t.Parallel(); testWriter(t, su) })
 	t.Run("Claimer", func(t *testing.T) { t.Parallel(); testClaimer(t, su) })
 	t.Run("Admin", func(t *testing.T) { t.Parallel(); testAdmin(t, su) })
@@ -89,6 +152,7 @@ func Exercise(t *testing.T, open Open) {
 		{"Notifier", is[store.Notifier](s), testNotifier},
 		{"Logical", is[store.Logical](s), testLogical},
 		{"Replicas", is[store.Replicas](s), testReplicas},
+		{"Relays", is[store.Relays](s), testRelays},
 	} {
 		if !r.has {
 			t.Logf("%s implements no store.%s", s.Name(), r.name)
@@ -114,6 +178,8 @@ type env struct {
 	real  store.Store
 	db    *sql.DB
 	gdb   *gorm.DB
+	d     Dialect
+	past  Past
 	table string // the table's name
 	qt    string // quoted, as the schema writes it
 	// leases numbers the leases settle takes, so that no two are equal.
@@ -126,11 +192,16 @@ var tableRE = regexp.MustCompile("(?i)\\bCREATE\\s+TABLE\\s+(?:IF\\s+NOT\\s+EXIS
 // first.
 func fresh(t *testing.T, su *suite) *env {
 	t.Helper()
-	s, gdb := su.open(t)
-	db, err := gdb.DB()
+	o := su.open(t)
+	require.NotNil(t, o.Store, "Open returns the store")
+	require.NotNil(t, o.Gorm, "Open returns the GORM session")
+	d := o.Dialect
+	require.True(t, d.Placeholder != nil && d.Time != nil && d.IDHex != "" && d.MaxParams > 0,
+		"Open of %s returns its database's Dialect: every field is required", o.Store.Name())
+	db, err := o.Gorm.DB()
 	require.NoError(t, err)
-	e := &env{t: t, ctx: t.Context(), s: &recorder{real: s, calls: su.calls}, real: s, db: db, gdb: gdb}
-	require.NoError(t, e.s.Check(e.ctx, gdb, slog.New(slog.DiscardHandler)), "Check of the test's database")
+	e := &env{t: t, ctx: t.Context(), s: &recorder{real: o.Store, calls: su.calls}, real: o.Store, db: db, gdb: o.Gorm, d: d, past: o.Past}
+	require.NoError(t, e.s.Check(e.ctx, e.gdb, slog.New(slog.DiscardHandler)), "Check of the test's database")
 	m := tableRE.FindStringSubmatch(e.s.Schema())
 	require.NotNil(t, m, "the schema creates no table:\n%s", e.s.Schema())
 	e.table, e.qt = m[2], m[1]+m[2]+m[3]
@@ -146,29 +217,12 @@ func setup(t *testing.T, su *suite) *env {
 }
 
 // ph is the n-th (1-based) placeholder of SQL of the suite's own.
-func (e *env) ph(n int) string {
-	if e.real.Name() == "postgres" {
-		return fmt.Sprintf("$%d", n)
-	}
-	return "?"
-}
+func (e *env) ph(n int) string { return e.d.Placeholder(n) }
 
 // timeArg is a time as an argument of SQL of the suite's own, in the form
-// each store writes its times (the suite's knowledge, not the store's:
-// rows as older versions wrote them must read back the same).
-func (e *env) timeArg(t time.Time) any {
-	e.t.Helper()
-	switch e.real.Name() {
-	case "postgres":
-		return t
-	case "mysql":
-		return t.UTC().Format("2006-01-02 15:04:05.000000")
-	case "sqlite":
-		return t.UTC().Format("2006-01-02 15:04:05.999999999-07:00")
-	}
-	require.FailNow(e.t, "the suite does not know how "+e.real.Name()+" writes times: add it to timeArg")
-	return nil
-}
+// the store writes its times (rows as older versions wrote them must read
+// back the same).
+func (e *env) timeArg(t time.Time) any { return e.d.Time(t) }
 
 // raw runs SQL of the suite's own (placeholders spelt by ph) and returns
 // the rows it changed.
@@ -510,6 +564,15 @@ func (e *env) replay(f store.Filter, at time.Time, actor string) int {
 	e.t.Helper()
 	n, err := e.s.Replay(e.ctx, e.db, store.Replay{Filter: f, Now: func() time.Time { return at }, Actor: actor})
 	require.NoError(e.t, err, "Replay(%+v)", f)
+	return n
+}
+
+// retryNow runs RetryNow of f at the time at and returns how many it
+// made due.
+func (e *env) retryNow(f store.Filter, at time.Time, actor string) int {
+	e.t.Helper()
+	n, err := e.s.RetryNow(e.ctx, e.db, store.Replay{Filter: f, Now: func() time.Time { return at }, Actor: actor})
+	require.NoError(e.t, err, "RetryNow(%+v)", f)
 	return n
 }
 
