@@ -774,6 +774,7 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 		defer dropTable(t, fdb, want+"_rollup")
 		defer dropTable(t, fdb, want+"_rollup_state")
 		defer dropTable(t, fdb, want+"_attempts")
+		defer dropTable(t, fdb, want+"_relays")
 	}
 	switch {
 	case !valid:
@@ -791,11 +792,11 @@ func checkTableName(t *testing.T, fdb *fuzzDB, name string) {
 	}
 	tables := listTables(t, fdb)
 	// sqlite_sequence: SQLite's own, for the AUTOINCREMENT seq.
-	// The inbox table and the overview's rollup: db.Use creates them
-	// beside the outbox table, the rollup's named after it.
+	// The inbox table, the overview's rollup, the history and the relays:
+	// db.Use creates them beside the outbox table, named after it.
 	extra := slicesWithout(tables, "fuzz_sentinel", "sqlite_sequence", want, strings.ToLower(want), outbox.DefaultInboxTable,
 		want+"_rollup", strings.ToLower(want)+"_rollup", want+"_rollup_state", strings.ToLower(want)+"_rollup_state",
-		want+"_attempts", strings.ToLower(want)+"_attempts")
+		want+"_attempts", strings.ToLower(want)+"_attempts", want+"_relays", strings.ToLower(want)+"_relays")
 	require.Empty(t, extra, "%s: unexpected tables after %q", fdb.name, name)
 	var n int64
 	require.NoError(t, fdb.sqlDB.Raw("SELECT count(*) FROM fuzz_sentinel").Scan(&n).Error, "%s: the sentinel table is gone after %q", fdb.name, name)

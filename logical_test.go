@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/internal/pgtest"
 	pgstore "github.com/gorm-outbox/outbox/internal/store/postgres"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/internal/wal"
 	"github.com/jackc/pglogrepl"
 	"github.com/stretchr/testify/assert"
@@ -29,8 +30,9 @@ import (
 
 // Logical mode needs wal_level=logical, which the shared server does not
 // have (changing it needs a restart): these tests start their own cluster,
-// once per test binary. Under CI a missing PostgreSQL installation fails
-// them; elsewhere it skips them.
+// once per test binary: a long suite (about two minutes), in the full
+// tests or when -run names it. There a missing PostgreSQL installation
+// fails them (testenv.Strict); elsewhere it skips them.
 var logicalServer struct {
 	once sync.Once
 	s    *pgtest.Server
@@ -39,12 +41,13 @@ var logicalServer struct {
 
 func logicalDSN(t *testing.T) string {
 	t.Helper()
+	testenv.Long(t, "a PostgreSQL cluster of its own with wal_level=logical")
 	logicalServer.once.Do(func() {
 		logicalServer.s, logicalServer.err = pgtest.Start("wal_level=logical", "max_replication_slots=200",
 			"max_wal_senders=200", "max_connections=300", "wal_sender_timeout=60s")
 	})
 	if err := logicalServer.err; err != nil {
-		if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+		if errors.Is(err, pgtest.ErrNoBinaries) && !testenv.Strict() {
 			t.Skipf("Logical mode tests need a PostgreSQL installation: %v", err)
 		}
 		t.Fatalf("cannot start the test's own PostgreSQL with wal_level=logical: %v", err)

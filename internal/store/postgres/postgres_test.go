@@ -17,6 +17,7 @@ import (
 	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/gorm-outbox/outbox/internal/store/postgres"
 	"github.com/gorm-outbox/outbox/internal/store/storetest"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -169,14 +170,16 @@ var logical struct {
 }
 
 // TestSlots runs the Logical statements that need wal_level=logical on a
-// cluster of the test's own. Under CI a missing PostgreSQL installation
-// fails it; elsewhere it skips it.
+// cluster of the test's own, in the full tests or when -run names it.
+// There a missing PostgreSQL installation fails it (testenv.Strict);
+// elsewhere it skips it.
 func TestSlots(t *testing.T) {
+	testenv.Long(t, "a PostgreSQL cluster of its own with wal_level=logical")
 	logical.once.Do(func() {
 		logical.s, logical.err = pgtest.Start("wal_level=logical", "max_replication_slots=4", "max_wal_senders=4")
 	})
 	if err := logical.err; err != nil {
-		if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+		if errors.Is(err, pgtest.ErrNoBinaries) && !testenv.Strict() {
 			t.Skipf("the slot checks need a PostgreSQL installation: %v", err)
 		}
 		t.Fatalf("cannot start a PostgreSQL with wal_level=logical: %v", err)
