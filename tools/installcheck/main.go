@@ -1,35 +1,53 @@
 // Command installcheck proves that the repository's modules install the
-// way a user's `go get` installs them, before they are published.
+// way a user's `go get` installs them, before they are published, and that
+// a release's tags publish what they should.
 //
-//	cd tools/installcheck && go run . -root ../.. [-version v0.2.0] [-fix]
+//	cd tools/installcheck
+//	go run . -root ../.. [-version v0.2.0] [-fix]   # the working tree's directories
+//	go run . -root ../.. -ref HEAD                  # what a git revision holds
+//	go run . -root ../.. -tags -version v0.3.0      # what the release's tags would publish
+//	go run . -root ../.. -rehearse                  # a clone of HEAD, tagged as RELEASING.md says, checked as -tags
+//	go run . -root ../.. -plan -version v0.3.0      # print the release's commands (RELEASING.md)
 //
-// It builds a throwaway module proxy from the working tree (one zip per
-// published module, made by golang.org/x/mod/zip as the Go command's own
-// proxy protocol expects), then:
+// It builds a throwaway module proxy (one zip per published module, made
+// by golang.org/x/mod/zip as the Go command's own proxy protocol expects:
+// from the directories, from a git revision with -ref, or each module from
+// its own tag with -tags, as the Go module proxy makes them), then:
 //
-//  1. checks that every published module requires the core at the version
+//  1. with -tags: checks the tag set (tags.go): every published module has
+//     its tag (<dir>/<version>; the core: <version>), every requirement of
+//     one module of the repository on another is at the version being
+//     released, and the required module's tag is at the same commit or an
+//     earlier one (a module is tagged after what it requires);
+//  2. checks every zip (limits.go): no file over 512 KiB, no pictures, no
+//     zip over 2 MiB: what every user downloads stays small;
+//  3. checks that every published module requires the core at the version
 //     being released, with no replace directive, and that `go mod tidy`
 //     against the throwaway proxy changes nothing in its go.mod or go.sum
-//     (but the core's own go.sum lines, whose hash is the working tree's);
-//  2. in an empty module outside the repository, with GOWORK=off and
+//     (but the go.sum lines of the repository's modules, whose hashes are
+//     the throwaway proxy's);
+//  4. in an empty module outside the repository, with GOWORK=off and
 //     GOFLAGS=-mod=mod, runs `go get` of the core and every adapter at that
 //     version, builds a small program using all of them, and runs it
 //     against the PostgreSQL named by OUTBOX_TEST_POSTGRES_DSN: an event
 //     published in a transaction is delivered through the webhook adapter
 //     to a local HTTP server, its signature verified;
-//  3. installs the outbox command with `go install .../cmd/outbox@version`
+//  5. installs the outbox command with `go install .../cmd/outbox@version`
 //     and checks that `outbox version` reports that version.
+//
+// The modules it does not publish are listed in unpublished (modules.go);
+// every other go.mod in the repository is a published module.
 //
 // It exits non-zero, saying why, on any failure.
 package main
 
 import (
+	"archive/zip"
 	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io/fs"
 	"log"
 	"os"
 	"os/exec"
@@ -38,8 +56,8 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/mod/modfile"
 	"golang.org/x/mod/module"
+	"golang.org/x/mod/semver"
 	modzip "golang.org/x/mod/zip"
 )
 
@@ -50,42 +68,88 @@ var fix bool
 
 func main() {
 	root := flag.String("root", "../..", "the repository's root")
-	version := flag.String("version", "", "the version to publish (default: the one the adapters require)")
+	version := flag.String("version", "", "the version to publish (default: the one the modules require)")
 	keep := flag.Bool("keep", false, "keep the temporary proxy and consumer module")
+	ref := flag.String("ref", "", "zip the modules from this git revision instead of the working tree's directories")
+	tags := flag.Bool("tags", false, "zip each module from its release tag (<dir>/<version>; the core: <version>), checking the tag set first")
+	rehearse := flag.Bool("rehearse", false, "clone the repository's HEAD, tag it as RELEASING.md says and check it as -tags does")
+	plan := flag.Bool("plan", false, "print the release's commands for -version (bump, tag, check, push) and exit")
 	flag.BoolVar(&fix, "fix", false, "write what go mod tidy against the published modules gives back into each module's go.mod and go.sum (after a change of the core's dependencies), instead of failing")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("installcheck: ")
-	if err := run(*root, *version, *keep); err != nil {
+	var err error
+	switch {
+	case *plan:
+		err = printPlan(os.Stdout, *root, *version)
+	case *rehearse:
+		err = rehearseRelease(*root, *version, *keep)
+	default:
+		src := fromDir
+		if *ref != "" {
+			src = fromRef
+		}
+		if *tags {
+			if *ref != "" {
+				err = errors.New("-ref and -tags exclude each other")
+				break
+			}
+			src = fromTags
+		}
+		err = run(*root, *version, src, *ref, *keep)
+	}
+	if err != nil {
 		log.Fatal(err)
 	}
-	log.Print("ok")
+	if !*plan {
+		log.Print("ok")
+	}
 }
 
-// published is one module of the repository that users install.
-type published struct {
-	dir  string
-	path string
-	mod  *modfile.File
-}
+// zipSource is where the published modules' files come from.
+type zipSource int
 
-func run(root, version string, keep bool) error {
+const (
+	fromDir  zipSource = iota // the working tree's directories
+	fromRef                   // one git revision
+	fromTags                  // each module's own release tag
+)
+
+func run(root, version string, src zipSource, ref string, keep bool) error {
 	root, err := filepath.Abs(root)
 	if err != nil {
 		return err
 	}
-	mods, err := findModules(root)
+	var mods []published
+	switch src {
+	case fromDir:
+		mods, err = findModules(root, "")
+	case fromRef:
+		mods, err = findModules(root, ref)
+	case fromTags:
+		// The modules the repository has now must all be tagged.
+		mods, err = findModules(root, "HEAD")
+	}
 	if err != nil {
 		return err
 	}
 	if version == "" {
+		if src == fromTags {
+			return errors.New("-tags needs -version")
+		}
 		version, err = requiredCore(mods)
 		if err != nil {
 			return err
 		}
 	}
-	if !strings.HasPrefix(version, "v") {
-		return fmt.Errorf("version %q must start with v", version)
+	if !semver.IsValid(version) || semver.Canonical(version) != version {
+		return fmt.Errorf("version %q is not a canonical semantic version (v1.2.3)", version)
+	}
+	if src == fromTags {
+		if mods, err = checkTags(root, version, mods); err != nil {
+			return err
+		}
+		log.Printf("the tags of %d modules at %s are in place and in order", len(mods), version)
 	}
 	tmp, err := os.MkdirTemp("", "installcheck")
 	if err != nil {
@@ -97,64 +161,42 @@ func run(root, version string, keep bool) error {
 		defer os.RemoveAll(tmp)
 	}
 	proxy := filepath.Join(tmp, "proxy")
+	var zips []string
 	for _, m := range mods {
 		if err := checkRequires(m, version); err != nil {
 			return err
 		}
-		if err := addToProxy(proxy, m, version); err != nil {
+		zf, err := addToProxy(proxy, root, m, version)
+		if err != nil {
 			return fmt.Errorf("%s: %w", m.path, err)
 		}
+		zips = append(zips, zf)
+	}
+	var limits []error
+	for i, m := range mods {
+		size, err := checkZip(zips[i])
+		if err != nil {
+			limits = append(limits, fmt.Errorf("%s: %w", m.path, err))
+		}
+		log.Printf("%s@%s: %s (%s)", m.path, version, humanSize(size), m.origin())
+	}
+	if err := errors.Join(limits...); err != nil {
+		return err
 	}
 	log.Printf("proxy of %d modules at %s in %s", len(mods), version, proxy)
 	env := goEnv(proxy, tmp)
-	for _, m := range mods {
+	for i, m := range mods {
 		if m.path == corePath {
 			continue // its go.mod is checked by the repository's own CI
 		}
-		if err := checkTidy(env, tmp, m); err != nil {
+		if err := checkTidy(env, tmp, m, version, zips[i]); err != nil {
 			return fmt.Errorf("%s: %w", m.path, err)
 		}
 	}
 	return consumer(env, tmp, mods, version)
 }
 
-// findModules returns the core and the adapters: every go.mod under root
-// but the repository's own tooling and benchmark.
-func findModules(root string) ([]published, error) {
-	var mods []published
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			rel, _ := filepath.Rel(root, p)
-			if rel == "tools" || rel == "bench" || strings.HasPrefix(d.Name(), ".") && rel != "." || d.Name() == "testdata" {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if d.Name() != "go.mod" {
-			return nil
-		}
-		data, err := os.ReadFile(p)
-		if err != nil {
-			return err
-		}
-		f, err := modfile.Parse(p, data, nil)
-		if err != nil {
-			return err
-		}
-		mods = append(mods, published{dir: filepath.Dir(p), path: f.Module.Mod.Path, mod: f})
-		return nil
-	})
-	slices.SortFunc(mods, func(a, b published) int { return strings.Compare(a.path, b.path) })
-	if len(mods) == 0 || mods[0].path != corePath {
-		return nil, fmt.Errorf("no %s module under %s", corePath, root)
-	}
-	return mods, err
-}
-
-// requiredCore is the core version the adapters require; they must agree.
+// requiredCore is the core version the modules require; they must agree.
 func requiredCore(mods []published) (string, error) {
 	var v string
 	for _, m := range mods {
@@ -163,17 +205,20 @@ func requiredCore(mods []published) (string, error) {
 				continue
 			}
 			if v != "" && r.Mod.Version != v {
-				return "", fmt.Errorf("%s requires %s %s, another adapter %s", m.path, corePath, r.Mod.Version, v)
+				return "", fmt.Errorf("%s requires %s %s, another module %s", m.path, corePath, r.Mod.Version, v)
 			}
 			v = r.Mod.Version
 		}
 	}
 	if v == "" {
-		return "", errors.New("no adapter requires the core; pass -version")
+		return "", errors.New("no module requires the core; pass -version")
 	}
 	return v, nil
 }
 
+// checkRequires: no replace directive, and every requirement on a module
+// of the repository at the version being released (they are released
+// together).
 func checkRequires(m published, version string) error {
 	for _, r := range m.mod.Replace {
 		return fmt.Errorf("%s/go.mod replaces %s: a user's go get would ignore it (use go.work for local builds)", m.dir, r.Old.Path)
@@ -181,55 +226,65 @@ func checkRequires(m published, version string) error {
 	if m.path == corePath {
 		return nil
 	}
+	core := false
 	for _, r := range m.mod.Require {
-		if r.Mod.Path == corePath {
-			if r.Mod.Version != version {
-				return fmt.Errorf("%s requires %s %s, not the version being released, %s", m.path, corePath, r.Mod.Version, version)
-			}
-			return nil
+		if !inRepo(r.Mod.Path) {
+			continue
 		}
+		if r.Mod.Version != version {
+			return fmt.Errorf("%s requires %s %s, not the version being released, %s", m.path, r.Mod.Path, r.Mod.Version, version)
+		}
+		core = core || r.Mod.Path == corePath
 	}
-	return fmt.Errorf("%s does not require %s", m.path, corePath)
+	if !core {
+		return fmt.Errorf("%s does not require %s", m.path, corePath)
+	}
+	return nil
 }
 
-// addToProxy writes the module's files in the GOPROXY layout:
-// <path>/@v/{list,<v>.info,<v>.mod,<v>.zip}.
-func addToProxy(proxy string, m published, version string) error {
+// inRepo: the module path is the core's or one nested in it.
+func inRepo(path string) bool { return path == corePath || strings.HasPrefix(path, corePath+"/") }
+
+// addToProxy writes the module's files in the GOPROXY layout,
+// <path>/@v/{list,<v>.info,<v>.mod,<v>.zip}, and returns the zip's path.
+func addToProxy(proxy, root string, m published, version string) (string, error) {
 	esc, err := module.EscapePath(m.path)
 	if err != nil {
-		return err
+		return "", err
 	}
 	dir := filepath.Join(proxy, esc, "@v")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
+		return "", err
 	}
 	mv := module.Version{Path: m.path, Version: version}
-	zf, err := os.Create(filepath.Join(dir, version+".zip"))
+	zipPath := filepath.Join(dir, version+".zip")
+	zf, err := os.Create(zipPath)
 	if err != nil {
-		return err
+		return "", err
 	}
-	if err := modzip.CreateFromDir(zf, mv, m.dir); err != nil {
+	if m.rev == "" {
+		err = modzip.CreateFromDir(zf, mv, m.dir)
+	} else {
+		err = modzip.CreateFromVCS(zf, mv, root, m.rev, m.rel)
+	}
+	if err != nil {
 		zf.Close()
-		return fmt.Errorf("zip: %w", err)
+		return "", fmt.Errorf("zip: %w", err)
 	}
 	if err := zf.Close(); err != nil {
-		return err
-	}
-	gomod, err := os.ReadFile(filepath.Join(m.dir, "go.mod"))
-	if err != nil {
-		return err
+		return "", err
 	}
 	info, _ := json.Marshal(map[string]any{"Version": version, "Time": time.Now().UTC().Format(time.RFC3339)})
 	for name, data := range map[string][]byte{
 		"list":            []byte(version + "\n"),
 		version + ".info": info,
-		version + ".mod":  gomod,
+		version + ".mod":  m.gomod,
 	} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
-			return err
+			return "", err
 		}
 	}
-	return nil
+	return zipPath, nil
 }
 
 // goEnv is the environment of a user's go command, with the throwaway
@@ -248,10 +303,12 @@ func goEnv(proxy, tmp string) []string {
 	// A module cache of its own: a shared one may hold an earlier build of
 	// this same unpublished version, which would shadow the proxy. The
 	// shared cache's downloads still serve the third-party modules.
+	// -trimpath: the same code built from another directory (this run's
+	// own module cache) still hits the shared build cache.
 	shared := strings.TrimSpace(output(exec.Command("go", "env", "GOMODCACHE")))
 	return append(env,
 		"GOWORK=off",
-		"GOFLAGS=-mod=mod -modcacherw",
+		"GOFLAGS=-mod=mod -modcacherw -trimpath",
 		"GOMODCACHE="+filepath.Join(tmp, "modcache"),
 		"GOPROXY=file://"+filepath.ToSlash(proxy)+",file://"+filepath.ToSlash(filepath.Join(shared, "cache", "download"))+","+upstream,
 		"GONOSUMDB="+corePath,
@@ -275,46 +332,50 @@ func gocmd(env []string, dir string, args ...string) error {
 	return nil
 }
 
-// checkTidy copies the module and runs go mod tidy on the copy against the
-// proxy: go.mod must not change, nor go.sum but for the core's lines.
-func checkTidy(env []string, tmp string, m published) error {
-	cp := filepath.Join(tmp, "tidy", filepath.Base(m.dir))
-	if err := os.CopyFS(cp, os.DirFS(m.dir)); err != nil {
+// checkTidy unzips the module as published and runs go mod tidy on it
+// against the proxy: go.mod must not change, nor go.sum but for the lines
+// of the repository's modules.
+func checkTidy(env []string, tmp string, m published, version, zipPath string) error {
+	cp := filepath.Join(tmp, "tidy", strings.ReplaceAll(m.path, "/", "_"))
+	if err := modzip.Unzip(cp, module.Version{Path: m.path, Version: version}, zipPath); err != nil {
 		return err
+	}
+	want := map[string][]byte{}
+	for _, name := range []string{"go.mod", "go.sum"} {
+		want[name], _ = os.ReadFile(filepath.Join(cp, name))
 	}
 	if err := gocmd(env, cp, "mod", "tidy"); err != nil {
 		return err
 	}
 	for _, name := range []string{"go.mod", "go.sum"} {
-		want, _ := os.ReadFile(filepath.Join(m.dir, name))
+		w := want[name]
 		got, _ := os.ReadFile(filepath.Join(cp, name))
 		if name == "go.sum" {
-			want, got = withoutCore(want), withoutCore(got)
+			w, got = withoutRepo(w), withoutRepo(got)
 		}
-		if !bytes.Equal(want, got) {
-			if fix {
-				// The core's go.sum lines are left out: their hash is the
-				// throwaway proxy's.
-				if err := os.WriteFile(filepath.Join(m.dir, name), got, 0o644); err != nil {
-					return err
-				}
-				log.Printf("fixed %s/%s", m.dir, name)
-				continue
+		if bytes.Equal(w, got) {
+			continue
+		}
+		if fix && m.rev == "" {
+			// The repository's go.sum lines are left out: their hash is the
+			// throwaway proxy's.
+			if err := os.WriteFile(filepath.Join(m.dir, name), got, 0o644); err != nil {
+				return err
 			}
-			return fmt.Errorf("go mod tidy against the published modules changes %s/%s:\n%s", m.dir, name, got)
+			log.Printf("fixed %s/%s", m.dir, name)
+			continue
 		}
+		return fmt.Errorf("go mod tidy against the published modules changes %s/%s:\n%s", m.dir, name, got)
 	}
 	return nil
 }
 
-// withoutCore drops the go.sum lines of the core and the other modules of
-// the repository: their hash is the working tree's, known only once the
+// withoutRepo drops the go.sum lines of the core and the other modules of
+// the repository: their hash is the throwaway proxy's, known only once the
 // version is published.
-func withoutCore(sum []byte) []byte {
+func withoutRepo(sum []byte) []byte {
 	var b bytes.Buffer
 	for _, line := range strings.SplitAfter(string(sum), "\n") {
-		// The core and every module of the repository (the command
-		// requires the dashboard): their hashes are the throwaway proxy's.
 		if !strings.HasPrefix(line, corePath+" ") && !strings.HasPrefix(line, corePath+"/") {
 			b.WriteString(line)
 		}
@@ -322,142 +383,30 @@ func withoutCore(sum []byte) []byte {
 	return b.Bytes()
 }
 
-const consumerMain = `package main
-
-import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
-	"io"
-	"log"
-	"net/http"
-	"net/http/httptest"
-	"os"
-	"time"
-
-	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/adapters/kafka"
-	"github.com/gorm-outbox/outbox/adapters/nats"
-	"github.com/gorm-outbox/outbox/adapters/rabbitmq"
-	"github.com/gorm-outbox/outbox/adapters/redis"
-	"github.com/gorm-outbox/outbox/adapters/webhook"
-	"gorm.io/driver/postgres"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
-)
-
-// Every adapter is linked in; the webhook one delivers for real.
-var _ = []any{kafka.New, nats.New, rabbitmq.New, redis.New}
-
-func main() {
-	db, err := gorm.Open(postgres.Open(os.Getenv("OUTBOX_TEST_POSTGRES_DSN")), &gorm.Config{Logger: logger.Discard})
+// zipFiles lists a zip's files and their uncompressed sizes.
+func zipFiles(path string) (map[string]int64, int64, error) {
+	r, err := zip.OpenReader(path)
 	if err != nil {
-		log.Fatal(err)
+		return nil, 0, err
 	}
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	table := "installcheck_" + hex.EncodeToString(b)
-	defer db.Exec("DROP TABLE IF EXISTS " + table)
-	ob := outbox.Plugin(outbox.Config{Table: table})
-	if err := db.Use(ob); err != nil {
-		log.Fatal(err)
+	defer r.Close()
+	files := map[string]int64{}
+	for _, f := range r.File {
+		files[f.Name] = int64(f.UncompressedSize64)
 	}
-	secret := []byte("installcheck")
-	got := make(chan string, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		if err := webhook.Verify(secret, r.Header, body, time.Minute); err != nil {
-			http.Error(w, err.Error(), http.StatusUnauthorized)
-			return
-		}
-		got <- string(body)
-	}))
-	defer srv.Close()
-	sender, err := webhook.New(srv.URL, secret, webhook.Config{})
+	st, err := os.Stat(path)
 	if err != nil {
-		log.Fatal(err)
+		return nil, 0, err
 	}
-	ob.Handle("installed", sender.Handler())
-	if err := db.Transaction(func(tx *gorm.DB) error {
-		return outbox.Publish(tx, outbox.Event{ID: "e1", Type: "installed", Payload: map[string]string{"hello": "world"}})
-	}); err != nil {
-		log.Fatal(err)
-	}
-	relay, err := ob.Relay(db, outbox.RelayConfig{})
-	if err != nil {
-		log.Fatalf("relay: %v", err)
-	}
-	n, err := relay.ProcessOnce(context.Background())
-	if err != nil || n != 1 {
-		log.Fatalf("relay: %d events, %v", n, err)
-	}
-	select {
-	case body := <-got:
-		fmt.Println("delivered:", body)
-	case <-time.After(10 * time.Second):
-		log.Fatal("nothing delivered")
-	}
-}
-`
-
-// consumer installs the modules into an empty module, builds a program on
-// them and runs it.
-func consumer(env []string, tmp string, mods []published, version string) error {
-	if os.Getenv("OUTBOX_TEST_POSTGRES_DSN") == "" {
-		return errors.New("OUTBOX_TEST_POSTGRES_DSN is not set: the installed program needs PostgreSQL")
-	}
-	dir := filepath.Join(tmp, "consumer")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	goVersion := strings.TrimPrefix(strings.TrimSpace(output(exec.Command("go", "env", "GOVERSION"))), "go")
-	if err := os.WriteFile(filepath.Join(dir, "go.mod"), []byte("module example.com/consumer\n\ngo "+goVersion+"\n"), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "main.go"), []byte(consumerMain), 0o644); err != nil {
-		return err
-	}
-	get := []string{"get"}
-	for _, m := range mods {
-		get = append(get, m.path+"@"+version)
-	}
-	get = append(get, "gorm.io/driver/postgres@v1.6.3")
-	for _, args := range [][]string{get, {"mod", "tidy"}, {"build", "-o", "consumer", "."}} {
-		if err := gocmd(env, dir, args...); err != nil {
-			return err
-		}
-	}
-	log.Printf("installed %d modules at %s with go get", len(mods), version)
-	cmd := exec.Command(filepath.Join(dir, "consumer"))
-	cmd.Env = os.Environ()
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("the installed program failed: %w\n%s", err, out)
-	}
-	log.Printf("the installed program ran: %s", strings.TrimSpace(string(out)))
-	return installCommand(env, tmp, dir, mods, version)
+	return files, st.Size(), nil
 }
 
-// installCommand installs the outbox command as its README says, go
-// install .../cmd/outbox@version, and runs its version subcommand, which
-// must report the version installed.
-func installCommand(env []string, tmp, dir string, mods []published, version string) error {
-	const cmdPath = corePath + "/cmd/outbox"
-	if !slices.ContainsFunc(mods, func(m published) bool { return m.path == cmdPath }) {
-		return nil
+func humanSize(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%d KiB", n>>10)
 	}
-	bin := filepath.Join(tmp, "bin")
-	if err := gocmd(append(env, "GOBIN="+bin), dir, "install", cmdPath+"@"+version); err != nil {
-		return err
-	}
-	out, err := exec.Command(filepath.Join(bin, "outbox"), "version").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("the installed outbox command failed: %w\n%s", err, out)
-	}
-	if want := "outbox " + version + " (core " + version + ","; !strings.HasPrefix(string(out), want) {
-		return fmt.Errorf("outbox version printed %q, want it to start with %q", out, want)
-	}
-	log.Printf("go install %s@%s: %s", cmdPath, version, strings.TrimSpace(string(out)))
-	return nil
+	return fmt.Sprintf("%d B", n)
 }
