@@ -78,6 +78,7 @@ func envInt(t testing.TB, name string, def int) int {
 //     child's sessions have left the server, and there are at most
 //     BatchSize of them per kill.
 func TestCrashRecovery(t *testing.T) {
+	long(t, "SIGKILLs relays in child processes, round after round")
 	t.Parallel()
 	forEachServer(t, testCrashRecovery)
 }
@@ -272,7 +273,7 @@ func (c *crashChild) output() string {
 func startCrashChild(t *testing.T, s server, db *gorm.DB, dsn string, round int) *crashChild {
 	t.Helper()
 	tag := fmt.Sprintf("outbox-crash-%s-%d", randomHex(4), round)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=10m")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", childTimeout(t))
 	cmd.Env = append(os.Environ(),
 		childRoleEnv+"=crash", crashServerEnv+"="+s.name, crashDSNEnv+"="+s.tagged(t, db, dsn, tag),
 		crashRoundEnv+"="+strconv.Itoa(round),
@@ -309,7 +310,7 @@ func (c *crashChild) waitReady(t *testing.T) {
 	t.Helper()
 	select {
 	case <-c.ready:
-	case <-time.After(60 * time.Second):
+	case <-time.After(bound(t, 60*time.Second)):
 		_ = c.cmd.Process.Kill()
 		t.Fatalf("child did not get ready:\n%s", c.output())
 	}

@@ -28,6 +28,7 @@ import (
 // lost together with its row. The random-kill rig (TestPostgresFailover)
 // shows the same in the wild, rarely; this shows the mechanism every time.
 func TestWaitReplicasPhantom(t *testing.T) {
+	long(t, "a primary and a standby of its own, failed over")
 	t.Parallel()
 	for _, await := range []bool{false, true} {
 		t.Run(fmt.Sprintf("await=%v", await), func(t *testing.T) {
@@ -46,7 +47,12 @@ func TestWaitReplicasPhantom(t *testing.T) {
 				delivered = append(delivered, e.ID)
 				return nil
 			})
-			cfg := outbox.RelayConfig{StatementTimeout: 300 * time.Millisecond}
+			// StatementTimeout bounds the wait for the standby (and every
+			// statement of the relay): short, so that the awaiting relay
+			// gives up on the frozen standby soon (each wait lasts all of
+			// it), but not so short that a claim on a busy machine times
+			// out (300 ms did).
+			cfg := outbox.RelayConfig{StatementTimeout: min(byLoad(2*time.Second), 10*time.Second)}
 			if await {
 				cfg.WaitReplicas = 1
 			}

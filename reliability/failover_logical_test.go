@@ -77,6 +77,7 @@ func lfoConfig(l *timedLog) outbox.Config {
 // OUTBOX_LOGICAL_FAILOVER_ROUNDS failovers per variant (default 2), the
 // kill moments drawn from OUTBOX_FAILOVER_SEED.
 func TestLogicalFailover(t *testing.T) {
+	long(t, "primaries and standbys of its own, failed over under load")
 	t.Parallel()
 	rounds := envInt(t, logicalFailoverRoundsEnv, 2)
 	seed := uint64(envInt(t, failoverSeedEnv, int(rand.Int32())))

@@ -27,19 +27,19 @@ const (
 	failoverPoll  = 500 * time.Millisecond // RelayConfig's default
 	failoverLoad  = 50                     // commits between two failovers before the kill moment is drawn
 
-	// claimSlack bounds how long after its lease expired (or the relay
-	// resumed, whichever is later) a claim the dead primary handed to the
-	// new one may wait: a poll, and room for a slow machine.
-	claimSlack = failoverPoll + time.Second
-
-	// sweepBound bounds, with asynchronous replication, how long after its
-	// lease a row the new primary still has open waits when the relay's
-	// watermark (internal/engine/watermark.go), learnt on the old primary,
-	// has passed it: until the next sweep, every engine.SweepEvery (30s).
-	sweepBound = 30*time.Second + claimSlack
-
 	foRelayApp = "outbox-fo-relay" // the relay's application_name
 )
+
+// claimSlack bounds how long after its lease expired (or the relay resumed,
+// whichever is later) a claim the dead primary handed to the new one may
+// wait: a poll, and a second of room, times the machine's load.
+func claimSlack() time.Duration { return failoverPoll + byLoad(time.Second) }
+
+// sweepBound bounds, with asynchronous replication, how long after its
+// lease a row the new primary still has open waits when the relay's
+// watermark (internal/engine/watermark.go), learnt on the old primary, has
+// passed it: until the next sweep, every engine.SweepEvery (30s).
+func sweepBound() time.Duration { return 30*time.Second + claimSlack() }
 
 func failoverRelayConfig() outbox.RelayConfig {
 	return outbox.RelayConfig{
@@ -82,6 +82,7 @@ func failoverRelayConfig() outbox.RelayConfig {
 // the old primary, can pass rows the new primary still has open; they wait
 // for its sweep (engine.SweepEvery): bounded by sweepBound and reported.
 func TestPostgresFailover(t *testing.T) {
+	long(t, "primaries and standbys of its own, failed over under load")
 	t.Parallel()
 	rounds := envInt(t, failoverRoundsEnv, 2)
 	seed := uint64(envInt(t, failoverSeedEnv, int(rand.Int32())))
@@ -325,12 +326,12 @@ func testFailover(t *testing.T, syncRep, await bool, rounds int, seed uint64) {
 				due = r.resumedAt
 			}
 			if syncRep {
-				assert.LessOrEqual(t, at.Sub(due), claimSlack, "failover %d: claim %s waited %v past its lease and the relay's return", i+1, c.id, at.Sub(due))
+				assert.LessOrEqual(t, at.Sub(due), claimSlack(), "failover %d: claim %s waited %v past its lease and the relay's return", i+1, c.id, at.Sub(due))
 			} else {
 				// Known: a row whose mark the new primary lost waits for the
 				// watermark's sweep (see sweepBound); reported, bounded.
-				assert.LessOrEqual(t, at.Sub(due), sweepBound, "failover %d: claim %s waited %v past its lease and the relay's return", i+1, c.id, at.Sub(due))
-				if at.Sub(due) > claimSlack {
+				assert.LessOrEqual(t, at.Sub(due), sweepBound(), "failover %d: claim %s waited %v past its lease and the relay's return", i+1, c.id, at.Sub(due))
+				if at.Sub(due) > claimSlack() {
 					sweptLate++
 				}
 			}
@@ -369,11 +370,13 @@ func testFailover(t *testing.T, syncRep, await bool, rounds int, seed uint64) {
 		pushMax = append(pushMax, lat[len(lat)-1].Round(time.Millisecond))
 		// With the writer's NOTIFY off (the relay polls) the medians were
 		// 0.3-0.9s; with LISTEN attached, 1-5ms, up to 80ms on a loaded
-		// machine.
+		// machine, 360ms on one loaded 14 times over its CPUs: there the
+		// bound grows with the load (and the log's "listening for
+		// notifications again", checked above, still says LISTEN is back).
 		// With asynchronous replication rows the watermark passed on the
 		// old primary wait for its sweep (sweepBound): reported only.
 		if syncRep {
-			assert.Less(t, p50, failoverPoll/2, "window %d: the median push latency is %v: the relay polls, LISTEN is not back", i, p50)
+			assert.Less(t, p50, byLoad(failoverPoll/2), "window %d: the median push latency is %v: the relay polls, LISTEN is not back", i, p50)
 		}
 	}
 

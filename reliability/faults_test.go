@@ -137,7 +137,7 @@ func waitResult(t *testing.T, ch <-chan processResult) processResult {
 	select {
 	case res := <-ch:
 		return res
-	case <-time.After(60 * time.Second):
+	case <-time.After(bound(t, 60*time.Second)):
 		t.Fatal("ProcessOnce did not return after the connection was cut")
 	}
 	return processResult{}
@@ -170,6 +170,7 @@ func (e *faultEnv) checkDelivered(t *testing.T, ids []string) (dups int) {
 // (MySQL rolls its transaction back when the connection drops). Either way
 // every event is delivered exactly once.
 func TestFaultCutMidClaim(t *testing.T) {
+	long(t, "cuts connections through a proxy and waits out leases")
 	t.Parallel()
 	forEachServer(t, func(t *testing.T, s server) {
 		for _, tc := range []struct {
@@ -228,6 +229,7 @@ func TestFaultCutMidClaim(t *testing.T) {
 // the batch is delivered again (at least once), and the redundant deliveries
 // are at most one batch.
 func TestFaultCutMidDelivery(t *testing.T) {
+	long(t, "cuts connections through a proxy and waits out leases")
 	t.Parallel()
 	forEachServer(t, testFaultCutMidDelivery)
 }
@@ -275,6 +277,7 @@ func testFaultCutMidDelivery(t *testing.T, s server) {
 // lost), once before the mark reached the server. The first costs nothing;
 // the second redelivers at most the batch.
 func TestFaultCutMidMark(t *testing.T) {
+	long(t, "cuts connections through a proxy and waits out leases")
 	t.Parallel()
 	forEachServer(t, testFaultCutMidMark)
 }
@@ -428,7 +431,7 @@ func runThroughOutages(t *testing.T, e *faultEnv, n int, outage func(i int)) out
 	select {
 	case err := <-runDone:
 		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(bound(t, 30*time.Second)):
 		t.Fatal("Run did not return after cancel")
 	}
 
@@ -459,6 +462,7 @@ const maxAttemptsPerOutage = 40
 // relay and refuses new ones for 1.5 s, twice, while events keep being
 // committed.
 func TestRelayRunSurvivesConnectionOutages(t *testing.T) {
+	long(t, "connection outages under a running relay")
 	t.Parallel()
 	forEachServer(t, testRelayRunSurvivesConnectionOutages)
 }

@@ -36,6 +36,7 @@ func postgresDSN(t testing.TB) string {
 	t.Helper()
 	dsn := os.Getenv(postgresDSNEnv)
 	if dsn == "" {
+		noteSkip(postgresDSNEnv+" is not set", t.Name())
 		t.Skipf("%s is not set; set it (e.g. postgres://postgres@127.0.0.1:5432/test?sslmode=disable) to run the PostgreSQL reliability tests", postgresDSNEnv)
 	}
 	db := openGorm(t, postgres.Open(dsn))
@@ -270,10 +271,11 @@ func drain(t testing.TB, db *gorm.DB, table string, r *outbox.Relay, timeout tim
 }
 
 // eventually polls cond in the test's goroutine until it returns nil, and
-// fails the test with cond's last error after timeout.
+// fails the test with cond's last error after timeout, scaled by the
+// machine's slowdown (bound).
 func eventually(t testing.TB, timeout time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
+	start := time.Now()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -281,8 +283,8 @@ func eventually(t testing.TB, timeout time.Duration, cond func() error) {
 		if err == nil {
 			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", timeout, err)
+		if limit := bound(t, timeout); time.Since(start) > limit {
+			t.Fatalf("condition not met within %v (%v, slowdown %.1f): %v", limit.Round(time.Millisecond), timeout, slowdown(), err)
 		}
 		<-tick.C
 	}

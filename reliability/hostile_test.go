@@ -101,7 +101,7 @@ func testHostileHandlers(t *testing.T, db *gorm.DB) {
 	select {
 	case err := <-done:
 		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(bound(t, 30*time.Second)):
 		t.Fatal("Run did not return after cancel")
 	}
 

@@ -50,6 +50,7 @@ var errInboxHandler = errors.New("the handler fails on purpose")
 // every message's effect must exist exactly once, its inbox record once,
 // and its onward event once.
 func TestInboxCrash(t *testing.T) {
+	long(t, "SIGKILLs consumers in child processes, round after round")
 	t.Parallel()
 	forEachServer(t, testInboxCrash)
 }
@@ -99,7 +100,7 @@ func testInboxCrash(t *testing.T, s server) {
 func startInboxChild(t *testing.T, s server, db *gorm.DB, dsn string, round int, last bool) *crashChild {
 	t.Helper()
 	tag := fmt.Sprintf("outbox-inbox-%s-%d", randomHex(4), round)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestInboxCrashChild$", "-test.count=1", "-test.timeout=10m")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestInboxCrashChild$", "-test.count=1", childTimeout(t))
 	multi := "0"
 	if round%2 == 1 {
 		multi = "1"
@@ -125,7 +126,7 @@ func (c *crashChild) waitExit(t *testing.T, timeout time.Duration) {
 	case err := <-done:
 		_ = c.stdin.Close()
 		require.NoError(t, err, "the last child failed:\n%s", c.output())
-	case <-time.After(timeout):
+	case <-time.After(bound(t, timeout)):
 		_ = c.cmd.Process.Kill()
 		t.Fatalf("the last child did not finish in %v:\n%s", timeout, c.output())
 	}

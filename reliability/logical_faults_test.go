@@ -28,6 +28,7 @@ import (
 // written on a connection pgconn was closing from its own goroutine (fixed
 // in 047674b).
 func TestLogicalRelaySurvivesConnectionCuts(t *testing.T) {
+	long(t, "a cluster of its own, connections cut under load")
 	t.Parallel()
 	_, dsn := logicalCluster(t)
 	direct := openGorm(t, postgres.Open(dsn))
@@ -70,7 +71,7 @@ func TestLogicalRelaySurvivesConnectionCuts(t *testing.T) {
 	select {
 	case err := <-done:
 		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(bound(t, 30*time.Second)):
 		t.Fatal("Run did not return after its context was cancelled")
 	}
 	t.Logf("LOGICAL-CUT-RESULT cuts=%d committed_txns=%d events=%d delivered=%d lost=%d phantom=%d duplicated=%d",
@@ -88,6 +89,7 @@ func TestLogicalRelaySurvivesConnectionCuts(t *testing.T) {
 // deliveries are reported (after the immediate shutdown they are bounded by
 // the WAL since the last checkpoint, not by a batch).
 func TestLogicalRelaySurvivesPostgresRestarts(t *testing.T) {
+	long(t, "a cluster of its own, restarted under load")
 	t.Parallel()
 	srv, dsn := logicalCluster(t)
 	const tag = "outbox-restart-relay"
@@ -169,7 +171,7 @@ func TestLogicalRelaySurvivesPostgresRestarts(t *testing.T) {
 	select {
 	case err := <-runErr:
 		require.NoError(t, err)
-	case <-time.After(30 * time.Second):
+	case <-time.After(bound(t, 30*time.Second)):
 		t.Fatal("Run did not return after its context was cancelled")
 	}
 	t.Logf("LOGICAL-RESTART-RESULT restarts=%d (fast, immediate) resumed_after=%v committed_txns=%d events=%d delivered=%d lost=%d phantom=%d duplicated=%d stream_broke_logs=%d",

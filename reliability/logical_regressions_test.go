@@ -30,6 +30,7 @@ import (
 // wal_sender_timeout at 5 s, under a steady writer. The relay must stream
 // again and deliver within 60 s.
 func TestLogicalRelayRecoversFromSilentlyDeadStream(t *testing.T) {
+	long(t, "a cluster of its own, a stream partitioned")
 	t.Parallel()
 	_, dsn := logicalCluster(t, "wal_sender_timeout=5s")
 	direct := openGorm(t, postgres.Open(dsn))
@@ -94,6 +95,7 @@ func TestLogicalRelayRecoversFromSilentlyDeadStream(t *testing.T) {
 // the dispatcher finishes after the break, which a kill would not. Before
 // the fix the buffer of up to 64 transactions was delivered too: 85.
 func TestLogicalBrokenStreamRedeliversBufferedTransactions(t *testing.T) {
+	long(t, "a cluster of its own, a stream broken")
 	_, dsn := logicalCluster(t)
 	direct := openGorm(t, postgres.Open(dsn))
 	p := newFaultProxy(t, parseURLDSN(t, dsn).Host)

@@ -52,7 +52,8 @@ func logicalCluster(t *testing.T, settings ...string) (*pgtest.Server, string) {
 	t.Helper()
 	s, err := pgtest.Start(append([]string{"wal_level=logical", "max_replication_slots=10", "max_wal_senders=10"}, settings...)...)
 	if err != nil {
-		if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+		if errors.Is(err, pgtest.ErrNoBinaries) && !strict() {
+			noteSkip("no PostgreSQL server binaries", t.Name())
 			t.Skipf("the Logical mode reliability tests need a PostgreSQL installation: %v", err)
 		}
 		t.Fatalf("cannot start a PostgreSQL cluster with wal_level=logical: %v", err)
@@ -172,7 +173,7 @@ func writeOrder(db *gorm.DB, id string, seq, round int, rollback bool) error {
 // run, with env added.
 func startLogicalChild(t *testing.T, tag, run string, env ...string) *crashChild {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1", "-test.timeout=10m")
+	cmd := exec.Command(os.Args[0], "-test.run=^"+run+"$", "-test.count=1", childTimeout(t))
 	cmd.Env = append(append(os.Environ(), env...), "GORACE=halt_on_error=1")
 	c := &crashChild{tag: tag, cmd: cmd, ready: make(chan struct{})}
 	cmd.Stderr = c
@@ -330,6 +331,7 @@ func leasedRows(t testing.TB, db *gorm.DB, table string, seen map[string]bool) m
 //     and all the events delivered again at most maxUnconfirmed plus a
 //     batch the table's relay had claimed.
 func TestLogicalCrashRecovery(t *testing.T) {
+	long(t, "a cluster of its own, relays SIGKILLed round after round")
 	t.Parallel()
 	_, dsn := logicalCluster(t)
 	rounds := envInt(t, logicalRoundsEnv, 8)

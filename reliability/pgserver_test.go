@@ -2,7 +2,6 @@ package reliability
 
 import (
 	"errors"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -21,7 +20,8 @@ type pgServer struct{ *pgtest.Server }
 func startOwnedPostgres(t *testing.T) *pgServer {
 	t.Helper()
 	s, err := pgtest.Start()
-	if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+	if errors.Is(err, pgtest.ErrNoBinaries) && !strict() {
+		noteSkip("no PostgreSQL server binaries", t.Name())
 		t.Skipf("%v", err)
 	}
 	require.NoError(t, err)
@@ -54,6 +54,7 @@ func (s *pgServer) stop(t *testing.T, sig syscall.Signal) {
 // counts its connection attempts) must not exit, must not spin, must log
 // each outage once, and must deliver every committed event.
 func TestRelayRunSurvivesPostgresRestarts(t *testing.T) {
+	long(t, "a PostgreSQL of its own, restarted under a running relay")
 	t.Parallel()
 	srv := startOwnedPostgres(t)
 	e := newFaultEnvDSN(t, postgresServer(), srv.dsn(), 0)

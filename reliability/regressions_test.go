@@ -125,7 +125,7 @@ func TestTableNamesAreCreatedOrRefused(t *testing.T) {
 						assert.ErrorIs(t, err, outbox.ErrInvalidConfig, "a name Config.Table documents as valid failed in the database")
 						return
 					}
-					require.NoError(t, outbox.Publish(db, outbox.Event{Type: "x"}), "publish into %q", name)
+					require.NoError(t, outbox.PublishAlone(db, outbox.Event{Type: "x"}), "publish into %q", name)
 					ob.Handle("x", func(context.Context, outbox.Event) error { return nil })
 					n, err := outboxtest.Relay(t, ob, db, outbox.RelayConfig{}).ProcessOnce(context.Background())
 					require.NoError(t, err)
@@ -145,6 +145,7 @@ func TestTableNamesAreCreatedOrRefused(t *testing.T) {
 // RelayConfig.StatementTimeout (at most the lease) now bounds it. Runs on
 // each server.
 func TestRelayRecoversFromSilentlyDeadConnection(t *testing.T) {
+	long(t, "a partitioned connection, waited out")
 	t.Parallel()
 	forEachServer(t, testRelayRecoversFromSilentlyDeadConnection)
 }

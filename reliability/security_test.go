@@ -92,7 +92,7 @@ func testNoPayloadInLogsOrErrors(t *testing.T, b backend) {
 	errs = append(errs, ddb.Transaction(func(tx *gorm.DB) error {
 		return outbox.Publish(tx, outbox.Event{Type: "x", Payload: payload, Headers: headers})
 	}))
-	errs = append(errs, outbox.Publish(ddb, outbox.Event{Type: "x", Payload: payload},
+	errs = append(errs, outbox.PublishAlone(ddb, outbox.Event{Type: "x", Payload: payload},
 		outbox.Event{Type: "y", Payload: payload}))
 	if b.name == "postgres" {
 		// jsonb refuses a lone surrogate escape, and PostgreSQL's error
@@ -114,7 +114,7 @@ func testNoPayloadInLogsOrErrors(t *testing.T, b backend) {
 		{Type: "x", Headers: map[string]string{"authorization": marker + "\x00"}},
 		{Type: "x", Headers: map[string]string{"authorization": big[:70000]}},
 	} {
-		err := outbox.Publish(db, e)
+		err := outbox.PublishAlone(db, e)
 		require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 		errs = append(errs, err)
 	}
@@ -224,7 +224,7 @@ func testUserStringsAreData(t *testing.T, db *gorm.DB) {
 	assert.Equal(t, map[outbox.Status]int64{outbox.StatusSent: int64(len(want))}, c)
 
 	// Replay with SQL-looking IDs replays nothing but what they name.
-	require.NoError(t, outbox.Publish(db, outbox.Event{ID: "victim", Type: "fail-me"}))
+	require.NoError(t, outbox.PublishAlone(db, outbox.Event{ID: "victim", Type: "fail-me"}))
 	drain(t, db, ob.Table(), r, 30*time.Second)
 	require.EqualValues(t, 1, statusCounts(t, db, ob.Table())[outbox.StatusFailed])
 	n, err := ob.Replay(db, outbox.Filter{IDs: []string{`' OR '1'='1`, `victim' --`, `x') OR ('1'='1`, `victim"`, `%`, `*`}})

@@ -248,6 +248,7 @@ func mysqlDatabase(t testing.TB) string {
 	t.Helper()
 	dsn := os.Getenv(mysqlDSNEnv)
 	if dsn == "" {
+		noteSkip(mysqlDSNEnv+" is not set", t.Name())
 		t.Skipf("%s is not set; set it (e.g. root@tcp(127.0.0.1:3306)/test?charset=utf8mb4&parseTime=True&loc=Local) to run the MySQL/MariaDB reliability tests", mysqlDSNEnv)
 	}
 	cfg := parseMySQLDSN(t, dsn)
