@@ -69,7 +69,8 @@ func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent in
 	r.life.claimed()
 	down, err := r.fanout().Process(ctx, b)
 	if down != nil {
-		err = errors.Join(err, fmt.Errorf("outbox: batch handed back undelivered: %w", down))
+		// The cause first: the relays' last error is shown cut to a line.
+		err = errors.Join(err, fmt.Errorf("%w; batch handed back undelivered", down))
 	}
 	r.life.cycle(err)
 	return len(b.Items()), b.Sent(), err

@@ -772,7 +772,7 @@ func (s *streamer) dispatch(ctx context.Context, handle func(context.Context, []
 			// once. The stream holds back meanwhile, leaving new events
 			// in the slot, at the same pace.
 			if until != 0 {
-				err = fmt.Errorf("outbox: batch handed to the table undelivered: %w", res.down)
+				err = fmt.Errorf("%w; batch handed to the table undelivered", res.down) // the cause first, as the table source says it
 			}
 			pause := probe.Pause(res.down)
 			if until == 0 {
