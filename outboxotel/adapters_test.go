@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -147,15 +146,11 @@ func TestAdaptersOneTrace(t *testing.T) {
 }
 
 func natsChain(t *testing.T, tel *telemetry, ob *outbox.Outbox, consumerDB *gorm.DB, onward func(ctx context.Context, tx *gorm.DB) error) (string, func()) {
-	url := os.Getenv("OUTBOX_TEST_NATS_URL")
-	if url == "" {
-		url = "nats://127.0.0.1:4222"
-	}
+	url := natsURL(t)
 	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second), natsgo.Name(t.Name()), natsgo.MaxReconnects(-1))
-	if err != nil && os.Getenv("OUTBOX_SKIP_BROKERS") == "1" {
-		t.Skipf("NATS is unreachable at %s: %v (OUTBOX_SKIP_BROKERS=1)", url, err)
+	if err != nil {
+		t.Fatalf("NATS is unreachable at %s: %v\nstart it with:\n  %s", url, err, natsStartCmd)
 	}
-	require.NoError(t, err, "NATS must run at %s (nats-server -js), or set OUTBOX_SKIP_BROKERS=1", url)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)

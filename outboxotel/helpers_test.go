@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"flag"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -33,7 +34,55 @@ import (
 const (
 	postgresDSNEnv = "OUTBOX_TEST_POSTGRES_DSN"
 	mysqlDSNEnv    = "OUTBOX_TEST_MYSQL_DSN"
+	natsURLEnv     = "OUTBOX_TEST_NATS_URL"
+	defaultNATSURL = "nats://127.0.0.1:4222"
+	fullEnv        = "OUTBOX_TEST_FULL"
+	natsStartCmd   = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log"
 )
+
+// The rules of the repository's two test commands (README, "Testing";
+// docs/testing.md), kept here rather than imported: this module requires
+// the core at its release version.
+
+// full: the full suite runs (OUTBOX_TEST_FULL=1, what CI runs).
+func full() bool { return os.Getenv(fullEnv) == "1" }
+
+// strict: a missing broker or PostgreSQL's server binaries fail the test
+// instead of skipping it, in the full suite and under CI, where a skip
+// would turn a broken set-up green.
+func strict() bool { return full() || os.Getenv("CI") != "" }
+
+// runSelected: go test was given -run, so the tests it runs were named.
+func runSelected() bool {
+	f := flag.Lookup("test.run")
+	return f != nil && f.Value.String() != ""
+}
+
+// long marks a test that starts a server of its own and takes its time: it
+// runs in the full suite or when -run names it, so that the quick command
+// stays quick. what says what makes it long.
+func long(t testing.TB, what string) {
+	t.Helper()
+	if full() || runSelected() {
+		return
+	}
+	t.Skipf("a long test (%s): it runs with %s=1 (the full suite) or when -run names it", what, fullEnv)
+}
+
+// natsURL is the JetStream server's address. Unset, the test skips at once
+// (the quick command needs nothing installed), except in strict mode,
+// where the default address must answer: the broker was asked for, so an
+// unreachable one fails the test.
+func natsURL(t testing.TB) string {
+	t.Helper()
+	if url := os.Getenv(natsURLEnv); url != "" {
+		return url
+	}
+	if !strict() {
+		t.Skipf("needs NATS with JetStream: set %s (e.g. %s) to run it", natsURLEnv, defaultNATSURL)
+	}
+	return defaultNATSURL
+}
 
 // backend opens a fresh, empty database for one test.
 type backend struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -32,11 +31,12 @@ var logicalServer struct {
 // wal_level=logical (the shared server has replica).
 func logicalDB(t testing.TB) *gorm.DB {
 	t.Helper()
+	long(t, "a PostgreSQL cluster of its own, with wal_level=logical")
 	logicalServer.once.Do(func() {
 		logicalServer.s, logicalServer.err = pgtest.Start("wal_level=logical")
 	})
 	if err := logicalServer.err; err != nil {
-		if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+		if errors.Is(err, pgtest.ErrNoBinaries) && !strict() {
 			t.Skipf("Logical mode needs a PostgreSQL installation: %v", err)
 		}
 		t.Fatalf("cannot start a PostgreSQL with wal_level=logical: %v", err)

@@ -26,6 +26,9 @@ const (
 	OutcomeKey = attribute.Key("outbox.outcome")
 	// StatusKey is a row's status in the outbox.events gauge.
 	StatusKey = attribute.Key("outbox.status")
+	// ConsumerKey is the inbox consumer (the consumer name given to
+	// outbox.Consume) in the outbox.inbox.duplicates counter.
+	ConsumerKey = attribute.Key("outbox.consumer")
 )
 
 // Outcomes, the values of [OutcomeKey].
@@ -47,6 +50,7 @@ var waitBuckets = []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 type metrics struct {
 	deliveries metric.Int64Counter
 	publishedN metric.Int64Counter
+	duplicates metric.Int64Counter
 	duration   metric.Float64Histogram
 	wait       metric.Float64Histogram
 
@@ -54,8 +58,8 @@ type metrics struct {
 	system attribute.KeyValue
 	sets   sync.Map // attrKey -> *attrSets
 	// publishedSets holds the published counter's attribute set per event
-	// type.
-	publishedSets sync.Map // string -> metric.MeasurementOption
+	// type, duplicateSets the duplicates counter's per consumer.
+	publishedSets, duplicateSets sync.Map // string -> metric.MeasurementOption
 }
 
 func newMetrics(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Duration) (*metrics, error) {
@@ -71,6 +75,10 @@ func newMetrics(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.Durat
 	ms.publishedN, err = m.Int64Counter("outbox.events.published",
 		metric.WithDescription("Events Publish wrote, by event type (rolled back ones included)."),
 		metric.WithUnit("{event}"))
+	errs = append(errs, err)
+	ms.duplicates, err = m.Int64Counter("outbox.inbox.duplicates",
+		metric.WithDescription("Messages outbox.Consume skipped because the consumer had consumed them already (redeliveries), by consumer."),
+		metric.WithUnit("{message}"))
 	errs = append(errs, err)
 	ms.duration, err = m.Float64Histogram(messagingconv.ProcessDuration{}.Name(),
 		metric.WithDescription("Duration of one delivery attempt's handlers."),
@@ -115,6 +123,18 @@ func (ms *metrics) published(eventType string) {
 			ms.system, semconv.MessagingDestinationName(eventType))))
 	}
 	ms.publishedN.Add(context.Background(), 1, opt.(metric.MeasurementOption))
+}
+
+// duplicate counts one message Consume skipped as consumed already (the
+// Duplicate hook). The message ID is no attribute: one per message would
+// make a series each.
+func (ms *metrics) duplicate(_ context.Context, consumer, _ string) {
+	opt, ok := ms.duplicateSets.Load(consumer)
+	if !ok {
+		opt, _ = ms.duplicateSets.LoadOrStore(consumer, metric.WithAttributeSet(attribute.NewSet(
+			ms.system, ConsumerKey.String(consumer))))
+	}
+	ms.duplicates.Add(context.Background(), 1, opt.(metric.MeasurementOption))
 }
 
 // attrKey is one combination of attribute values; there are a few per
@@ -180,7 +200,21 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 	if err != nil {
 		return err
 	}
-	instruments := []metric.Observable{events, oldest}
+	// The relays: how many are alive, and how long since one delivered.
+	// Pending events with no relay alive are delivered by nothing.
+	relays, err := m.Int64ObservableGauge("outbox.relays",
+		metric.WithDescription("Relays of the table alive: those that recorded themselves within the last 15 s (each does every 5 s while it runs)."),
+		metric.WithUnit("{relay}"))
+	if err != nil {
+		return err
+	}
+	lastDelivery, err := m.Float64ObservableGauge("outbox.last_delivery.age",
+		metric.WithDescription("Time since a relay of the table last delivered an event, as the relays recorded it; not reported until one has."),
+		metric.WithUnit("s"))
+	if err != nil {
+		return err
+	}
+	instruments := []metric.Observable{events, oldest, relays, lastDelivery}
 	var lag, active metric.Int64ObservableGauge
 	var dropped, slotLost metric.Int64ObservableCounter
 	if ob.Mode() == outbox.Logical {
@@ -229,6 +263,12 @@ func registerGauges(m metric.Meter, ob *outbox.Outbox, db *gorm.DB, every time.D
 		o.ObserveInt64(events, st.Pending, pending)
 		o.ObserveInt64(events, st.Failed, failed)
 		o.ObserveFloat64(oldest, st.OldestPending.Seconds(), sys)
+		o.ObserveInt64(relays, int64(len(st.Relays)), sys)
+		if !st.LastDelivery.IsZero() {
+			// From the same reading, aged to now: the reading may be up to
+			// WithStatsInterval old, the relays' record 5 s more.
+			o.ObserveFloat64(lastDelivery, max(time.Since(st.LastDelivery), 0).Seconds(), sys)
+		}
 		if lag != nil {
 			o.ObserveInt64(lag, st.SlotLagBytes, sys)
 			var on int64

@@ -66,9 +66,15 @@
 //   - outbox.delivery.wait (s): from the event's INSERT to the start of
 //     the attempt that delivered or failed it, by
 //     messaging.destination.name.
+//   - outbox.inbox.duplicates ({message}): messages outbox.Consume
+//     skipped because the consumer had consumed them already (a
+//     redelivery), by outbox.consumer ([outbox.Hooks] Duplicate).
 //   - outbox.events ({event}) and outbox.pending.oldest_age (s):
 //     observable gauges of the table's rows by outbox.status (pending,
-//     sent, failed) and of the oldest pending event's age, read with
+//     failed) and of the oldest pending event's age; outbox.relays
+//     ({relay}), the relays alive (recorded within the last 15 s), and
+//     outbox.last_delivery.age (s), the time since a relay last delivered
+//     an event (not reported until one has): all read with one
 //     [outbox.Outbox.Stats] at most once per [WithStatsInterval]. Only
 //     with [WithStats].
 //   - Logical mode, with [WithStats]: outbox.slot.lag (By) and
@@ -156,10 +162,11 @@ func WithLinkOnly() Option {
 }
 
 // WithStats enables the gauges of the outbox table (events by status, the
-// oldest pending event's age), read from db, the *gorm.DB the outbox is
+// oldest pending event's age, the relays alive, the time since the last
+// delivery), read from db, the *gorm.DB the outbox is
 // installed on, with [outbox.Outbox.Stats] at most once per
-// [WithStatsInterval] however often metrics are collected. Persistent mode
-// only.
+// [WithStatsInterval] however often metrics are collected. Persistent and
+// Logical mode only (Memory mode has no table: [Instrument] errs).
 func WithStats(db *gorm.DB) Option {
 	return func(c *config) { c.statsDB = db }
 }
@@ -214,7 +221,7 @@ func instrument(ob *outbox.Outbox, opts ...Option) (*instrumentation, error) {
 	if in.messaging, err = newMessaging(c); err != nil {
 		return nil, err
 	}
-	ob.AddHooks(outbox.Hooks{Publish: in.publish, Stored: in.stored, Deliver: in.deliver, Delivered: m.delivered})
+	ob.AddHooks(outbox.Hooks{Publish: in.publish, Stored: in.stored, Deliver: in.deliver, Delivered: m.delivered, Duplicate: m.duplicate})
 	return in, nil
 }
 

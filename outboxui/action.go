@@ -25,8 +25,39 @@ const maxSelected = 1000
 // tally is how many events of one status an action touches or leaves
 // alone.
 type tally struct {
+	// Key names the tally in the confirmation's expect fields: the
+	// status, or for a retry "waiting" (pending, waiting for a retry) and
+	// "due" (pending, due already or being delivered).
+	Key    string
 	Status outbox.Status
 	N      int64
+}
+
+// Tallies of a retry's pending events: those it makes due, those it
+// leaves.
+const (
+	keyWaiting = "waiting"
+	keyDue     = "due"
+)
+
+// Note says which of its status's events a tally counts, "" when all.
+func (t tally) Note() string {
+	switch t.Key {
+	case keyWaiting:
+		return "waiting for a retry"
+	case keyDue:
+		return "due already, or being delivered"
+	}
+	return ""
+}
+
+// words is the tally's name in a sentence: "failed", "waiting for a
+// retry".
+func (t tally) words() string {
+	if n := t.Note(); n != "" {
+		return n
+	}
+	return string(t.Status)
 }
 
 // tallies counts f's matches for each of statuses, one Count each, in
@@ -42,9 +73,93 @@ func (h *handler) tallies(db *gorm.DB, f outbox.Filter, statuses []outbox.Status
 		if err != nil {
 			return nil, fmt.Errorf("count %s events: %w", s, err)
 		}
-		out = append(out, tally{s, n})
+		out = append(out, tally{string(s), s, n})
 	}
 	return out, nil
+}
+
+// waitingRows is what scanWaiting read.
+type waitingRows struct {
+	n     int64        // the pending events waiting for a retry
+	first []outbox.Row // the first 20 of them, by seq
+	// pending is how many pending events it read; complete whether it
+	// read all that match.
+	pending  int64
+	complete bool
+}
+
+// scanWaiting counts the pending events f matches (f's Statuses pending)
+// that wait for a retry, as [outbox.Outbox.RetryNow] would change them
+// now. No filter of the core's selects them, so it lists the pending
+// rows, by seq, a page of 1000 at a time, and looks at each one's next
+// attempt: through the pending rows' index, never the sent ones. It reads
+// at most limit rows (0: all of them).
+func (h *handler) scanWaiting(db *gorm.DB, f outbox.Filter, limit int) (waitingRows, error) {
+	var w waitingRows
+	now := h.now()
+	var after int64
+	for {
+		page := maxSelected
+		if limit > 0 {
+			page = min(page, limit-int(w.pending))
+		}
+		rows, err := h.ob.List(db, outbox.ListParams{Filter: f, Limit: page, AfterSeq: after})
+		if err != nil {
+			return w, fmt.Errorf("list pending events: %w", err)
+		}
+		for _, r := range rows {
+			if waiting(r, now) {
+				w.n++
+				if len(w.first) < 20 {
+					w.first = append(w.first, r)
+				}
+			}
+		}
+		w.pending += int64(len(rows))
+		if len(rows) < page {
+			w.complete = true
+			return w, nil
+		}
+		if limit > 0 && int(w.pending) >= limit {
+			// Full at the limit: complete only if nothing follows.
+			more, err := h.ob.List(db, outbox.ListParams{Filter: f, Limit: 1, AfterSeq: rows[len(rows)-1].Seq})
+			if err != nil {
+				return w, fmt.Errorf("list pending events: %w", err)
+			}
+			w.complete = len(more) == 0
+			return w, nil
+		}
+		after = rows[len(rows)-1].Seq
+	}
+}
+
+// touches counts what verb would touch of rf (f narrowed to the statuses
+// verb touches): one tally per status, or for a retry the pending events
+// waiting for one, then the first of them (nil for the other actions).
+func (h *handler) touches(db *gorm.DB, verb string, rf outbox.Filter) ([]tally, *waitingRows, error) {
+	if verb != "retry" {
+		ts, err := h.tallies(db, rf, rf.Statuses)
+		return ts, nil, err
+	}
+	w, err := h.scanWaiting(db, rf, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	return []tally{{keyWaiting, outbox.StatusPending, w.n}}, &w, nil
+}
+
+// accepts tells whether the counts a confirmation showed (expect) let the
+// action run on the counts found now (touch). Replay and purge run only
+// on the same counts. A retry runs on as many or fewer, but not none:
+// events in backoff become due by themselves (a retry's aim), and a relay
+// may deliver them meanwhile; more, another event failed since, is asked
+// again.
+func accepts(verb string, expect, touch []tally) bool {
+	if verb != "retry" {
+		return slices.Equal(expect, touch)
+	}
+	return len(expect) == 1 && len(touch) == 1 && expect[0].Key == touch[0].Key &&
+		touch[0].N > 0 && touch[0].N <= expect[0].N
 }
 
 func sum(ts []tally) int64 {
@@ -60,7 +175,7 @@ func sum(ts []tally) int64 {
 func expectOf(ts []tally) []string {
 	out := make([]string, len(ts))
 	for i, t := range ts {
-		out[i] = string(t.Status) + ":" + strconv.FormatInt(t.N, 10)
+		out[i] = t.Key + ":" + strconv.FormatInt(t.N, 10)
 	}
 	return out
 }
@@ -72,10 +187,16 @@ func readExpect(vs []string) ([]tally, bool) {
 	for _, v := range vs {
 		s, n, ok := strings.Cut(v, ":")
 		c, err := strconv.ParseInt(n, 10, 64)
-		if !ok || err != nil || c < 0 || statusRank(s) == len(statusOrder) {
+		st := outbox.Status(s)
+		if s == keyWaiting {
+			st = outbox.StatusPending
+		} else if statusRank(s) == len(statusOrder) {
+			ok = false
+		}
+		if !ok || err != nil || c < 0 {
 			return nil, false
 		}
-		out = append(out, tally{outbox.Status(s), c})
+		out = append(out, tally{s, st, c})
 	}
 	slices.SortStableFunc(out, func(a, b tally) int { return statusRank(string(a.Status)) - statusRank(string(b.Status)) })
 	return out, len(out) > 0
@@ -85,7 +206,7 @@ func readExpect(vs []string) ([]tally, bool) {
 func tallyWords(ts []tally) string {
 	var parts []string
 	for _, t := range ts {
-		parts = append(parts, thousands(t.N)+" "+string(t.Status))
+		parts = append(parts, thousands(t.N)+" "+t.words())
 	}
 	if len(parts) == 0 {
 		return "none"
@@ -164,18 +285,28 @@ func (p confirmPage) What() string {
 	if len(touched) > 1 {
 		subject += " (" + tallyWords(touched) + ")"
 	}
-	if p.Verb == "replay" {
+	switch p.Verb {
+	case "replay":
 		return subject + " will be set pending and due now, with " + plural(int(p.Count), "its", "their") +
 			" attempts reset: the relay delivers " + plural(int(p.Count), "it", "them") + " again."
+	case "retry":
+		return subject + ", waiting for a retry, will be made due now, " + plural(int(p.Count), "its", "their") +
+			" attempts kept (MaxAttempts still counts them): the relay attempts " + plural(int(p.Count), "it", "them") +
+			" at once instead of after the wait."
 	}
 	return subject + " will be deleted from the table. This cannot be undone."
 }
 
-// Fate says what happens to the events of a status the action leaves
+// Fate says what happens to the events of a tally the action leaves
 // alone.
-func (p confirmPage) Fate() string {
-	if p.Verb == "replay" {
+func (p confirmPage) Fate(t tally) string {
+	switch {
+	case p.Verb == "replay":
 		return "left alone: only failed events can be replayed"
+	case p.Verb == "retry" && t.Key == keyDue:
+		return "left alone: nothing to retry"
+	case p.Verb == "retry":
+		return "left alone: only pending events wait for a retry"
 	}
 	return "left alone: pending events are never purged"
 }
@@ -183,8 +314,11 @@ func (p confirmPage) Fate() string {
 // Does is what the action does to the events it touches, for the tally
 // table.
 func (p confirmPage) Does() string {
-	if p.Verb == "replay" {
+	switch p.Verb {
+	case "replay":
 		return "set pending, due now, attempts reset"
+	case "retry":
+		return "made due now, attempts kept"
 	}
 	return "deleted"
 }
@@ -207,6 +341,8 @@ func (f flash) String() string {
 	switch f.Verb {
 	case "replay":
 		return "Replayed " + events + " by " + f.By + ": pending again, due now."
+	case "retry":
+		return "Retried " + events + " now by " + f.By + ": due now, attempts kept."
 	case "purge":
 		return "Purged " + events + " by " + f.By + "."
 	}
@@ -278,8 +414,8 @@ func backLink(s string) string {
 	if n, err := strconv.Atoi(q.Get("limit")); err == nil && n >= 1 && n <= 1000 {
 		v.Set("limit", strconv.Itoa(n))
 	}
-	if q.Get("order") == "newest" {
-		v.Set("order", "newest")
+	if q.Get("order") == "oldest" {
+		v.Set("order", "oldest")
 	}
 	for _, name := range []string{"after", "before"} {
 		if n, err := strconv.ParseInt(q.Get(name), 10, 64); err == nil && n > 0 {
@@ -293,7 +429,7 @@ func backLink(s string) string {
 	return "events?" + v.Encode()
 }
 
-// action runs a replay or purge POST on the events the operator ticked
+// action runs a replay, retry or purge POST on the events the operator ticked
 // (scope=selected, the ticked IDs) or on everything a filter matches (the
 // list's filter, or one event's ID from its page). It runs only when the
 // form says confirm=yes and its expect fields hold the counts per status
@@ -356,7 +492,7 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 		h.fail(w, r, http.StatusBadRequest, errors.New(refusal(verb, fm.Statuses)))
 		return
 	}
-	touch, err := h.tallies(db, rf, rf.Statuses)
+	touch, wr, err := h.touches(db, verb, rf)
 	if err != nil {
 		h.dbError(w, r, "count events", err)
 		return
@@ -364,7 +500,7 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 	back := backLink(r.PostForm.Get("back"))
 	expect, hasExpect := readExpect(r.PostForm["expect"])
 	confirmed := r.PostForm.Get("confirm") == "yes" && hasExpect
-	if confirmed && slices.Equal(expect, touch) {
+	if confirmed && accepts(verb, expect, touch) {
 		h.run(w, r, verb, who, fm, rf, selected, back)
 		return
 	}
@@ -382,7 +518,7 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 		h.logger.Info("outboxui: "+verb+" asked again", slog.String("who", who), slog.String("action", verb),
 			slog.String("expected", tallyWords(expect)), slog.String("now", tallyWords(touch)), slog.String("remote_addr", r.RemoteAddr))
 	}
-	if err := h.fillConfirm(db, &p, verb, fm, f, rf, selected); err != nil {
+	if err := h.fillConfirm(db, &p, verb, fm, f, rf, selected, wr); err != nil {
 		h.dbError(w, r, "count events", err)
 		return
 	}
@@ -395,38 +531,22 @@ func (h *handler) action(w http.ResponseWriter, r *http.Request, verb string) {
 // fillConfirm completes the confirmation of verb on rf (f narrowed to the
 // statuses verb touches; p.Touch counted): what else matches and is left
 // alone, the criteria in words, the first events, and the hidden fields
-// that make its button run the same action with the counts shown.
-func (h *handler) fillConfirm(db *gorm.DB, p *confirmPage, verb string, fm form, f, rf outbox.Filter, selected bool) error {
+// that make its button run the same action with the counts shown. wr is
+// a retry's reading of the pending events, nil for the other actions.
+func (h *handler) fillConfirm(db *gorm.DB, p *confirmPage, verb string, fm form, f, rf outbox.Filter, selected bool, wr *waitingRows) error {
 	p.scope = scope{Verb: verb, Count: sum(p.Touch), Statuses: rf.Statuses}
 	p.Expect = expectOf(p.Touch)
-	// What else the filter (or the selection) matches: statuses the action
-	// never touches.
-	asked := f.Statuses
-	if len(asked) == 0 {
-		asked = statusOrder
-	}
-	var others []outbox.Status
-	for _, s := range asked {
-		if !slices.Contains(rf.Statuses, s) {
-			others = append(others, s)
-		}
-	}
-	if len(f.Statuses) > 0 {
-		p.Asked = strings.Join(strs(others), ", ")
-	}
-	left, err := h.tallies(db, f, others)
+	left, err := h.leftAlone(db, p, f, rf, wr)
 	if err != nil {
 		return err
-	}
-	for _, t := range left {
-		if t.N > 0 {
-			p.Left = append(p.Left, t)
-		}
 	}
 	if selected {
 		p.Gone = int64(len(fm.IDs)) - p.Count - sum(left)
 	}
-	if p.Count > 0 {
+	switch {
+	case wr != nil:
+		p.Sample = wr.first
+	case p.Count > 0:
 		if p.Sample, err = h.ob.List(db, outbox.ListParams{Filter: rf, Limit: 20}); err != nil {
 			return fmt.Errorf("list events: %w", err)
 		}
@@ -436,7 +556,7 @@ func (h *handler) fillConfirm(db *gorm.DB, p *confirmPage, verb string, fm form,
 		hidden[0].Value = "selected"
 		p.Criteria = []field{{"selected", thousands(int64(len(fm.IDs))) + " " + plural(len(fm.IDs), "event", "events") + " ticked on the list"},
 			{"IDs", strings.Join(fm.IDs, ", ")},
-			{"status", statusWords(rf.Statuses, 2) + " (those " + verb + " touches)"}}
+			{"status", statusWords(rf.Statuses, 2) + " (those " + verbName(verb) + " touches)"}}
 		for _, id := range fm.IDs {
 			hidden = append(hidden, field{"id", id})
 		}
@@ -460,6 +580,9 @@ func (h *handler) fillConfirm(db *gorm.DB, p *confirmPage, verb string, fm form,
 		// The criteria say which statuses it touches, not which the filter
 		// asked for; the tally says what it leaves alone.
 		p.Criteria = []field{{"status", statusWords(rf.Statuses, 2)}}
+		if verb == "retry" {
+			p.Criteria[0].Value += ", waiting for a retry"
+		}
 		for _, c := range frozen.describe() {
 			if c.Name != "status" {
 				p.Criteria = append(p.Criteria, c)
@@ -473,16 +596,52 @@ func (h *handler) fillConfirm(db *gorm.DB, p *confirmPage, verb string, fm form,
 	return nil
 }
 
+// leftAlone counts what else the filter (or the selection) f matches that
+// the action on rf leaves alone: statuses it never touches, and for a
+// retry (wr) the pending events that wait for nothing. It sets p.Asked
+// and p.Left (the tallies with events), and returns every tally.
+func (h *handler) leftAlone(db *gorm.DB, p *confirmPage, f, rf outbox.Filter, wr *waitingRows) ([]tally, error) {
+	asked := f.Statuses
+	if len(asked) == 0 {
+		asked = statusOrder
+	}
+	var others []outbox.Status
+	for _, s := range asked {
+		if !slices.Contains(rf.Statuses, s) {
+			others = append(others, s)
+		}
+	}
+	if len(f.Statuses) > 0 {
+		p.Asked = strings.Join(strs(others), ", ")
+	}
+	left, err := h.tallies(db, f, others)
+	if err != nil {
+		return nil, err
+	}
+	if wr != nil {
+		left = append([]tally{{keyDue, outbox.StatusPending, wr.pending - wr.n}}, left...)
+	}
+	for _, t := range left {
+		if t.N > 0 {
+			p.Left = append(p.Left, t)
+		}
+	}
+	return left, nil
+}
+
 // run does a confirmed action, logs it with who did it, and sends the
 // browser back where the action came from with the outcome to show.
 func (h *handler) run(w http.ResponseWriter, r *http.Request, verb, who string, fm form, rf outbox.Filter, selected bool, back string) {
-	// The replay writes who into each event's history.
+	// Replay and retry write who into each event's history.
 	db := h.db.WithContext(outbox.WithActor(r.Context(), who))
 	var n int
 	var err error
-	if verb == "replay" {
+	switch verb {
+	case "replay":
 		n, err = h.ob.Replay(db, rf)
-	} else {
+	case "retry":
+		n, err = h.ob.RetryNow(db, rf)
+	default:
 		n, err = h.ob.Purge(db, rf)
 	}
 	attrs := []any{slog.String("who", who), slog.String("action", verb)}

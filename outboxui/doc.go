@@ -6,15 +6,20 @@
 //
 // It renders plain HTML on the server (html/template, no front-end build;
 // one small embedded script refreshes the overview and the list in place,
-// and the pages work without it): the counts by status with the age of the
-// oldest pending event, a list with one search box (an event ID, an
-// idempotency key, an aggregate as type:id, or an event type) and the
-// same filters as the outbox command (status, type, aggregate, created
-// since/until, error text), shown as they are in effect and paged both
-// ways by seq, an event's detail with its last error (marked when it
-// predates a replay), attempts and the aggregate's previous and next
-// events, and replay and purge actions on one event, on the events ticked
-// in the list, or on everything a filter matches.
+// and the pages work without it): a warning at the top of the overview and
+// the list when events are pending and no relay runs, or when the oldest
+// pending event is older than [Options.MaxPendingAge]; the counts by
+// status with the age of the oldest pending event, the relays alive (when
+// each last claimed and delivered, its last error); a list, newest first,
+// with one search box (an event ID, an idempotency key, an aggregate as
+// type:id, or an event type) and the same filters as the outbox command
+// (status, type, aggregate, created since/until, error text), shown as
+// they are in effect and paged both ways by seq, each pending event in
+// backoff with its next attempt; an event's detail with its last error
+// (marked when it predates a replay), history and the aggregate's
+// previous and next events; and replay, retry-now and purge actions on
+// one event, on the events ticked in the list, or on everything a filter
+// matches.
 //
 // # Safety
 //

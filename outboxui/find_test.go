@@ -75,7 +75,7 @@ func testSearch(t *testing.T, b backend) {
 	} {
 		code, body := e.get("events?" + c.query)
 		require.Equal(t, http.StatusOK, code, "%s: %s", c.query, body)
-		assert.Equal(t, c.want, ids(between(body, `<div id="live-list"`, `</table>`)), c.query)
+		assert.Equal(t, newestFirst(c.want), ids(between(body, `<div id="live-list"`, `</table>`)), c.query)
 		effect := between(body, `<p class="in-effect"`, `</p>`)
 		assert.Contains(t, effect, c.as, "%s: the page says how it read the search", c.query)
 		q, _ := url.ParseQuery(c.query)
@@ -142,10 +142,10 @@ func testPagingBothWays(t *testing.T, b backend) {
 		require.Equal(t, http.StatusOK, code, "%s: %s", path, body)
 		return body, ids(body)
 	}
-	for _, order := range []string{"", "&order=newest"} {
+	for _, order := range []string{"&order=oldest", "", "&order=newest"} {
 		first := "events?type=paged&limit=10" + order
 		p1, got := page(first)
-		asc := order == ""
+		asc := order == "&order=oldest"
 		w1, w2, w3 := want(0, 9), want(10, 19), want(20, 24)
 		if !asc {
 			w1, w2, w3 = want(24, 15), want(14, 5), want(4, 0)
@@ -169,15 +169,17 @@ func testPagingBothWays(t *testing.T, b backend) {
 	}
 	// A page boundary: Previous from a page whose predecessor is short
 	// (a cursor in the middle) shows the first page, full.
-	_, got := page("events?type=paged&limit=10&before=" + seqOf(e, "e004"))
+	_, got := page("events?type=paged&limit=10&order=oldest&before=" + seqOf(e, "e004"))
 	assert.Equal(t, want(0, 9), got, "fewer than a page before: the first page")
+	_, got = page("events?type=paged&limit=10&after=" + seqOf(e, "e020"))
+	assert.Equal(t, want(24, 15), got, "newest first, the same: the first page")
 	// Exactly two pages: the second has no Next.
-	_, body := e.get("events?type=paged&limit=5&after=" + seqOf(e, "e019"))
+	_, body := e.get("events?type=paged&limit=5&order=oldest&after=" + seqOf(e, "e019"))
 	assert.Equal(t, want(20, 24), ids(body))
 	assert.Empty(t, link(body, "next"), "the last full page has no Next")
 	assert.NotEmpty(t, link(body, "prev"))
 	// Past the end: nothing, and Previous leads back.
-	_, body = e.get("events?type=paged&limit=5&after=" + seqOf(e, "e024"))
+	_, body = e.get("events?type=paged&limit=5&order=oldest&after=" + seqOf(e, "e024"))
 	assert.Empty(t, ids(body))
 	_, got = page(link(body, "prev"))
 	assert.Equal(t, want(20, 24), got)
@@ -208,7 +210,7 @@ func testPagingWithInserts(t *testing.T, b backend) {
 		}
 		e.publish(evs...)
 	}
-	_, p1 := e.get("events?type=paged&limit=10")
+	_, p1 := e.get("events?type=paged&limit=10&order=oldest")
 	first := ids(p1)
 	insert()
 	_, p2 := e.get(link(p1, "next"))
@@ -218,7 +220,7 @@ func testPagingWithInserts(t *testing.T, b backend) {
 	_, back := e.get(link(p2, "prev"))
 	assert.Equal(t, first, ids(back), "and Previous the one before")
 
-	_, n1 := e.get("events?type=paged&limit=10&order=newest")
+	_, n1 := e.get("events?type=paged&limit=10")
 	newest := ids(n1)
 	assert.Equal(t, "e113", newest[0])
 	insert()
@@ -239,7 +241,9 @@ func testLiveFragment(t *testing.T, b backend) {
 	assert.Contains(t, body, `id="updated"`, "and says when it was updated")
 	code, frag := e.get("events?status=pending&live=1")
 	require.Equal(t, http.StatusOK, code)
-	assert.True(t, strings.HasPrefix(strings.TrimSpace(frag), `<p class="summary" id="live-summary" data-live aria-live="polite"`), frag)
+	assert.True(t, strings.HasPrefix(strings.TrimSpace(frag), `<div id="live-warning" data-live>`), frag)
+	assert.Contains(t, frag, `id="warning-no-relay"`, "the warning is live: two events pending, no relay")
+	assert.Contains(t, frag, `<p class="summary" id="live-summary" data-live aria-live="polite"`)
 	assert.Contains(t, frag, `<div id="live-list" data-live>`)
 	assert.NotContains(t, frag, "<html", "only the fragment")
 	assert.NotContains(t, frag, `class="filter"`, "not the form: what is typed there stays")

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -28,8 +27,9 @@ import (
 // parked to retry). It runs on a PostgreSQL cluster of its own with
 // wal_level=logical.
 func TestOverviewLogical(t *testing.T) {
+	long(t, "a PostgreSQL cluster of its own, with wal_level=logical, and a headless Chromium")
 	srv, err := pgtest.Start("wal_level=logical", "max_replication_slots=10", "max_wal_senders=10")
-	if errors.Is(err, pgtest.ErrNoBinaries) && os.Getenv("CI") == "" {
+	if errors.Is(err, pgtest.ErrNoBinaries) && !strict() {
 		t.Skipf("needs a PostgreSQL installation: %v", err)
 	}
 	require.NoError(t, err)

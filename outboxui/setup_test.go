@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"io"
 	"log/slog"
 	"net/http"
@@ -14,7 +15,9 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,6 +33,36 @@ import (
 	"github.com/gorm-outbox/outbox/outboxtest"
 	"github.com/gorm-outbox/outbox/outboxui"
 )
+
+// The rules of the repository's two test commands (README, "Testing";
+// docs/testing.md), kept here rather than imported: this module requires
+// the core at its release version.
+const fullEnv = "OUTBOX_TEST_FULL"
+
+// full: the full suite runs (OUTBOX_TEST_FULL=1, what CI runs).
+func full() bool { return os.Getenv(fullEnv) == "1" }
+
+// strict: a missing prerequisite (Chromium, PostgreSQL's server binaries)
+// fails the test instead of skipping it, in the full suite and under CI,
+// where a skip would turn a broken set-up green.
+func strict() bool { return full() || os.Getenv("CI") != "" }
+
+// runSelected: go test was given -run, so the tests it runs were named.
+func runSelected() bool {
+	f := flag.Lookup("test.run")
+	return f != nil && f.Value.String() != ""
+}
+
+// long marks a test that starts a browser or a server of its own and takes
+// its time: it runs in the full suite or when -run names it, so that the
+// quick command stays quick. what says what makes it long.
+func long(t testing.TB, what string) {
+	t.Helper()
+	if full() || runSelected() {
+		return
+	}
+	t.Skipf("a long test (%s): it runs with %s=1 (the full suite) or when -run names it", what, fullEnv)
+}
 
 // backend opens a fresh, empty database for one test.
 type backend struct {
@@ -124,6 +157,30 @@ type env struct {
 	failWith string
 	// failTypes are more types that fail with failWith.
 	failTypes map[string]bool
+	// retryWith, when not empty, makes the events whose type starts with
+	// "retries" fail with this text, to be retried: pending again, due
+	// after the relay's backoff (10 minutes). downWith makes those whose
+	// type starts with "down" find their destination down (Unavailable):
+	// handed back, the relay's cycle ends with that error. Both may change
+	// while a relay runs (runRelay).
+	retryWith, downWith atomic.Pointer[string]
+	// retryTypes and downTypes are more types that fail with retryWith
+	// and downWith; set them before a relay runs.
+	retryTypes, downTypes map[string]bool
+}
+
+// backoff is the test relays' wait before a retry: long enough that an
+// event in backoff stays there for the test.
+const backoff = 10 * time.Minute
+
+// setText sets a failure switch of the env.
+func setText(p *atomic.Pointer[string], s string) { p.Store(&s) }
+
+func loadText(p *atomic.Pointer[string]) string {
+	if s := p.Load(); s != nil {
+		return *s
+	}
+	return ""
 }
 
 // setup installs the outbox on a fresh database and mounts the dashboard
@@ -136,22 +193,72 @@ func setup(t testing.TB, b backend, opts outboxui.Options) *env {
 		if e.failWith != "" && (strings.HasPrefix(ev.Type, "fails") || strings.Contains(ev.Type, "<") || e.failTypes[ev.Type]) {
 			return outbox.Permanent(errors.New(e.failWith))
 		}
+		if msg := loadText(&e.retryWith); msg != "" && (strings.HasPrefix(ev.Type, "retries") || e.retryTypes[ev.Type]) {
+			return errors.New(msg)
+		}
+		if msg := loadText(&e.downWith); msg != "" && (strings.HasPrefix(ev.Type, "down") || e.downTypes[ev.Type]) {
+			return outbox.Unavailable(errors.New(msg))
+		}
 		return nil
 	})
 	e.failWith = "broker said no"
-	e.relay = outboxtest.Relay(t, e.ob, e.db, outbox.RelayConfig{})
+	setText(&e.retryWith, "connection refused")
+	setText(&e.downWith, "smtp.example.com:587: connection refused")
+	e.relay = outboxtest.Relay(t, e.ob, e.db, outbox.RelayConfig{Backoff: func(int) time.Duration { return backoff }})
+	e.mount(opts)
+	return e
+}
+
+// mount serves the dashboard, with opts, at /ops/outbox/ behind
+// http.StripPrefix, as a service would.
+func (e *env) mount(opts outboxui.Options) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/ops/outbox/", http.StripPrefix("/ops/outbox", outboxui.Handler(e.db, e.ob, opts)))
 	e.srv = httptest.NewServer(mux)
-	t.Cleanup(e.srv.Close)
+	e.t.Cleanup(e.srv.Close)
 	e.base = e.srv.URL + "/ops/outbox/"
 	jar, err := cookiejar.New(nil)
-	require.NoError(t, err)
+	require.NoError(e.t, err)
 	e.client = &http.Client{Jar: jar, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return e
+}
+
+// setupShared mounts another dashboard, with opts, on e's database and
+// outbox.
+func setupShared(t testing.TB, e *env, opts outboxui.Options) *env {
+	o := &env{t: t, b: e.b, db: e.db, ob: e.ob, relay: e.relay}
+	o.mount(opts)
+	return o
+}
+
+// runRelay runs a relay named name until the test ends, as a service
+// does, and waits (polling Stats, up to a deadline) until it has recorded
+// itself.
+func (e *env) runRelay(name string) {
+	e.t.Helper()
+	r := outboxtest.Relay(e.t, e.ob, e.db, outbox.RelayConfig{Name: name, Backoff: func(int) time.Duration { return backoff },
+		PollInterval: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	e.t.Cleanup(func() { cancel(); <-done })
+	e.waitStats(func(st outbox.Stats) bool {
+		return slices.ContainsFunc(st.Relays, func(rs outbox.RelayStatus) bool { return rs.Name == name })
+	}, "relay "+name+" recorded itself")
+}
+
+// waitStats polls Stats until ok says it is as wanted, up to a deadline.
+func (e *env) waitStats(ok func(outbox.Stats) bool, what string) outbox.Stats {
+	e.t.Helper()
+	var st outbox.Stats
+	require.Eventually(e.t, func() bool {
+		var err error
+		st, err = e.ob.Stats(e.db.WithContext(context.Background()))
+		return err == nil && ok(st)
+	}, 30*time.Second, 20*time.Millisecond, what)
+	return st
 }
 
 // publish writes events in one transaction.

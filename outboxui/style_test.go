@@ -134,6 +134,7 @@ func TestPalette(t *testing.T) {
 		{"button-fg", "button-bg", text},
 		{"header-fg", "header-bg", text}, {"header-muted", "header-bg", text},
 		{"fg", "ok-bg", text}, {"fg", "err-bg", text}, {"link", "ok-bg", text},
+		{"fg", "warn-bg", text}, {"link", "warn-bg", text},
 		// non-text: the focus ring, the controls' edges
 		{"focus", "bg", ui}, {"focus", "card-bg", ui}, {"focus", "head", ui},
 		{"control-border", "card-bg", ui}, {"control-border", "bg", ui},

@@ -29,9 +29,9 @@ import (
 // Options configures the dashboard. The zero value is a read-only
 // dashboard that hides payloads and logs to slog.Default().
 type Options struct {
-	// AllowActions enables the replay and purge buttons and the POST
-	// requests behind them. Defaults to false: read-only, every POST is
-	// refused with 403.
+	// AllowActions enables the replay, retry-now and purge buttons and
+	// the POST requests behind them. Defaults to false: read-only, every
+	// POST is refused with 403.
 	AllowActions bool
 
 	// ShowPayloads shows each event's payload, pretty-printed, on its
@@ -55,16 +55,33 @@ type Options struct {
 	// plain links and forms, and say when they were rendered.
 	Refresh time.Duration
 
+	// MaxPendingAge is how old the oldest pending event may grow before
+	// the overview and the list warn, at the top of the page, that
+	// delivery is behind. Defaults to 5 minutes; negative turns that
+	// warning off. They also warn, whatever this says, when events are
+	// pending and no relay is running.
+	MaxPendingAge time.Duration
+
+	// PayloadsHint is what an event's page tells the operator to do to
+	// see a payload it hides (without ShowPayloads). Defaults to "set
+	// outboxui.Options.ShowPayloads"; the outbox command's dashboard says
+	// "restart outbox ui with --show-payloads".
+	PayloadsHint string
+
 	// Identity is the embedding service's hook that returns who is acting
 	// on a request, for example the user name its authentication
-	// middleware put in the request's context. Every replay and purge is
-	// logged with it, and the page after the action says "by <who>".
+	// middleware put in the request's context. Every action is logged
+	// with it, and the page after the action says "by <who>".
 	// Defaults to nil: the request's RemoteAddr (the client's address, or
 	// a proxy's) stands for who; so it does when the hook returns "".
 	Identity func(*http.Request) string
 }
 
-const defaultRefresh = 5 * time.Second
+const (
+	defaultRefresh       = 5 * time.Second
+	defaultMaxPendingAge = 5 * time.Minute
+	defaultPayloadsHint  = "set outboxui.Options.ShowPayloads"
+)
 
 // Handler returns the dashboard of the outbox ob installed on db. ob may be
 // nil: then the outbox installed on db (db.Use(outbox.Plugin(...))) is
@@ -72,9 +89,10 @@ const defaultRefresh = 5 * time.Second
 // is none. The handler reads the table only with ob's exported functions
 // ([outbox.Outbox.List], [outbox.Outbox.Count], [outbox.Outbox.Get],
 // [outbox.Outbox.Overview], [outbox.Outbox.History]; the search box finds
-// an idempotency key with [outbox.Filter.Keys]), with no SQL of its own,
-// and acts with [outbox.Outbox.Replay] and [outbox.Outbox.Purge], as the
-// outbox command does. Each request's context governs its database calls.
+// an idempotency key with [outbox.Filter.Keys]; [outbox.Outbox.Stats] for
+// the relays and the warnings), with no SQL of its own, and acts with
+// [outbox.Outbox.Replay], [outbox.Outbox.RetryNow] and
+// [outbox.Outbox.Purge], as the outbox command does. Each request's context governs its database calls.
 //
 // Mount it at a path ending in a slash, behind the service's
 // authentication:
@@ -94,6 +112,8 @@ func Handler(db *gorm.DB, ob *outbox.Outbox, opts Options) http.Handler {
 		now:    time.Now,
 	}
 	h.refresh = cmp.Or(opts.Refresh, defaultRefresh)
+	h.maxAge = cmp.Or(opts.MaxPendingAge, defaultMaxPendingAge)
+	h.payloadsHint = cmp.Or(opts.PayloadsHint, defaultPayloadsHint)
 	cop := http.NewCrossOriginProtection()
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.logger.Warn("outboxui: cross-origin request refused",
@@ -132,6 +152,9 @@ type handler struct {
 	now    func() time.Time
 	// refresh is Options.Refresh with its default; <= 0 is off.
 	refresh time.Duration
+	// maxAge is Options.MaxPendingAge with its default; <= 0 is off.
+	maxAge       time.Duration
+	payloadsHint string
 }
 
 // csrfCookie holds the double-submit token. It has no Path, so the browser
@@ -149,7 +172,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.fail(w, r, http.StatusMethodNotAllowed, errors.New("method not allowed"))
 			return
 		}
-	case "replay", "purge":
+	case "replay", "retry", "purge":
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", "POST")
 			h.fail(w, r, http.StatusMethodNotAllowed, errors.New("method not allowed"))
@@ -272,14 +295,19 @@ type listPage struct {
 	Here string
 	// Pick: the rows have checkboxes, for an action on the ticked ones.
 	Pick bool
+	// Health is what the warning at the top says.
+	Health health
 }
 
 // bulkAction is one of the list's bulk buttons.
 type bulkAction struct {
-	Verb string // replay or purge
+	Verb string // replay, retry or purge
 	Text string // the button: what it does to which events, how many
 	Why  string // why it cannot run here; "" when it can
 }
+
+// The actions, in the order the pages offer them.
+var verbs = []string{"replay", "retry", "purge"}
 
 // scope is what an action will act on: Count events of Statuses (those
 // of the filter's the action can touch) matching Where.
@@ -288,28 +316,48 @@ type scope struct {
 	Count    int64
 	Statuses []outbox.Status
 	Where    string
+	// Unsure: Count is not known (a retry over more pending events than
+	// the list reads to count them); the confirmation counts them all.
+	Unsure bool
 }
 
 func (s scope) Action() string {
-	if s.Verb == "replay" {
+	switch s.Verb {
+	case "replay":
 		return "Replay"
+	case "retry":
+		return "Retry now"
 	}
 	return "Purge"
 }
 
-// Events is the statuses and the noun for Count: "failed events".
+// Events is the statuses and the noun for Count: "failed events",
+// "pending events waiting for a retry".
 func (s scope) Events() string {
-	return statusWords(s.Statuses, s.Count) + " " + plural(int(s.Count), "event", "events")
+	out := statusWords(s.Statuses, s.Count) + " " + plural(int(s.Count), "event", "events")
+	if s.Verb == "retry" {
+		out += " waiting for a retry"
+	}
+	return out
 }
 
 // Kind is the statuses and the noun for one of them: "sent or failed
 // event".
-func (s scope) Kind() string { return statusWords(s.Statuses, 1) + " event" }
+func (s scope) Kind() string {
+	out := statusWords(s.Statuses, 1) + " event"
+	if s.Verb == "retry" {
+		out += " waiting for a retry"
+	}
+	return out
+}
 
 // String is the action in a sentence without its final mark:
 // "Replay 2 failed events where type is order.paid".
 func (s scope) String() string {
 	out := fmt.Sprintf("%s %d %s", s.Action(), s.Count, s.Events())
+	if s.Unsure {
+		out = fmt.Sprintf("%s the %s", s.Action(), s.Events())
+	}
 	if s.Where != "" {
 		out += " where " + s.Where
 	}
@@ -317,20 +365,38 @@ func (s scope) String() string {
 }
 
 // actionStatuses are the statuses an action can touch: replay puts
-// failed events back, purge never deletes pending ones.
+// failed events back, retry now makes pending ones due, purge never
+// deletes pending ones.
 func actionStatuses(verb string) []outbox.Status {
-	if verb == "replay" {
+	switch verb {
+	case "replay":
 		return []outbox.Status{outbox.StatusFailed}
+	case "retry":
+		return []outbox.Status{outbox.StatusPending}
 	}
 	return []outbox.Status{outbox.StatusSent, outbox.StatusFailed}
+}
+
+// verbName is the action as its refusals name it.
+func verbName(verb string) string {
+	if verb == "retry" {
+		return "retry now"
+	}
+	return verb
 }
 
 // refusal says why an action has nothing it may touch under a filter
 // whose statuses are asked.
 func refusal(verb string, asked []string) string {
 	return fmt.Sprintf("%s touches only %s events; this filter asks for %s",
-		verb, strings.Join(strs(actionStatuses(verb)), " or "), strings.Join(asked, ", "))
+		verbName(verb), strings.Join(strs(actionStatuses(verb)), " or "), strings.Join(asked, ", "))
 }
+
+// listScan is how many pending events the list reads, at most, to count
+// those a retry would make due (no filter of the core's selects them:
+// the list reads the pending rows and looks at each one's next attempt).
+// The confirmation reads them all.
+const listScan = 1000
 
 // bulk says what a bulk action of the list would act on under the list's
 // filter f: the same filter its form carries.
@@ -349,6 +415,24 @@ func (h *handler) bulk(ctx context.Context, db *gorm.DB, verb string, fm form, f
 		var err error
 		if sc.Count, err = h.ob.Count(db.WithContext(ctx), rf); err != nil {
 			return a, err
+		}
+	}
+	if verb == "retry" && sc.Count > 0 {
+		pending := sc.Count
+		w, err := h.scanWaiting(db.WithContext(ctx), rf, listScan)
+		if err != nil {
+			return a, err
+		}
+		sc.Count = w.n
+		if !w.complete {
+			sc.Unsure = true
+			a.Text = sc.String() + " (of " + thousands(pending) + " pending)…"
+			return a, nil
+		}
+		if w.n == 0 {
+			a.Text = sc.String()
+			a.Why = "no " + sc.Kind() + " matches this filter: " + thousands(pending) + " pending, due already or being delivered"
+			return a, nil
 		}
 	}
 	a.Text = sc.String()
@@ -381,6 +465,10 @@ func (h *handler) list(w http.ResponseWriter, r *http.Request) {
 	p, err := h.listPage(ctx, db, b, lp, pg)
 	if err != nil {
 		h.dbError(w, r, "count events", err)
+		return
+	}
+	if p.Health, err = h.readHealth(db); err != nil {
+		h.dbError(w, r, "read the table's state", err)
 		return
 	}
 	h.render(w, r, http.StatusOK, "list.html", p)
@@ -435,13 +523,15 @@ func (e dbFailure) Unwrap() error { return e.err }
 // error, lp holds what was read before it, for the page that shows it: a
 // badSearch or badRequest, or a dbFailure.
 func (h *handler) readList(db *gorm.DB, q url.Values) (lp listParams, err error) {
-	lp = listParams{raw: readForm(q), limitText: q.Get("limit"), newest: q.Get("order") == "newest"}
+	// Newest first unless order=oldest (order=newest, the default, is
+	// still read, for the links of older pages and runbooks).
+	lp = listParams{raw: readForm(q), limitText: q.Get("limit"), newest: q.Get("order") != "oldest"}
 	lp.vals = lp.raw.values()
 	if lp.limitText != "" {
 		lp.vals.Set("limit", lp.limitText)
 	}
-	if lp.newest {
-		lp.vals.Set("order", "newest")
+	if !lp.newest {
+		lp.vals.Set("order", "oldest")
 	}
 	lp.chips = chips(lp.raw, lp.vals)
 	fm, sr, err := h.resolve(db, lp.raw)
@@ -575,7 +665,7 @@ func (h *handler) listPage(ctx context.Context, db *gorm.DB, b base, lp listPara
 	p.Next, p.Prev, p.First = lp.pageLinks(pg)
 	p.Here = lp.here(pg)
 	if h.opts.AllowActions && p.Total > 0 {
-		for _, verb := range []string{"replay", "purge"} {
+		for _, verb := range verbs {
 			a, err := h.bulk(ctx, db, verb, lp.fm, lp.filter, p.Total)
 			if err != nil {
 				return p, err
@@ -843,8 +933,14 @@ func (h *handler) event(w http.ResponseWriter, r *http.Request) {
 		Prev, Next *outbox.Row
 		// HeldBack: an earlier event of the aggregate is not sent yet.
 		HeldBack bool
+		// NextAttempt is when a pending event in backoff is next
+		// attempted; nil when it waits for nothing (Retry now has nothing
+		// to do).
+		NextAttempt *nextAttempt
+		// PayloadsHint says how to show a hidden payload.
+		PayloadsHint string
 	}{base: h.base(w, r, "event"), Row: row, PayloadSize: len(row.Payload),
-		BeforeReplay: errorBeforeReplay(row, h.now())}
+		BeforeReplay: errorBeforeReplay(row, h.now()), NextAttempt: nextOf(row), PayloadsHint: h.payloadsHint}
 	hist, err := h.ob.History(h.db.WithContext(ctx), id)
 	if err != nil {
 		h.dbError(w, r, "read the event's history", err)
@@ -946,7 +1042,14 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, code int, page 
 
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
-		"when":  when,
+		"when": when,
+		// whensec is a time to the second, for a table cell.
+		"whensec": func(t time.Time) string {
+			if t.IsZero() {
+				return ""
+			}
+			return t.UTC().Format("2006-01-02 15:04:05")
+		},
 		"whenp": func(t *time.Time) string { return whenPtr(t) },
 		"ago":   func(t time.Time) string { return ago(time.Since(t)) },
 		"age":   ago,
@@ -956,6 +1059,16 @@ func parsePages() map[string]*template.Template {
 		"num":   thousands,
 		"plural": func(n int64, one, many string) string {
 			return plural(int(n), one, many)
+		},
+		"next":    nextOf,
+		"errcell": func(r outbox.Row) *errCell { return errOf(r.ID, r.LastError) },
+		"elide":   withoutID,
+		// since is how long ago t was, "never" for zero.
+		"since": func(t time.Time) string {
+			if t.IsZero() {
+				return "never"
+			}
+			return ago(time.Since(t)) + " ago"
 		},
 	}
 	pages := map[string]*template.Template{}

@@ -103,7 +103,7 @@ func testOverview(t *testing.T, b backend) {
 	// hard-coded text: 1h30m, give or take the test's own duration.
 	assert.Regexp(t, `id="oldest-pending">1h3\dm old<`, body)
 	assert.Contains(t, body, `id="failed-window">2<`, "failed in the last hour, the default window")
-	assert.Equal(t, []string{"bad-1", "bad-2"}, ids(body), "the overview lists the failed events")
+	assert.Equal(t, []string{"bad-2", "bad-1"}, ids(body), "the overview lists the failed events, newest first")
 	assert.Contains(t, body, "card declined: insufficient funds")
 }
 
@@ -139,7 +139,9 @@ func testListFilters(t *testing.T, b backend) {
 	} {
 		code, body := e.get("events?" + c.query)
 		require.Equal(t, http.StatusOK, code, "%s: %s", c.query, body)
-		assert.Equal(t, c.want, ids(body), c.query)
+		assert.Equal(t, newestFirst(c.want), ids(body), "%s: newest first, the default", c.query)
+		_, body = e.get("events?order=oldest&" + c.query)
+		assert.Equal(t, c.want, ids(body), "%s: oldest first", c.query)
 		assert.Contains(t, body, `<span id="total">`+itoa(len(c.want))+`</span>`, c.query)
 	}
 	// The form shows the filter it applied.
@@ -160,7 +162,8 @@ func testFilterFormShowsFilter(t *testing.T, b backend) {
 	}{
 		{"status=failed,pending&limit=8", url.Values{"status": {"pending", "failed"}, "limit": {"8"}}},
 		{"status=failed&status=pending", url.Values{"status": {"pending", "failed"}, "limit": {"50"}}},
-		{"status=sent,+failed,sent&limit=7&order=newest", url.Values{"status": {"sent", "failed"}, "limit": {"7"}, "order": {"newest"}}},
+		{"status=sent,+failed,sent&limit=7&order=newest", url.Values{"status": {"sent", "failed"}, "limit": {"7"}}}, // newest: the default
+		{"status=sent&order=oldest", url.Values{"status": {"sent"}, "limit": {"50"}, "order": {"oldest"}}},
 		{"limit=08", url.Values{"limit": {"8"}}},
 		{"id=bad-2&id=new-1&aggregate_type=order&aggregate_id=2&until=1h", url.Values{"id": {"bad-2", "new-1"},
 			"aggregate_type": {"order"}, "aggregate_id": {"2"}, "until": {"1h"}, "limit": {"50"}}},
@@ -190,6 +193,7 @@ func testFormRoundTrip(t *testing.T, b backend) {
 		"status=sent,failed&limit=3",
 		"limit=3",
 		"limit=3&order=newest",
+		"limit=3&order=oldest",
 		"type=order.paid,+fails.mail",
 		"aggregate_type=order&aggregate_id=1",
 		"error=declined",
@@ -345,6 +349,13 @@ func submitted(t testing.TB, body, marker string) url.Values {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
+// newestFirst is ids, listed oldest first, in the list's default order.
+func newestFirst(ids []string) []string {
+	out := slices.Clone(ids)
+	slices.Reverse(out)
+	return out
+}
+
 func testListPaging(t *testing.T, b backend) {
 	e := setup(t, b, outboxui.Options{})
 	var events []outbox.Event
@@ -354,7 +365,7 @@ func testListPaging(t *testing.T, b backend) {
 	e.publish(events...)
 	e.publish(outbox.Event{ID: "other", Type: "not-paged"})
 	var seen []string
-	next := "events?type=paged&limit=10"
+	next := "events?type=paged&limit=10&order=oldest"
 	for pages := 0; next != ""; pages++ {
 		require.Less(t, pages, 5, "paging does not end")
 		code, body := e.get(next)
@@ -369,6 +380,7 @@ func testListPaging(t *testing.T, b backend) {
 			next = strings.ReplaceAll(rest[:strings.IndexByte(rest, '"')], "&amp;", "&")
 			assert.Contains(t, next, "type=paged", "the next page keeps the filter")
 			assert.Contains(t, next, "limit=10", "and the page size")
+			assert.Contains(t, next, "order=oldest", "and the order")
 		}
 	}
 	var want []string
@@ -377,9 +389,9 @@ func testListPaging(t *testing.T, b backend) {
 	}
 	assert.Equal(t, want, seen, "every row once, oldest first, in three pages")
 
-	// Newest first pages backwards with before=.
+	// Newest first (the default) pages backwards with before=.
 	seen = nil
-	next = "events?type=paged&limit=10&order=newest"
+	next = "events?type=paged&limit=10"
 	for pages := 0; next != ""; pages++ {
 		require.Less(t, pages, 5, "paging does not end")
 		code, body := e.get(next)
@@ -389,7 +401,7 @@ func testListPaging(t *testing.T, b backend) {
 		if i := strings.Index(body, `id="next" href="`); i >= 0 {
 			rest := body[i+len(`id="next" href="`):]
 			next = strings.ReplaceAll(rest[:strings.IndexByte(rest, '"')], "&amp;", "&")
-			assert.Contains(t, next, "order=newest")
+			assert.NotContains(t, next, "order=", "the default order needs none")
 			assert.Contains(t, next, "before=")
 		}
 	}
@@ -415,7 +427,7 @@ func testBadFilter(t *testing.T, b backend) {
 		{"limit=0", `limit &#34;0&#34;: want a number from 1 to 1000`},
 		{"limit=5000", `limit &#34;5000&#34;`},
 		{"after=x", `after &#34;x&#34;`},
-		{"order=newest&before=0", `before &#34;0&#34;`},
+		{"order=oldest&before=0", `before &#34;0&#34;`},
 	} {
 		code, body := e.get("events?" + c.query)
 		assert.Equal(t, http.StatusBadRequest, code, c.query)
@@ -899,7 +911,7 @@ func testNilOutbox(t *testing.T, b backend) {
 	body := readBody(t, resp)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusOK, resp.StatusCode)
-	assert.Equal(t, []string{"bad-1", "bad-2"}, ids(body))
+	assert.Equal(t, []string{"bad-2", "bad-1"}, ids(body))
 
 	// Memory mode keeps no table: the page says so.
 	mem := b.open(t)

@@ -136,14 +136,15 @@ func age(d time.Duration) string {
 }
 
 func (c *cli) list(ctx context.Context, args []string) error {
-	fs := c.flags("list", "[filters] [--limit N] [--after SEQ | --newest [--before SEQ]] [--json [--payload]]")
+	fs := c.flags("list", "[filters] [--limit N] [--before SEQ | --oldest [--after SEQ]] [--json [--payload]]")
 	o := c.common(fs)
 	var ff filterFlags
 	ff.add(fs)
 	limit := fs.Int("limit", 50, "at most `N` events (up to 1000)")
-	after := fs.Int64("after", 0, "events after `SEQ` (oldest first): the last SEQ of the previous page")
-	newest := fs.Bool("newest", false, "newest first")
-	before := fs.Int64("before", 0, "events before `SEQ` (with --newest): the last SEQ of the previous page")
+	oldest := fs.Bool("oldest", false, "oldest first (newest first without it)")
+	newest := fs.Bool("newest", false, "newest first: the default, kept for scripts")
+	after := fs.Int64("after", 0, "events after `SEQ`, oldest first (implies --oldest): the last SEQ of the previous page")
+	before := fs.Int64("before", 0, "events before `SEQ`, newest first: the last SEQ of the previous page")
 	asJSON := fs.Bool("json", false, "print one JSON object per line")
 	payload := fs.Bool("payload", false, "include payloads in --json output (they may hold personal data)")
 	pos, err := parse(fs, args)
@@ -156,6 +157,10 @@ func (c *cli) list(ctx context.Context, args []string) error {
 	if *limit < 1 || *limit > 1000 {
 		return usagef("--limit %d: use 1 to 1000", *limit)
 	}
+	newestFirst, err := listOrder(*oldest, *newest, *after, *before)
+	if err != nil {
+		return err
+	}
 	f, err := ff.filter(time.Now(), nil)
 	if err != nil {
 		return err
@@ -165,29 +170,52 @@ func (c *cli) list(ctx context.Context, args []string) error {
 		return err
 	}
 	defer t.close()
-	rows, err := t.ob.List(t.db.WithContext(ctx), outbox.ListParams{Filter: f, Limit: *limit, AfterSeq: *after, Newest: *newest, BeforeSeq: *before})
+	rows, err := t.ob.List(t.db.WithContext(ctx), outbox.ListParams{Filter: f, Limit: *limit, AfterSeq: *after, Newest: newestFirst, BeforeSeq: *before})
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		enc := json.NewEncoder(c.stdout)
-		for _, r := range rows {
-			if err := enc.Encode(toJSON(r, *payload)); err != nil {
-				return err
-			}
-		}
-	} else if err := writeTable(c.stdout, rows); err != nil {
+	if err := c.printRows(rows, *asJSON, *payload); err != nil {
 		return err
 	}
 	if len(rows) == 0 {
 		fmt.Fprintln(c.stderr, "(no events match)")
 	}
 	if len(rows) == *limit {
-		next := fmt.Sprintf("--after %d", rows[len(rows)-1].Seq)
-		if *newest {
-			next = fmt.Sprintf("--newest --before %d", rows[len(rows)-1].Seq)
+		next := fmt.Sprintf("--before %d", rows[len(rows)-1].Seq)
+		if !newestFirst {
+			next = fmt.Sprintf("--after %d", rows[len(rows)-1].Seq)
 		}
 		fmt.Fprintf(c.stderr, "(more may follow: add %s)\n", next)
+	}
+	return nil
+}
+
+// listOrder reads list's order flags: newest first, as the dashboard
+// lists, unless --oldest or --after, which pages the other way.
+func listOrder(oldest, newest bool, after, before int64) (newestFirst bool, err error) {
+	newestFirst = !oldest && after == 0
+	switch {
+	case oldest && newest:
+		return false, usagef("--oldest and --newest: give one")
+	case after > 0 && newest:
+		return false, usagef("--after pages oldest first; newest first, page with --before")
+	case before > 0 && !newestFirst:
+		return false, usagef("--before pages newest first; oldest first, page with --after")
+	}
+	return newestFirst, nil
+}
+
+// printRows prints rows as a table, or as JSON lines (with their
+// payloads when asked).
+func (c *cli) printRows(rows []outbox.Row, asJSON, payload bool) error {
+	if !asJSON {
+		return writeTable(c.stdout, rows)
+	}
+	enc := json.NewEncoder(c.stdout)
+	for _, r := range rows {
+		if err := enc.Encode(toJSON(r, payload)); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -264,8 +292,8 @@ func (c *cli) replay(ctx context.Context, args []string) error {
 		return err
 	}
 	defer t.close()
-	named, err := c.namedEvents(ctx, t, &f, func(status outbox.Status) string {
-		if status != outbox.StatusFailed {
+	named, err := c.namedEvents(ctx, t, &f, func(r outbox.Row) string {
+		if r.Status != outbox.StatusFailed {
 			return "replay changes only failed events"
 		}
 		return ""
@@ -280,7 +308,7 @@ func (c *cli) replay(ctx context.Context, args []string) error {
 	if err != nil || !ok {
 		return cmp.Or(err, named)
 	}
-	n, err := t.ob.Replay(t.db.WithContext(ctx), f)
+	n, err := t.ob.Replay(t.db.WithContext(outbox.WithActor(ctx, c.actor())), f)
 	fmt.Fprintf(c.stdout, "replayed %d events (pending again, due now)\n", n)
 	return cmp.Or(err, named)
 }
@@ -332,8 +360,8 @@ func (c *cli) purge(ctx context.Context, args []string) error {
 		return err
 	}
 	defer t.close()
-	named, err := c.namedEvents(ctx, t, &f, func(status outbox.Status) string {
-		switch {
+	named, err := c.namedEvents(ctx, t, &f, func(r outbox.Row) string {
+		switch status := r.Status; {
 		case status == outbox.StatusPending:
 			return "purge never deletes pending events"
 		case !slices.Contains(f.Statuses, status):
@@ -372,12 +400,12 @@ type namedProblems struct{ error }
 func (n namedProblems) Unwrap() error { return n.error }
 
 // namedEvents looks up the events f names by ID and prints on stderr each
-// the table does not hold and each in a status the command does not act
-// on (why gives the reason, or "" for a status it acts on), returning them
+// the table does not hold and each in a state the command does not act
+// on (why gives the reason, or "" for a row it acts on), returning them
 // as a namedProblems, or nil. It leaves in f.IDs only the other IDs, once
 // each, so that the command acts on what it checked. When it leaves none,
 // f no longer narrows by ID: the caller must not act on it.
-func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why func(status outbox.Status) string) (problems, err error) {
+func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why func(outbox.Row) string) (problems, err error) {
 	if len(f.IDs) == 0 {
 		return nil, nil
 	}
@@ -389,7 +417,7 @@ func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why 
 			ids = append(ids, id)
 		}
 	}
-	status := make(map[string]outbox.Status, len(ids))
+	found := make(map[string]outbox.Row, len(ids))
 	// One query per 1000 IDs rather than one per ID: the IDs may come from
 	// a script by the thousand. IDs are unique, so a chunk is one page.
 	for chunk := range slices.Chunk(ids, 1000) {
@@ -398,29 +426,29 @@ func (c *cli) namedEvents(ctx context.Context, t *target, f *outbox.Filter, why 
 			return nil, err
 		}
 		for _, r := range rows {
-			status[r.ID] = r.Status
+			found[r.ID] = r
 		}
 	}
-	var found []error
+	var bad []error
 	f.IDs = nil
 	for _, id := range ids {
-		st, ok := status[id]
+		r, ok := found[id]
 		var p error
 		if !ok {
 			p = fmt.Errorf("%w: %s", outbox.ErrNotFound, id)
-		} else if reason := why(st); reason != "" {
-			p = statusError{id: id, status: st, why: reason}
+		} else if reason := why(r); reason != "" {
+			p = statusError{id: id, status: r.Status, why: reason}
 		} else {
 			f.IDs = append(f.IDs, id)
 			continue
 		}
 		c.printErr(p)
-		found = append(found, p)
+		bad = append(bad, p)
 	}
-	if len(found) == 0 {
+	if len(bad) == 0 {
 		return nil, nil
 	}
-	return namedProblems{errors.Join(found...)}, nil
+	return namedProblems{errors.Join(bad...)}, nil
 }
 
 func selectionFlags(fs *flag.FlagSet, allUsage string) *selection {
@@ -453,23 +481,33 @@ func (c *cli) confirm(ctx context.Context, t *target, s *selection, f outbox.Fil
 		return false, nil
 	}
 	if *s.dryRun {
-		var after int64
-		for {
-			rows, err := t.ob.List(t.db.WithContext(ctx), outbox.ListParams{Filter: f, Limit: 1000, AfterSeq: after})
-			if err != nil {
-				return false, err
-			}
-			if len(rows) == 0 {
-				break
-			}
-			if err := writeTable(c.stdout, rows); err != nil {
-				return false, err
-			}
-			after = rows[len(rows)-1].Seq
+		if err := pages(ctx, t, f, func(rows []outbox.Row) error { return writeTable(c.stdout, rows) }); err != nil {
+			return false, err
 		}
 		fmt.Fprintf(c.stdout, "dry run: would %s %d %s in table %s; nothing changed\n", verb, n, what, t.table)
 		return false, nil
 	}
+	return c.ask(s, t, verb, n, what)
+}
+
+// pages lists the rows f matches, by seq, a page of 1000 at a time.
+func pages(ctx context.Context, t *target, f outbox.Filter, each func([]outbox.Row) error) error {
+	var after int64
+	for {
+		rows, err := t.ob.List(t.db.WithContext(ctx), outbox.ListParams{Filter: f, Limit: 1000, AfterSeq: after})
+		if err != nil || len(rows) == 0 {
+			return err
+		}
+		if err := each(rows); err != nil {
+			return err
+		}
+		after = rows[len(rows)-1].Seq
+	}
+}
+
+// ask asks for confirmation on stdin, unless --yes, and reports whether
+// to go on.
+func (c *cli) ask(s *selection, t *target, verb string, n int64, what string) (bool, error) {
 	if *s.yes {
 		return true, nil
 	}

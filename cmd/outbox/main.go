@@ -6,13 +6,14 @@
 //	go install github.com/gorm-outbox/outbox/cmd/outbox@latest
 //
 //	outbox stats   [--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--min-relays N] [--max-relay-silence D] [--json]
-//	outbox list    [filters] [--limit N] [--after SEQ | --newest [--before SEQ]] [--json [--payload]]
+//	outbox list    [filters] [--limit N] [--before SEQ | --oldest [--after SEQ]] [--json [--payload]]
 //	outbox show    ID [--no-payload] [--json]
 //	outbox replay  [ID...] [filters] [--all] [--dry-run] [--yes]
+//	outbox retry-now [ID...] [filters] [--all] [--dry-run] [--yes]
 //	outbox purge   [ID...] [filters] [--older-than D] [--all] [--dry-run] [--yes]
 //	outbox migrate [--print-sql [--dialect NAME]]
 //	outbox version
-//	outbox ui      [--listen 127.0.0.1:8080] [--allow-actions] [--show-payloads]
+//	outbox ui      [--listen 127.0.0.1:8080] [--allow-actions] [--show-payloads] [--max-pending-age D]
 //
 // Every command takes --dsn (or the OUTBOX_DSN environment variable) and
 // --table (or OUTBOX_TABLE; defaults to outbox_events). The database is
@@ -21,24 +22,31 @@
 // MySQL and MariaDB; file:path, sqlite://path or a path ending in .db,
 // .sqlite or .sqlite3 for SQLite.
 //
-// The filters, shared by list, replay and purge: --id, --status, --type
+// list prints the newest events first (--oldest for the oldest). replay
+// puts failed events back to pending; retry-now makes pending events that
+// wait for a retry (a failed attempt's backoff) due at once, their
+// attempts kept. Both record who acted in each event's history:
+// $OUTBOX_ACTOR, else the user and host the command runs as.
+//
+// The filters, shared by list, replay, retry-now and purge: --id, --status, --type
 // (each a comma-separated list, or repeated), --aggregate-type,
 // --aggregate-id, --since and --until (a time such as 2026-12-01T03:00:00Z
 // or 2026-12-01, or an age such as 2h or 7d), --error (text in the last
 // error, ignoring case).
 //
 // Exit status: 0 on success, 1 on an error (the database, a declined
-// confirmation), 2 on a usage error (a bad flag, an unknown status), 3
-// when a check of stats fails, 4 when an event ID is not in the table, 5
-// when replay or purge is given the ID of an event in a status it does not
-// act on (replay: not failed; purge: pending, or left out by --status or
-// --older-than). Given several IDs, replay and purge report each unknown or
-// wrong-status one, act on the rest, and exit with the worst status: 1,
-// then 4, then 5.
+// confirmation), 2 on a usage error (a bad flag, an unknown status, an
+// unknown command, with the nearest as "did you mean"), 3 when a check of
+// stats fails, 4 when an event ID is not in the table, 5 when replay,
+// retry-now or purge is given the ID of an event in a state it does not
+// act on (replay: not failed; retry-now: not pending, or due already;
+// purge: pending, or left out by --status or --older-than). Given several
+// IDs, replay, retry-now and purge report each unknown or wrong-status
+// one, act on the rest, and exit with the worst status: 1, then 4, then 5.
 //
 // Everything goes through the library's exported functions ([outbox.Outbox.List],
-// [outbox.Outbox.Replay], [outbox.Outbox.Purge], ...), the same the
-// dashboard uses.
+// [outbox.Outbox.Replay], [outbox.Outbox.RetryNow], [outbox.Outbox.Purge],
+// ...), the same the dashboard uses.
 package main
 
 import (
@@ -46,10 +54,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -91,14 +101,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return exitUsage
 	}
 	cmds := map[string]func(context.Context, []string) error{
-		"stats":   c.stats,
-		"list":    c.list,
-		"show":    c.show,
-		"replay":  c.replay,
-		"purge":   c.purge,
-		"migrate": c.migrate,
-		"version": c.version,
-		"ui":      c.ui,
+		"stats":     c.stats,
+		"list":      c.list,
+		"show":      c.show,
+		"replay":    c.replay,
+		"retry-now": c.retryNow,
+		"purge":     c.purge,
+		"migrate":   c.migrate,
+		"version":   c.version,
+		"ui":        c.ui,
 	}
 	name, rest := args[0], args[1:]
 	switch name {
@@ -108,7 +119,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	cmd, ok := cmds[name]
 	if !ok {
-		fmt.Fprintf(stderr, "outbox: unknown command %q\n\n", name)
+		fmt.Fprintf(stderr, "outbox: unknown command %q", name)
+		if near := suggest(name, slices.Sorted(maps.Keys(cmds))); near != "" {
+			fmt.Fprintf(stderr, "; did you mean %s?", near)
+		}
+		fmt.Fprint(stderr, "\n\n")
 		c.usage(stderr)
 		return exitUsage
 	}
@@ -171,26 +186,32 @@ func (c *cli) usage(w io.Writer) {
 
 Usage:
   outbox stats   [--max-pending-age D] [--max-failed N] [--max-failed-last-hour N] [--min-relays N] [--max-relay-silence D] [--json]
-  outbox list    [filters] [--limit N] [--after SEQ | --newest [--before SEQ]] [--json [--payload]]
+  outbox list    [filters] [--limit N] [--before SEQ | --oldest [--after SEQ]] [--json [--payload]]
   outbox show    ID [--no-payload] [--json]
   outbox replay  [ID...] [filters] [--all] [--dry-run] [--yes]
+  outbox retry-now [ID...] [filters] [--all] [--dry-run] [--yes]
   outbox purge   [ID...] [filters] [--older-than D] [--all] [--dry-run] [--yes]
   outbox migrate [--print-sql [--dialect postgres|mysql|sqlite]]
   outbox version
-  outbox ui      [--listen 127.0.0.1:8080] [--allow-actions] [--show-payloads]
+  outbox ui      [--listen 127.0.0.1:8080] [--allow-actions] [--show-payloads] [--max-pending-age D]
 
 Every command takes --dsn (or OUTBOX_DSN) and --table (or OUTBOX_TABLE,
 default outbox_events). "outbox COMMAND -h" lists a command's flags.
 
-Filters (list, replay, purge): --id, --status, --type (comma-separated or
-repeated), --aggregate-type, --aggregate-id, --since, --until (a time such
-as 2026-12-01T03:00:00Z or an age such as 2h or 7d), --error TEXT.
+list shows the newest events first (--oldest: the oldest). replay puts
+failed events back to pending; retry-now makes pending events waiting for
+a retry (a failed attempt's backoff) due now, their attempts kept.
+
+Filters (list, replay, retry-now, purge): --id, --status, --type
+(comma-separated or repeated), --aggregate-type, --aggregate-id, --since,
+--until (a time such as 2026-12-01T03:00:00Z or an age such as 2h or 7d),
+--error TEXT.
 
 Exit status: 0 ok, 1 error, 2 usage error, 3 a stats check failed,
-4 an event ID not in the table (show, replay, purge),
-5 a named event in a status the command does not act on (replay, purge).
-With several IDs, replay and purge act on the others and exit with the
-worst status: 1, then 4, then 5.
+4 an event ID not in the table (show, replay, retry-now, purge),
+5 a named event in a status the command does not act on (replay,
+retry-now, purge). With several IDs, replay, retry-now and purge act on
+the others and exit with the worst status: 1, then 4, then 5.
 `)
 }
 

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -251,6 +252,9 @@ func TestList(t *testing.T) {
 	forEach(t, func(t *testing.T, f *fixture) {
 		code, out, errOut := f.run(t, "", "list", "--json")
 		require.Equal(t, exitOK, code, errOut)
+		assert.Equal(t, []string{"wait-1", "bad-2", "bad-1", "ok-2", "ok-1"}, idsOf(jsonLines(t, out)), "newest first, as the dashboard")
+		code, out, errOut = f.run(t, "", "list", "--json", "--oldest")
+		require.Equal(t, exitOK, code, errOut)
 		rows := jsonLines(t, out)
 		assert.Equal(t, []string{"ok-1", "ok-2", "bad-1", "bad-2", "wait-1"}, idsOf(rows))
 		assert.NotContains(t, rows[0], "payload", "payloads only on request")
@@ -270,7 +274,7 @@ func TestList(t *testing.T) {
 
 		for _, c := range []struct {
 			args []string
-			want []string
+			want []string // oldest first
 		}{
 			{[]string{"--status", "failed"}, []string{"bad-1", "bad-2"}},
 			{[]string{"--status", "sent", "--status", "pending"}, []string{"ok-1", "ok-2", "wait-1"}},
@@ -280,37 +284,68 @@ func TestList(t *testing.T) {
 			{[]string{"--since", "1h"}, []string{"ok-1", "ok-2", "bad-1", "bad-2", "wait-1"}},
 			{[]string{"--until", "1h"}, nil},
 			{[]string{"--until", "2099-01-01", "--since", "2000-01-01T00:00:00Z"}, []string{"ok-1", "ok-2", "bad-1", "bad-2", "wait-1"}},
-			{[]string{"--newest", "--limit", "2"}, []string{"wait-1", "bad-2"}},
 		} {
-			code, out, errOut := f.run(t, "", append([]string{"list", "--json"}, c.args...)...)
+			code, out, errOut := f.run(t, "", append([]string{"list", "--json", "--oldest"}, c.args...)...)
 			require.Equal(t, exitOK, code, "%v: %s", c.args, errOut)
 			assert.Equal(t, c.want, idsOf(jsonLines(t, out)), "%v", c.args)
+			code, out, errOut = f.run(t, "", append([]string{"list", "--json"}, c.args...)...)
+			require.Equal(t, exitOK, code, "%v: %s", c.args, errOut)
+			newest := slices.Clone(c.want)
+			slices.Reverse(newest)
+			assert.Equal(t, newest, idsOf(jsonLines(t, out)), "%v, newest first", c.args)
+		}
+		code, out, _ = f.run(t, "", "list", "--json", "--newest", "--limit", "2")
+		require.Equal(t, exitOK, code)
+		assert.Equal(t, []string{"wait-1", "bad-2"}, idsOf(jsonLines(t, out)), "--newest, the default, still works")
+		for _, args := range [][]string{{"--oldest", "--newest"}, {"--newest", "--after", "3"}, {"--oldest", "--before", "3"}, {"--after", "1", "--before", "3"}} {
+			code, _, errOut = f.run(t, "", append([]string{"list"}, args...)...)
+			assert.Equal(t, exitUsage, code, "%v: %s", args, errOut)
 		}
 
-		// Paging: every row once, in order, following the hint.
-		var got []string
-		args := []string{"list", "--json", "--limit", "2"}
-		for range 5 {
-			code, out, errOut := f.run(t, "", args...)
-			require.Equal(t, exitOK, code, errOut)
-			rows := jsonLines(t, out)
-			got = append(got, idsOf(rows)...)
-			if !strings.Contains(errOut, "--after") {
-				break
+		// Paging: every row once, in order, following the hint, both ways.
+		for _, c := range []struct {
+			order []string
+			hint  string
+			want  []string
+		}{
+			{nil, "--before", []string{"wait-1", "bad-2", "bad-1", "ok-2", "ok-1"}},
+			{[]string{"--oldest"}, "--after", []string{"ok-1", "ok-2", "bad-1", "bad-2", "wait-1"}},
+		} {
+			var got []string
+			first := append([]string{"list", "--json", "--limit", "2"}, c.order...)
+			args := first
+			for range 5 {
+				code, out, errOut := f.run(t, "", args...)
+				require.Equal(t, exitOK, code, errOut)
+				rows := jsonLines(t, out)
+				got = append(got, idsOf(rows)...)
+				if !strings.Contains(errOut, c.hint) {
+					break
+				}
+				next := strings.TrimSuffix(strings.TrimSpace(errOut[strings.Index(errOut, c.hint):]), ")")
+				args = append([]string{"list", "--json", "--limit", "2"}, strings.Fields(next)...)
+				assert.Equal(t, fmt.Sprintf("%s %v", c.hint, rows[len(rows)-1]["seq"]), next)
 			}
-			next := strings.TrimSuffix(strings.TrimSpace(errOut[strings.Index(errOut, "--after"):]), ")")
-			args = append([]string{"list", "--json", "--limit", "2"}, strings.Fields(next)...)
-			assert.Equal(t, fmt.Sprintf("--after %v", rows[len(rows)-1]["seq"]), next)
+			assert.Equal(t, c.want, got, "%v", c.order)
 		}
-		assert.Equal(t, []string{"ok-1", "ok-2", "bad-1", "bad-2", "wait-1"}, got)
 
-		// The table for people.
+		// The table for people: the last error's cause at a glance.
 		code, out, _ = f.run(t, "", "list", "--status", "failed")
 		require.Equal(t, exitOK, code)
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		require.Len(t, lines, 3)
 		assert.Regexp(t, `^SEQ\s+ID\s+STATUS\s+TYPE\s+AGGREGATE\s+ATTEMPTS\s+CREATED \(UTC\)\s+LAST ERROR$`, lines[0])
-		assert.Regexp(t, `^\d+\s+bad-1\s+failed\s+payment.captured\s+1\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\s+card DECLINED by issuer \(permanent\)$`, lines[1])
+		assert.Regexp(t, `^\d+\s+bad-2\s+failed\s+payment.captured\s+1\s+\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ\s+card DECLINED by issuer \(permanent\)$`, lines[1])
+		// An error of the old form, the event's ID first: the ID is left
+		// out (the ID column has it), and the cause shows.
+		id := "0193a4c2-7f3e-7b1a-9c2d-5e6f7a8b9c0d"
+		require.NoError(t, outbox.PublishAlone(f.db, outbox.Event{ID: id, Type: "webhook.order"}))
+		old := "permanent: outbox/webhook: deliver event " + id + " to hooks.example.com: 410 Gone\nthe endpoint was removed"
+		require.NoError(t, f.db.Exec("UPDATE "+f.table+" SET status = 'failed', last_error = ? WHERE named_id = ?", old, id).Error)
+		code, out, _ = f.run(t, "", "list", "--id", id)
+		require.Equal(t, exitOK, code)
+		assert.Contains(t, out, "permanent: outbox/webhook: deliver this event to hooks.example.com: 410 Gone…\n")
+		assert.Equal(t, 1, strings.Count(out, id), "the ID once, in its column")
 
 		code, _, errOut = f.run(t, "", "list", "--status", "stuck")
 		assert.Equal(t, exitUsage, code)
@@ -562,7 +597,17 @@ func TestErrors(t *testing.T) {
 
 	code, _, errOut = runEnv(t, nil, "", "frobnicate")
 	assert.Equal(t, exitUsage, code)
-	assert.Contains(t, errOut, `unknown command "frobnicate"`)
+	assert.Contains(t, errOut, "outbox: unknown command \"frobnicate\"\n", "nothing near enough to suggest")
+	for typed, meant := range map[string]string{"status": "stats", "stat": "stats", "lsit": "list", "replya": "replay",
+		"retry": "retry-now", "retrynow": "retry-now", "prge": "purge", "migarte": "migrate", "verison": "version", "shwo": "show", "Stats": "stats"} {
+		code, _, errOut = runEnv(t, nil, "", typed)
+		assert.Equal(t, exitUsage, code, typed)
+		assert.Contains(t, errOut, "outbox: unknown command \""+typed+"\"; did you mean "+meant+"?\n", typed)
+	}
+	for _, typed := range []string{"ls", "x", "dump", "rm"} {
+		_, _, errOut = runEnv(t, nil, "", typed)
+		assert.NotContains(t, errOut, "did you mean", "%s is near nothing", typed)
+	}
 	code, _, _ = runEnv(t, nil, "")
 	assert.Equal(t, exitUsage, code)
 	code, out, _ := runEnv(t, nil, "", "help")
@@ -609,7 +654,7 @@ func TestMySQLDSNForms(t *testing.T) {
 		u.User = url.User(cfg.User)
 	}
 	for _, d := range []string{noParseTime, u.String()} {
-		code, out, errOut := runEnv(t, map[string]string{"OUTBOX_DSN": d, "OUTBOX_TABLE": f.table}, "", "list", "--json", "--status", "failed")
+		code, out, errOut := runEnv(t, map[string]string{"OUTBOX_DSN": d, "OUTBOX_TABLE": f.table}, "", "list", "--json", "--status", "failed", "--oldest")
 		require.Equal(t, exitOK, code, errOut)
 		assert.Equal(t, []string{"bad-1", "bad-2"}, idsOf(jsonLines(t, out)))
 	}

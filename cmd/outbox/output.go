@@ -97,6 +97,21 @@ func oneLine(s string, n int) string {
 
 const timeLayout = "2006-01-02 15:04:05Z"
 
+// withoutID is an error's text without the ID of the event it belongs to:
+// "deliver event 0193… to host: 410 Gone" reads "deliver this event to
+// host: 410 Gone". IDs under 8 characters are left, as they may be part of
+// other words.
+func withoutID(text, id string) string {
+	if len(id) < 8 || !strings.Contains(text, id) {
+		return text
+	}
+	for _, q := range []string{`"` + id + `"`, id} {
+		text = strings.ReplaceAll(text, "event "+q, "this event")
+		text = strings.ReplaceAll(text, "events "+q, "this event")
+	}
+	return strings.ReplaceAll(text, id, "(this event)")
+}
+
 func writeTable(w io.Writer, rows []outbox.Row) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SEQ\tID\tSTATUS\tTYPE\tAGGREGATE\tATTEMPTS\tCREATED (UTC)\tLAST ERROR")
@@ -107,7 +122,10 @@ func writeTable(w io.Writer, rows []outbox.Row) error {
 		}
 		lastErr := ""
 		if r.LastError != nil {
-			lastErr = oneLine(*r.LastError, 60)
+			// The cause leads the text (the core writes it first); the
+			// event's own ID, which errors written before that held, is
+			// in the ID column already.
+			lastErr = oneLine(withoutID(*r.LastError, r.ID), 80)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Seq, oneLine(r.ID, 40), r.Status, oneLine(r.EventType, 40),
 			oneLine(agg, 40), r.Attempts, r.CreatedAt.UTC().Format(timeLayout), lastErr)
@@ -144,7 +162,11 @@ func writeRow(w io.Writer, r outbox.Row, payload bool) error {
 	field("occurred at", r.OccurredAt.UTC().Format(time.RFC3339Nano))
 	field("created at", r.CreatedAt.UTC().Format(time.RFC3339Nano))
 	field("updated at", r.UpdatedAt.UTC().Format(time.RFC3339Nano))
-	field("available at", r.AvailableAt.UTC().Format(time.RFC3339Nano))
+	next := ""
+	if now := time.Now(); waiting(r, now) {
+		next = " (next attempt, in " + r.AvailableAt.Sub(now).Round(time.Second).String() + "; outbox retry-now " + clean(r.ID, false) + " makes it due now)"
+	}
+	field("available at", r.AvailableAt.UTC().Format(time.RFC3339Nano)+next)
 	field("locked until", optTime(r.LockedUntil))
 	field("sent at", optTime(r.SentAt))
 	headers := "-"

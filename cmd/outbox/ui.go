@@ -14,11 +14,13 @@ import (
 
 // ui serves the dashboard until ctx ends (Ctrl-C, SIGTERM).
 func (c *cli) ui(ctx context.Context, args []string) error {
-	fs := c.flags("ui", "[--listen ADDR] [--allow-actions] [--show-payloads]")
+	fs := c.flags("ui", "[--listen ADDR] [--allow-actions] [--show-payloads] [--max-pending-age D]")
 	o := c.common(fs)
 	listen := fs.String("listen", "127.0.0.1:8080", "the address to serve on; the dashboard has no authentication of its own")
-	actions := fs.Bool("allow-actions", false, "enable replay and purge (read-only without it)")
+	actions := fs.Bool("allow-actions", false, "enable replay, retry now and purge (read-only without it)")
 	payloads := fs.Bool("show-payloads", false, "show payloads (they may hold personal data)")
+	var maxAge ageFlag
+	fs.Var(&maxAge, "max-pending-age", "warn when the oldest pending event is older than `D` (default 5m)")
 	if _, err := parse(fs, args); err != nil {
 		return err
 	}
@@ -33,8 +35,11 @@ func (c *cli) ui(ctx context.Context, args []string) error {
 	}
 	srv := &http.Server{
 		Handler: outboxui.Handler(t.db, t.ob, outboxui.Options{
-			AllowActions: *actions, ShowPayloads: *payloads,
-			Logger: slog.New(slog.NewTextHandler(c.stderr, nil)),
+			AllowActions: *actions, ShowPayloads: *payloads, MaxPendingAge: maxAge.d,
+			// The hint under a hidden payload names this command's flag,
+			// not the Go option.
+			PayloadsHint: "restart outbox ui with --show-payloads",
+			Logger:       slog.New(slog.NewTextHandler(c.stderr, nil)),
 		}),
 		ReadHeaderTimeout: 10 * time.Second,
 	}

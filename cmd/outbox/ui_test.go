@@ -44,7 +44,7 @@ func TestUI(t *testing.T) {
 		done := make(chan int, 1)
 		env := map[string]string{"OUTBOX_DSN": f.dsn, "OUTBOX_TABLE": f.table}
 		go func() {
-			done <- run(ctx, []string{"ui", "--listen", "127.0.0.1:0"}, strings.NewReader(""), io.Discard, &stderr, func(k string) string { return env[k] })
+			done <- run(ctx, []string{"ui", "--listen", "127.0.0.1:0", "--max-pending-age", "1ns"}, strings.NewReader(""), io.Discard, &stderr, func(k string) string { return env[k] })
 		}()
 		var base string
 		require.Eventually(t, func() bool {
@@ -63,6 +63,15 @@ func TestUI(t *testing.T) {
 		assert.Contains(t, string(body), "bad-1")
 		assert.NotContains(t, string(body), "ok-1", "filtered to failed")
 		assert.NotContains(t, string(body), "4242", "payloads hidden by default")
+		assert.Contains(t, string(body), `id="warning-behind"`, "--max-pending-age sets the warning's threshold: wait-1 is older than 1ns")
+
+		// The hint under a hidden payload names this command's flag.
+		resp, err = http.Get(base + "event?id=bad-1")
+		require.NoError(t, err)
+		body, _ = io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		assert.Contains(t, string(body), "hidden (restart outbox ui with --show-payloads to show payloads)")
+		assert.NotContains(t, string(body), "outboxui.Options")
 
 		cancel()
 		select {
