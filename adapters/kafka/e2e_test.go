@@ -64,6 +64,7 @@ func TestEndToEnd(t *testing.T) {
 // copies are in order. A record stored twice (an ack the outage
 // swallowed) is allowed: at least once.
 func TestBrokerOutage(t *testing.T) {
+	long(t, "the broker stopped twice for 4 s under load")
 	t.Parallel()
 	broker := newRestartable(t)
 	c := broker.start()

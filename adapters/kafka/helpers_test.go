@@ -3,7 +3,9 @@ package kafka_test
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -15,6 +17,33 @@ import (
 	"github.com/gorm-outbox/outbox/adapters/kafka"
 	"github.com/gorm-outbox/outbox/wire"
 )
+
+// The rules of the repository's two test commands (README, "Testing";
+// docs/testing.md), kept here rather than imported: this module requires
+// the core at its release version, whose internal packages it cannot use.
+// The broker is in process (kfake), so no test here needs a service; only
+// the long ones wait for the full suite.
+const fullEnv = "OUTBOX_TEST_FULL"
+
+// full: the full suite runs (OUTBOX_TEST_FULL=1, what CI runs).
+func full() bool { return os.Getenv(fullEnv) == "1" }
+
+// runSelected: go test was given -run, so the tests it runs were named.
+func runSelected() bool {
+	f := flag.Lookup("test.run")
+	return f != nil && f.Value.String() != ""
+}
+
+// long marks a test that takes its time: it runs in the full suite or when
+// -run names it, so that the quick command stays quick. what says what
+// makes it long.
+func long(t *testing.T, what string) {
+	t.Helper()
+	if full() || runSelected() {
+		return
+	}
+	t.Skipf("a long test (%s): it runs with %s=1 (the full suite) or when -run names it", what, fullEnv)
+}
 
 // newCluster starts an in-process Kafka cluster (kfake) with the default
 // topic in three partitions, stopped when the test ends.

@@ -48,13 +48,7 @@ type cluster struct {
 // group has a leader (the cluster can create streams).
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		bin = "/usr/sbin/nats-server"
-		if _, err := os.Stat(bin); err != nil {
-			brokerMissing(t, "nats-server binary not found (apt-get install nats-server)")
-		}
-	}
+	bin := serverBinary(t)
 	c := &cluster{t: t, bin: bin}
 	for i := range 3 {
 		c.nodes = append(c.nodes, &node{name: fmt.Sprintf("n%d", i+1), port: freePort(t), route: freePort(t), dir: t.TempDir()})

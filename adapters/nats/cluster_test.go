@@ -63,6 +63,7 @@ type clusterOrder struct {
 //
 //	OUTBOX_NATS_CLUSTER_ROUNDS=40 go test -race -count=1 -timeout 30m -run '^TestClusterNodeLoss$' -v .
 func TestClusterNodeLoss(t *testing.T) {
+	long(t, "a three-node cluster of its own, a node killed round after round")
 	t.Parallel()
 	rounds := 4
 	if v := os.Getenv(clusterRoundsEnv); v != "" {

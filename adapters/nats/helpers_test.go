@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"net"
 	"os"
 	"os/exec"
@@ -26,27 +27,82 @@ import (
 const (
 	urlEnv     = "OUTBOX_TEST_NATS_URL"
 	defaultURL = "nats://127.0.0.1:4222"
-	skipEnv    = "OUTBOX_SKIP_BROKERS"
+	fullEnv    = "OUTBOX_TEST_FULL"
 	startCmd   = "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log"
 )
 
-// brokerMissing fails the test: a CI without its broker must go red, not
-// green with every test skipped. OUTBOX_SKIP_BROKERS=1 opts out locally.
+// The rules of the repository's two test commands (README, "Testing";
+// docs/testing.md), kept here rather than imported: this module requires
+// the core at its release version, whose internal packages it cannot use.
+
+// full: the full suite runs (OUTBOX_TEST_FULL=1, what CI runs).
+func full() bool { return os.Getenv(fullEnv) == "1" }
+
+// strict: a missing broker or server binary fails the test instead of
+// skipping it, in the full suite and under CI, where a skip would turn a
+// broken set-up green.
+func strict() bool { return full() || os.Getenv("CI") != "" }
+
+// runSelected: go test was given -run, so the tests it runs were named.
+func runSelected() bool {
+	f := flag.Lookup("test.run")
+	return f != nil && f.Value.String() != ""
+}
+
+// long marks a test that starts servers of its own and takes its time: it
+// runs in the full suite or when -run names it, so that the quick command
+// stays quick. what says what makes it long.
+func long(t *testing.T, what string) {
+	t.Helper()
+	if full() || runSelected() {
+		return
+	}
+	t.Skipf("a long test (%s): it runs with %s=1 (the full suite) or when -run names it", what, fullEnv)
+}
+
+// brokerURL is the shared server's address. Unset, the test skips at once
+// (the quick command needs nothing installed), except in strict mode,
+// where the default address must answer.
+func brokerURL(t *testing.T) string {
+	t.Helper()
+	if url := os.Getenv(urlEnv); url != "" {
+		return url
+	}
+	if !strict() {
+		t.Skipf("needs NATS with JetStream: set %s (e.g. %s) to run it", urlEnv, defaultURL)
+	}
+	return defaultURL
+}
+
+// brokerMissing fails the test: the broker was asked for (its variable is
+// set, or the run is strict), so a skip would hide a broken set-up.
 func brokerMissing(t *testing.T, format string, args ...any) {
 	t.Helper()
-	if os.Getenv(skipEnv) == "1" {
-		t.Skipf(format+" (skipped: %s=1)", append(args, skipEnv)...)
+	t.Fatalf(format+"\nstart it with:\n  %s", append(args, startCmd)...)
+}
+
+// serverBinary is the nats-server binary for a test that starts servers
+// of its own. Missing, it fails the test in strict mode and skips it
+// otherwise.
+func serverBinary(t *testing.T) string {
+	t.Helper()
+	if bin, err := exec.LookPath("nats-server"); err == nil {
+		return bin
 	}
-	t.Fatalf(format+"\nstart it with:\n  %s\nor set %s=1 to skip broker tests", append(args, startCmd, skipEnv)...)
+	bin := "/usr/sbin/nats-server"
+	if _, err := os.Stat(bin); err != nil {
+		if strict() {
+			t.Fatalf("nats-server binary not found in PATH or at %s: apt-get install nats-server", bin)
+		}
+		t.Skip("starts a nats-server of its own, and none is installed (apt-get install nats-server)")
+	}
+	return bin
 }
 
 // connect returns a JetStream context on the shared server.
 func connect(t *testing.T) (*natsgo.Conn, jetstream.JetStream) {
 	t.Helper()
-	url := os.Getenv(urlEnv)
-	if url == "" {
-		url = defaultURL
-	}
+	url := brokerURL(t)
 	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second), natsgo.Name(t.Name()))
 	if err != nil {
 		brokerMissing(t, "NATS is unreachable at %s: %v", url, err)
@@ -127,13 +183,7 @@ type server struct {
 
 func newServer(t *testing.T) *server {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		bin = "/usr/sbin/nats-server"
-		if _, err := os.Stat(bin); err != nil {
-			brokerMissing(t, "nats-server binary not found (apt-get install nats-server)")
-		}
-	}
+	bin := serverBinary(t)
 	s := &server{t: t, bin: bin, port: freePort(t), dir: t.TempDir()}
 	t.Cleanup(s.stop)
 	s.start()

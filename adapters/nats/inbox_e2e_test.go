@@ -72,6 +72,7 @@ func TestInboxEndToEnd(t *testing.T) {
 	if os.Getenv(e2eRoleEnv) != "" {
 		t.Skip("a child of this test")
 	}
+	long(t, "producer and consumer child processes SIGKILLed round after round")
 	rounds := e2eDefaultRuns
 	if v := os.Getenv(e2eRoundsEnv); v != "" {
 		n, err := strconv.Atoi(v)

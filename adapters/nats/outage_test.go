@@ -88,6 +88,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // "destination unavailable" once per outage instead of a warning per
 // event, and the stream holds each event once.
 func TestBrokerOutage(t *testing.T) {
+	long(t, "a nats-server of its own, stopped twice under load")
 	t.Parallel()
 	srv := newServer(t)
 	_, js := connectWith(t, srv.url(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond))
@@ -143,6 +144,7 @@ type giveUpCase struct {
 // restart) delivers them all. The documented connection survives the same
 // outage on its own.
 func TestReconnectGivesUp(t *testing.T) {
+	long(t, "a nats-server of its own, stopped longer than a connection reconnects")
 	t.Parallel()
 	runGiveUp(t, giveUpCase{
 		outage:    2 * time.Second,

@@ -455,7 +455,7 @@ func (s *span) end(t *testing.T) error {
 // context; the span gets the Operation and ends with Publish's error.
 func TestPublisherTelemetry(t *testing.T) {
 	t.Parallel()
-	uri, err := amqp.ParseURI(testURL())
+	uri, err := amqp.ParseURI(testURL(t))
 	require.NoError(t, err)
 
 	for _, format := range []wire.Format{wire.Native, wire.CloudEvents, wire.CloudEventsJSON} {

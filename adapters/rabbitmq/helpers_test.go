@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"net"
 	"os"
 	"sync/atomic"
@@ -17,25 +18,68 @@ import (
 const (
 	urlEnv     = "OUTBOX_TEST_RABBITMQ_URL"
 	defaultURL = "amqp://guest:guest@127.0.0.1:5672/"
-	skipEnv    = "OUTBOX_SKIP_BROKERS"
+	fullEnv    = "OUTBOX_TEST_FULL"
 	startCmd   = "rabbitmq-server -detached   # then wait for 127.0.0.1:5672 (about 10 s)"
 )
 
-// brokerMissing fails the test: a CI without its broker must go red, not
-// green with every test skipped. OUTBOX_SKIP_BROKERS=1 opts out locally.
-func brokerMissing(t *testing.T, format string, args ...any) {
-	t.Helper()
-	if os.Getenv(skipEnv) == "1" {
-		t.Skipf(format+" (skipped: %s=1)", append(args, skipEnv)...)
-	}
-	t.Fatalf(format+"\nstart it with:\n  %s\nor set %s=1 to skip broker tests", append(args, startCmd, skipEnv)...)
+// The rules of the repository's two test commands (README, "Testing";
+// docs/testing.md), kept here rather than imported: this module requires
+// the core at its release version, whose internal packages it cannot use.
+
+// full: the full suite runs (OUTBOX_TEST_FULL=1, what CI runs).
+func full() bool { return os.Getenv(fullEnv) == "1" }
+
+// strict: a missing broker or server binary fails the test instead of
+// skipping it, in the full suite and under CI, where a skip would turn a
+// broken set-up green.
+func strict() bool { return full() || os.Getenv("CI") != "" }
+
+// runSelected: go test was given -run, so the tests it runs were named.
+func runSelected() bool {
+	f := flag.Lookup("test.run")
+	return f != nil && f.Value.String() != ""
 }
 
-func testURL() string {
+// long marks a test that starts servers of its own and takes its time: it
+// runs in the full suite or when -run names it, so that the quick command
+// stays quick. what says what makes it long.
+func long(t *testing.T, what string) {
+	t.Helper()
+	if full() || runSelected() {
+		return
+	}
+	t.Skipf("a long test (%s): it runs with %s=1 (the full suite) or when -run names it", what, fullEnv)
+}
+
+// testURL is the shared broker's address. Unset, the test skips at once
+// (the quick command needs nothing installed), except in strict mode,
+// where the default address must answer.
+func testURL(t *testing.T) string {
+	t.Helper()
 	if u := os.Getenv(urlEnv); u != "" {
 		return u
 	}
+	if !strict() {
+		t.Skipf("needs RabbitMQ: set %s (e.g. %s) to run it", urlEnv, defaultURL)
+	}
 	return defaultURL
+}
+
+// brokerMissing fails the test: the broker was asked for (its variable is
+// set, or the run is strict), so a skip would hide a broken set-up.
+func brokerMissing(t *testing.T, format string, args ...any) {
+	t.Helper()
+	t.Fatalf(format+"\nstart it with:\n  %s", append(args, startCmd)...)
+}
+
+// toolMissing fails the test in strict mode, where the broker's tools are
+// installed with it, and skips it otherwise.
+func toolMissing(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if strict() {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
 }
 
 func randomName(prefix string) string {
@@ -56,7 +100,7 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	url := testURL()
+	url := testURL(t)
 	conn, err := amqp.DialConfig(url, amqp.Config{Dial: amqp.DefaultDial(3 * time.Second)})
 	if err != nil {
 		brokerMissing(t, "RabbitMQ is unreachable at %s: %v", url, err)

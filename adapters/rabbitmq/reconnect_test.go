@@ -115,11 +115,11 @@ func TestConnectionLostWhilePublishing(t *testing.T) {
 // rabbitmqctl, which CI has next to the broker.
 func TestBrokerForcedClose(t *testing.T) {
 	t.Parallel()
+	f := newFixture(t)
 	ctl, err := exec.LookPath("rabbitmqctl")
 	if err != nil {
-		t.Skip("rabbitmqctl not in PATH; TestReopenAfterConnectionCut covers the client side")
+		toolMissing(t, "rabbitmqctl not in PATH (it comes with rabbitmq-server); TestReopenAfterConnectionCut covers the client side")
 	}
-	f := newFixture(t)
 	d := f.consume("#")
 	name := randomName("outbox-test-forced-")
 	p := f.publisher(Config{ConnectionName: name})

@@ -39,15 +39,12 @@ type node struct {
 
 func newNode(t *testing.T) *node {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("starts a RabbitMQ node of its own, about 15 s per start; skipped with -short")
-	}
 	bin := os.Getenv(serverEnv)
 	if bin == "" {
 		bin = "/usr/lib/rabbitmq/bin/rabbitmq-server"
 	}
 	if _, err := os.Stat(bin); err != nil {
-		brokerMissing(t, "rabbitmq-server script not found at %s (set %s)", bin, serverEnv)
+		toolMissing(t, "starts a RabbitMQ node of its own: rabbitmq-server script not found at %s (apt-get install rabbitmq-server, or set %s)", bin, serverEnv)
 	}
 	n := &node{t: t, bin: bin, dir: t.TempDir(), name: randomName("outboxtest-") + "@localhost", port: freePort(t), dist: freePort(t)}
 	for file, content := range map[string]string{
@@ -176,6 +173,7 @@ func drainQueue(t *testing.T, url, queue string) map[string]int {
 // once instead of a warning per event. Messages confirmed twice (a confirm
 // the restart swallowed) are allowed: at least once.
 func TestBrokerRestart(t *testing.T) {
+	long(t, "a RabbitMQ node of its own, about 15 s per start, restarted under load")
 	t.Parallel()
 	n := newNode(t)
 	n.start()

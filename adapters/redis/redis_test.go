@@ -294,6 +294,7 @@ func TestErrorsFromRealServers(t *testing.T) {
 // a warning per event. Entries appended twice (an XADD whose reply the
 // outage swallowed) are allowed: at least once.
 func TestBrokerOutage(t *testing.T) {
+	long(t, "a redis-server of its own, stopped twice under load")
 	t.Parallel()
 	srv := newServer(t)
 	rdb := goredis.NewClient(&goredis.Options{

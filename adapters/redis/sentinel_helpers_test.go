@@ -40,22 +40,6 @@ func downAfterMillis(t *testing.T) int {
 	return n
 }
 
-// redisBinary returns the redis-server binary, which also runs the
-// sentinels (redis-server --sentinel; Debian ships no redis-sentinel).
-// Missing, it skips the test, unless CI is set: then it fails, so that a CI
-// without Redis goes red rather than green with the test skipped.
-func redisBinary(t *testing.T) string {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("redis-server not found in PATH (CI=%s, so this fails rather than skips): install Redis 7 (apt-get install redis-server)", os.Getenv("CI"))
-		}
-		t.Skip("redis-server not found in PATH: this test runs its own Redis primary, replicas and sentinels; install Redis 7 (apt-get install redis-server). Skipped because CI is not set")
-	}
-	return bin
-}
-
 // redisNode is one redis-server of a test-owned Sentinel set. Its port and
 // directory survive a kill, so that a restart is the same server coming
 // back. With a link lag, sentinels, clients and replicas reach it through

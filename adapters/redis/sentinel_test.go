@@ -88,9 +88,10 @@ type sentinelCase struct {
 //
 //	OUTBOX_REDIS_SENTINEL_ROUNDS=40 go test -race -count=1 -timeout 60m -run '^TestSentinelFailover$/^MachineCrash$' -v .
 //
-// Without redis-server in PATH the test skips, unless CI is set: then it
-// fails.
+// Without redis-server in PATH the test skips, unless the run is strict
+// (OUTBOX_TEST_FULL=1 or CI set): then it fails.
 func TestSentinelFailover(t *testing.T) {
+	long(t, "Sentinel sets of their own, primaries killed round after round")
 	t.Parallel()
 	rounds := 3
 	if v := os.Getenv(sentinelRoundsEnv); v != "" {
