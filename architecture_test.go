@@ -38,6 +38,7 @@ func TestImportRules(t *testing.T) {
 		"internal/maint":           {"internal/engine", "internal/store"},
 		"internal/overview":        {"internal/store"},
 		"internal/pgtest":          {},
+		"internal/testenv":         {},
 		"internal/outagetest":      {".", "outboxtest"}, // the public API, for the adapters' outage tests
 	}
 	// A store (internal/store/<database>) may build on another store.
