@@ -27,12 +27,16 @@ func TestWaitReplicas(t *testing.T) {
 	var called atomic.Bool           // the relay's workers run concurrently
 	e.ob.Handle("x", func(context.Context, Event) error { called.Store(true); return nil })
 	publishN(t, e.db, "x", 3)
-	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
+	// StatementTimeout is also how long the relay waits for the standbys.
+	// It bounds the claim too: short, but not so short that a loaded
+	// machine's claim runs out of it before the wait is reached.
+	const wait = time.Second
+	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: wait})
 	start := time.Now()
 	n, err := r.ProcessOnce(t.Context())
 	require.ErrorIs(t, err, ErrReplicasBehind)
 	assert.Equal(t, 3, n, "claimed, then handed back")
-	assert.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond, "it waited StatementTimeout")
+	assert.GreaterOrEqual(t, time.Since(start), wait, "it waited StatementTimeout")
 	assert.False(t, called.Load(), "nothing delivered")
 	rows, err := e.ob.List(e.db.WithContext(t.Context()), ListParams{})
 	require.NoError(t, err)
@@ -42,7 +46,7 @@ func TestWaitReplicas(t *testing.T) {
 		assert.Nil(t, row.LockedUntil, "the lease is given up")
 	}
 	// Without the option the same relay settings deliver.
-	r = e.relay(RelayConfig{StatementTimeout: 100 * time.Millisecond})
+	r = e.relay(RelayConfig{StatementTimeout: wait})
 	_, err = r.ProcessOnce(t.Context())
 	require.NoError(t, err)
 	assert.True(t, called.Load())
@@ -58,7 +62,7 @@ func TestWaitReplicasLogical(t *testing.T) {
 	var called atomic.Bool
 	e.ob.Handle("x", func(context.Context, Event) error { called.Store(true); return nil })
 	require.NoError(t, PublishAlone(e.db, Event{Type: "x"}, Event{Type: "x"}, Event{Type: "x"}))
-	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: 100 * time.Millisecond})
+	r := e.relay(RelayConfig{WaitReplicas: 1, StatementTimeout: time.Second}) // as in TestWaitReplicas
 	_, err := r.ProcessOnce(t.Context())
 	require.ErrorIs(t, err, ErrReplicasBehind)
 	assert.False(t, called.Load(), "nothing delivered from the stream")
