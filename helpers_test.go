@@ -12,12 +12,12 @@ import (
 	"testing"
 	"time"
 
-	puresqlite "github.com/glebarez/sqlite"
 	mysqldriver "github.com/go-sql-driver/mysql"
 	"github.com/gorm-outbox/outbox/internal/engine"
 	"github.com/gorm-outbox/outbox/internal/store"
 	mysqlstore "github.com/gorm-outbox/outbox/internal/store/mysql"
 	sqlitestore "github.com/gorm-outbox/outbox/internal/store/sqlite"
+	puresqlite "github.com/libtnb/sqlite"
 	"github.com/stretchr/testify/require"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
@@ -60,7 +60,7 @@ var cgoSQLite = &sqliteDriver{
 	settings: sqlitestore.CgoDSN.Recommended,
 }
 
-// pureSQLite is github.com/glebarez/sqlite (modernc.org SQLite, no cgo),
+// pureSQLite is github.com/libtnb/sqlite (modernc.org/sqlite, no cgo),
 // which GORM users pick for static builds.
 var pureSQLite = &sqliteDriver{
 	open:     puresqlite.Open,

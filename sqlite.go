@@ -15,8 +15,11 @@ const (
 	SQLiteDSNOptions = sqlite.DSNOptions
 
 	// SQLitePureGoDSNOptions spells them for the pure-Go drivers
-	// (github.com/glebarez/sqlite, modernc.org/sqlite,
-	// github.com/ncruces/go-sqlite3), which ignore _journal_mode and
-	// _busy_timeout.
+	// (github.com/libtnb/sqlite, modernc.org/sqlite,
+	// github.com/ncruces/go-sqlite3, github.com/glebarez/sqlite) with
+	// _pragma, which they all read (all but modernc.org/sqlite since v1.55
+	// ignore _journal_mode and _busy_timeout):
+	//
+	//	gorm.Open(sqlite.Open("file:app.db"+outbox.SQLitePureGoDSNOptions), cfg) // github.com/libtnb/sqlite
 	SQLitePureGoDSNOptions = sqlite.PureGoDSNOptions
 )

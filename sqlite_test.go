@@ -8,7 +8,7 @@ func TestSQLite(t *testing.T) {
 }
 
 // TestSQLitePureGo runs the shared suite on the pure-Go SQLite driver
-// (github.com/glebarez/sqlite): the cgo-free path.
+// (github.com/libtnb/sqlite, modernc.org/sqlite): the cgo-free path.
 func TestSQLitePureGo(t *testing.T) {
 	t.Parallel()
 	runSuite(t, pureSQLiteBackend)

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/glebarez/sqlite"
+	"github.com/libtnb/sqlite"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
@@ -58,7 +58,7 @@ func ExampleSQLite() {
 }
 
 // Open is SQLite with the driver of your choice: here the pure-Go
-// github.com/glebarez/sqlite, for builds without cgo, with the DSN
+// github.com/libtnb/sqlite, for builds without cgo, with the DSN
 // settings spelled for it. It also opens a test database of another kind.
 func ExampleOpen() {
 	testWithoutCgo := func(t *testing.T) {

@@ -32,8 +32,8 @@ import (
 const DSNOptions = outbox.SQLiteDSNOptions
 
 // PureGoDSNOptions are DSNOptions spelled for the pure-Go SQLite drivers
-// (github.com/glebarez/sqlite, modernc.org/sqlite), which ignore
-// _journal_mode and _busy_timeout: [outbox.SQLitePureGoDSNOptions].
+// (github.com/libtnb/sqlite, modernc.org/sqlite, github.com/glebarez/sqlite)
+// with _pragma: [outbox.SQLitePureGoDSNOptions].
 const PureGoDSNOptions = outbox.SQLitePureGoDSNOptions
 
 // SQLite opens a SQLite database in t's temporary directory with DSNOptions,
@@ -42,7 +42,7 @@ const PureGoDSNOptions = outbox.SQLitePureGoDSNOptions
 // which needs cgo; without cgo, pass the pure-Go driver to Open:
 //
 //	dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + outboxtest.PureGoDSNOptions
-//	db, ob := outboxtest.Open(t, sqlite.Open(dsn), outbox.Config{}) // github.com/glebarez/sqlite
+//	db, ob := outboxtest.Open(t, sqlite.Open(dsn), outbox.Config{}) // github.com/libtnb/sqlite
 func SQLite(t testing.TB, cfg outbox.Config) (*gorm.DB, *outbox.Outbox) {
 	t.Helper()
 	return Open(t, sqlite.Open("file:"+filepath.Join(t.TempDir(), "outbox.db")+DSNOptions), cfg)

@@ -30,8 +30,8 @@ require (
 	github.com/modern-go/reflect2 v1.0.2 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.5 // indirect
-	golang.org/x/sync v0.17.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.29.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.39.0 // indirect
 	gorm.io/driver/postgres v1.6.3 // indirect
 )

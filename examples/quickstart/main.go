@@ -2,7 +2,7 @@
 //
 //	go run ./examples/quickstart
 //
-// It uses the pure-Go SQLite driver (github.com/glebarez/sqlite), so it
+// It uses the pure-Go SQLite driver (github.com/libtnb/sqlite), so it
 // builds without cgo (CGO_ENABLED=0 works); the first build compiles SQLite
 // and takes a minute or two.
 //
@@ -21,8 +21,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/glebarez/sqlite"
 	"github.com/gorm-outbox/outbox"
+	"github.com/libtnb/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 )

@@ -1,6 +1,6 @@
 // Package sqlite is the outbox's store on SQLite, through
-// gorm.io/driver/sqlite (cgo) and the pure-Go github.com/glebarez/sqlite
-// alike: one writer at a time, so the single UPDATE ... RETURNING claim is
+// gorm.io/driver/sqlite (cgo) and the pure-Go github.com/libtnb/sqlite
+// (modernc.org/sqlite) alike: one writer at a time, so the single UPDATE ... RETURNING claim is
 // atomic without row locks. Times are stored as text in one UTC format,
 // which compares correctly as strings.
 package sqlite
@@ -219,9 +219,11 @@ func CheckVersion(version string) error {
 const (
 	// DSNOptions is the spelling of gorm.io/driver/sqlite (mattn/go-sqlite3).
 	DSNOptions = "?_journal_mode=WAL&_busy_timeout=10000&_txlock=immediate"
-	// PureGoDSNOptions is the pure-Go drivers' (github.com/glebarez/sqlite,
-	// modernc.org/sqlite, github.com/ncruces/go-sqlite3), which ignore
-	// _journal_mode and _busy_timeout.
+	// PureGoDSNOptions is the pure-Go drivers' (github.com/libtnb/sqlite,
+	// modernc.org/sqlite, github.com/ncruces/go-sqlite3,
+	// github.com/glebarez/sqlite): the _pragma spelling, which they all
+	// read; all but modernc.org/sqlite since v1.55 ignore _journal_mode and
+	// _busy_timeout.
 	PureGoDSNOptions = "?_pragma=journal_mode(WAL)&_pragma=busy_timeout(10000)&_txlock=immediate"
 )
 
@@ -237,9 +239,9 @@ var (
 		Recommended: DSNOptions,
 		WAL:         "_journal_mode=WAL",
 	}
-	// PragmaDSN: the pure-Go drivers (github.com/glebarez/sqlite,
-	// modernc.org/sqlite, github.com/ncruces/go-sqlite3), which ignore
-	// _journal_mode and _busy_timeout.
+	// PragmaDSN: the pure-Go drivers (github.com/libtnb/sqlite,
+	// modernc.org/sqlite, github.com/ncruces/go-sqlite3,
+	// github.com/glebarez/sqlite), PureGoDSNOptions.
 	PragmaDSN = DSN{
 		Recommended: PureGoDSNOptions,
 		WAL:         "_pragma=journal_mode(WAL)",
@@ -261,8 +263,8 @@ func DSNFor(db *sql.DB, dial gorm.Dialector) DSN {
 		switch p := t.PkgPath(); {
 		case strings.HasPrefix(p, "github.com/mattn/go-sqlite3"), p == "gorm.io/driver/sqlite":
 			return CgoDSN
-		case strings.HasPrefix(p, "github.com/glebarez/"), strings.HasPrefix(p, "modernc.org/sqlite"),
-			strings.HasPrefix(p, "github.com/ncruces/go-sqlite3"):
+		case strings.HasPrefix(p, "modernc.org/sqlite"), strings.HasPrefix(p, "github.com/libtnb/sqlite"),
+			strings.HasPrefix(p, "github.com/glebarez/"), strings.HasPrefix(p, "github.com/ncruces/go-sqlite3"):
 			return PragmaDSN
 		}
 	}
