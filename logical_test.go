@@ -545,9 +545,17 @@ func logicalBackend(t *testing.T) backend {
 			schema := randomName("t_")
 			require.NoError(t, admin.Exec("CREATE SCHEMA "+schema).Error)
 			t.Cleanup(func() { _ = admin.Exec("DROP SCHEMA " + schema + " CASCADE").Error })
-			db, err := gorm.Open(postgres.Open(dsn+"&search_path="+schema), gcfg)
+			// The suite's tests drive relays by ProcessOnce, not in a
+			// loop that sends position reports while it waits: the
+			// relay's own 5 s wal_sender_timeout made a starved relay
+			// (CI at load 12) give its stream up mid-test, by design.
+			// The freeze tests cover that; here the DSN's own, longer
+			// one, which the relay honours, keeps the suite about
+			// delivery.
+			sdsn := dsn + "&search_path=" + schema + "&wal_sender_timeout=60s"
+			db, err := gorm.Open(postgres.Open(sdsn), gcfg)
 			require.NoError(t, err)
-			dsns.Store(db, dsn+"&search_path="+schema)
+			dsns.Store(db, sdsn)
 			t.Cleanup(func() {
 				if sqlDB, err := db.DB(); err == nil {
 					_ = sqlDB.Close()
