@@ -228,7 +228,9 @@ func testHugeFailedBatch(t *testing.T, b backend) {
 		// The rows are the relay's (the IDs are explicit): it streams the
 		// transaction as one batch and records its failures in one go.
 		e.ob.Handle("x", func(context.Context, Event) error { return errors.New("down") })
-		_, err := e.relay(RelayConfig{BatchSize: n, Backoff: func(int) time.Duration { return time.Hour }}).ProcessOnce(t.Context())
+		// A long StatementTimeout: writing the 8,200 streamed rows to the
+		// table outlasted the default on a loaded machine (CI, load 15).
+		_, err := e.relay(RelayConfig{BatchSize: n, StatementTimeout: 50 * time.Second, Backoff: func(int) time.Duration { return time.Hour }}).ProcessOnce(t.Context())
 		require.NoError(t, err)
 		assert.EqualValues(t, n, e.count("status = ? AND attempts = 1 AND locked_until IS NULL AND last_error IS NOT NULL", StatusPending),
 			"every failure is recorded")
