@@ -49,6 +49,7 @@ const (
 	ordDSNEnv        = "OUTBOX_ORDERING_DSN"
 	ordRelayEnv      = "OUTBOX_ORDERING_RELAY"       // the relay's number, recorded with its handler calls
 	ordOutageFileEnv = "OUTBOX_ORDERING_OUTAGE_FILE" // while this file exists, the destination is down
+	ordLeaseEnv      = "OUTBOX_ORDERING_LEASE"       // the relays' Lease (see ordLease)
 
 	ordEventType   = "ord.event"
 	ordAggType     = "ord_aggregates" // the table's name: what a Recorder fills in
@@ -56,7 +57,6 @@ const (
 	ordWriterCount = 4
 	ordWorkers     = 4
 	ordBatch       = 20
-	ordLease       = 2 * time.Second
 
 	// ordDestinationLatency stands for the destination's round trip inside
 	// a handler call, between its two tickets. It orders nothing; it only
@@ -65,12 +65,22 @@ const (
 	ordDestinationLatency = time.Millisecond
 )
 
-func ordRelayConfig() outbox.RelayConfig {
+// ordLease is the relays' lease: short, so that a killed relay's rows are
+// claimed again soon, but longer on a loaded machine. A handler's last
+// statement, sent before its deadline, can still run on a starved server
+// after it: the lease budget's margin (a fifth of the lease) must cover
+// that, or the next relay's call overlaps it (CI, load 21: a 2 s lease,
+// 0.4 s of margin, gave one overlap and 21 duplicates without a kill).
+func ordLease() time.Duration {
+	return min(byLoad(4*time.Second), 20*time.Second)
+}
+
+func ordRelayConfig(lease time.Duration) outbox.RelayConfig {
 	return outbox.RelayConfig{
 		BatchSize:        ordBatch,
 		Workers:          ordWorkers,
 		PollInterval:     20 * time.Millisecond,
-		Lease:            ordLease,
+		Lease:            lease,
 		MaxAttempts:      1000, // kills must not push a row to failed
 		Backoff:          func(int) time.Duration { return 10 * time.Millisecond },
 		OrderByAggregate: true,
@@ -299,7 +309,8 @@ func runOrdering(t *testing.T, name string, sc ordScenario) {
 	ob := install(t, db, cfg)
 	// The relays run without migrations (several processes starting at
 	// once); one relay run here creates the ordering index first.
-	_, err := outboxtest.Relay(t, ob, db, ordRelayConfig()).ProcessOnce(context.Background())
+	lease := ordLease()
+	_, err := outboxtest.Relay(t, ob, db, ordRelayConfig(lease)).ProcessOnce(context.Background())
 	require.NoError(t, err)
 	require.True(t, ordIndexExists(t, db, sc.server, ob.Table()+"_aggregate_idx"), "the ordering index was not created")
 
@@ -320,6 +331,7 @@ func runOrdering(t *testing.T, name string, sc ordScenario) {
 	rs := &ordRelaySet{t: t, dsnFor: dsnFor, env: []string{
 		childRoleEnv + "=ordering", ordServerEnv + "=" + sc.server, ordLogicalEnv + "=" + strconv.FormatBool(sc.logical),
 		ordOutageFileEnv + "=" + outageFile, orderingFailEnv + "=" + strconv.Itoa(failEvery),
+		ordLeaseEnv + "=" + lease.String(),
 	}}
 	for range ordRelays {
 		rs.start()
@@ -780,7 +792,11 @@ func TestOrderingRelayChild(t *testing.T) {
 		fail("%s: %v", orderingFailEnv, err)
 	}
 	ob.Handle(ordEventType, ordHandler(db, ordSQLFor(server), relay, failEvery, os.Getenv(ordOutageFileEnv)))
-	r, err := ob.Relay(db, ordRelayConfig())
+	lease, err := time.ParseDuration(os.Getenv(ordLeaseEnv))
+	if err != nil {
+		fail("%s: %v", ordLeaseEnv, err)
+	}
+	r, err := ob.Relay(db, ordRelayConfig(lease))
 	if err != nil {
 		fail("relay: %v", err)
 	}
