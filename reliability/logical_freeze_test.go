@@ -43,7 +43,7 @@ const (
 
 	// freezeLease is the relays' lease, and so their statement timeout
 	// (10 s, the default, below it) and their handlers' budget (12 s).
-	// The other Logical tests' 1.5 s (logicalLease) lets the leases of a
+	// The other Logical tests' 1.5 s (logicalLease, longer under load) lets the leases of a
 	// killed relay pass quickly; this test kills no relay, and on a
 	// loaded machine (load 38-55 on 2 cores) a handler's INSERT, a
 	// connection or the statement that records a delivery takes longer
