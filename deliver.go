@@ -83,6 +83,9 @@ func (r *Relay) fanout() *engine.Fanout {
 		Workers: r.cfg.Workers, Ordered: r.cfg.OrderByAggregate, Policy: r.policy,
 		Attempt: r.attempt, Report: r.report,
 	}
+	if r.o.pipelines() {
+		f.Wave = r.attemptWave
+	}
 	if r.cfg.WaitReplicas > 0 {
 		f.Gate = (&engine.Standbys{Replicas: r.o.replicas(), DB: r.table.DB, Want: r.cfg.WaitReplicas, Timeout: r.cfg.StatementTimeout}).Wait
 	}
@@ -103,6 +106,35 @@ func (r *Relay) attempt(bctx context.Context, c *claimed) error {
 		defer cancel()
 	}
 	return r.o.deliver(context.WithValue(hctx, attemptKey{}, c.Attempts), Event(c.Event))
+}
+
+// attemptWave runs the handlers of several events at once (the engine's
+// Wave): each gets the context attempt would give it, and an
+// AsyncHandler's deliveries start in the order of items.
+func (r *Relay) attemptWave(bctx context.Context, items []*claimed) []error {
+	errs := make([]error, len(items))
+	var (
+		calls []call
+		at    []int // calls[j] is items[at[j]]
+	)
+	for i, c := range items {
+		if c.Bad != nil {
+			errs[i] = Permanent(c.Bad)
+			continue
+		}
+		hctx := bctx
+		if r.cfg.HandlerTimeout > 0 {
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(bctx, r.cfg.HandlerTimeout)
+			defer cancel()
+		}
+		calls = append(calls, call{ctx: context.WithValue(hctx, attemptKey{}, c.Attempts), e: Event(c.Event)})
+		at = append(at, i)
+	}
+	for j, err := range r.o.deliverWave(calls, r.cfg.Workers) {
+		errs[at[j]] = err
+	}
+	return errs
 }
 
 // report records a delivery, and hands one attempt's outcome to the

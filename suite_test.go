@@ -79,6 +79,9 @@ func runSuite(t *testing.T, b backend) {
 	for name, fn := range overviewTests {
 		tests[name] = fn
 	}
+	for name, fn := range asyncTests {
+		tests[name] = fn
+	}
 	for name, fn := range tests {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

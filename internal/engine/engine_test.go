@@ -114,12 +114,15 @@ func (b *fakeBatch) kinds() map[string]Kind {
 	return out
 }
 
-func fanout(ordered bool, attempt func(*Item) error) (*Fanout, *[]string) {
+// fanout is a Fanout whose handlers are attempt, on the workers' path or
+// (waves) the Wave path, which calls attempt for each item of a wave in
+// order, as a pipelined destination starts them.
+func fanout(waves, ordered bool, attempt func(*Item) error) (*Fanout, *[]string) {
 	var (
 		mu    sync.Mutex
 		order []string
 	)
-	return &Fanout{
+	f := &Fanout{
 		Workers: 4, Ordered: ordered, Policy: testPolicy(),
 		Attempt: func(_ context.Context, it *Item) error {
 			mu.Lock()
@@ -128,87 +131,190 @@ func fanout(ordered bool, attempt func(*Item) error) (*Fanout, *[]string) {
 			return attempt(it)
 		},
 		Report: func(*Item, Result, error, time.Duration) {},
-	}, &order
+	}
+	if waves {
+		f.Workers, f.Attempt = 0, nil
+		f.Wave = func(_ context.Context, items []*Item) []error {
+			errs := make([]error, len(items))
+			for i, it := range items {
+				order = append(order, it.Event.ID)
+				errs[i] = attempt(it)
+			}
+			return errs
+		}
+	}
+	return f, &order
+}
+
+// paths runs test on the workers' path and on the Wave path: the same
+// rules hold on both.
+func paths(t *testing.T, test func(t *testing.T, waves bool)) {
+	for _, waves := range []bool{false, true} {
+		name := "Workers"
+		if waves {
+			name = "Waves"
+		}
+		t.Run(name, func(t *testing.T) { test(t, waves) })
+	}
 }
 
 func TestFanoutOrderedHoldsTheAggregate(t *testing.T) {
-	f, order := fanout(true, func(it *Item) error {
-		if it.Event.ID == "a1" {
-			return errors.New("a1 fails")
-		}
-		return nil
+	paths(t, func(t *testing.T, waves bool) {
+		f, order := fanout(waves, true, func(it *Item) error {
+			if it.Event.ID == "a1" {
+				return errors.New("a1 fails")
+			}
+			return nil
+		})
+		b := newFake("a1", "b1", "a2", "b2", "a3")
+		down, err := f.Process(t.Context(), b)
+		require.NoError(t, down)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]Kind{"a1": Failed, "a2": Deferred, "a3": Deferred, "b1": Sent, "b2": Sent}, b.kinds())
+		assert.NotContains(t, *order, "a2", "held behind a1")
+		assert.Len(t, b.results, 5, "every item recorded once")
 	})
-	b := newFake("a1", "b1", "a2", "b2", "a3")
-	down, err := f.Process(t.Context(), b)
-	require.NoError(t, down)
-	require.NoError(t, err)
-	assert.Equal(t, map[string]Kind{"a1": Failed, "a2": Deferred, "a3": Deferred, "b1": Sent, "b2": Sent}, b.kinds())
-	assert.NotContains(t, *order, "a2", "held behind a1")
-	assert.Len(t, b.results, 5, "every item recorded once")
 }
 
 func TestFanoutUnorderedDeliversEveryItem(t *testing.T) {
-	f, order := fanout(false, func(it *Item) error {
-		if it.Event.ID == "a1" {
-			return errors.New("a1 fails")
-		}
-		return nil
+	paths(t, func(t *testing.T, waves bool) {
+		f, order := fanout(waves, false, func(it *Item) error {
+			if it.Event.ID == "a1" {
+				return errors.New("a1 fails")
+			}
+			return nil
+		})
+		b := newFake("a1", "a2", "a3")
+		_, err := f.Process(t.Context(), b)
+		require.NoError(t, err)
+		assert.Equal(t, map[string]Kind{"a1": Failed, "a2": Sent, "a3": Sent}, b.kinds())
+		assert.Len(t, *order, 3)
 	})
-	b := newFake("a1", "a2", "a3")
-	_, err := f.Process(t.Context(), b)
-	require.NoError(t, err)
-	assert.Equal(t, map[string]Kind{"a1": Failed, "a2": Sent, "a3": Sent}, b.kinds())
-	assert.Len(t, *order, 3)
 }
 
 func TestFanoutStopsWhenTheDestinationIsDown(t *testing.T) {
-	f, _ := fanout(false, func(*Item) error { return errs.Unavailable(errors.New("down")) })
-	f.Workers = 1
-	b := newFake("a1", "b1", "c1")
-	down, err := f.Process(t.Context(), b)
-	require.NoError(t, err)
-	assert.True(t, errs.IsUnavailable(down))
-	assert.Equal(t, map[string]Kind{"a1": Deferred, "b1": Deferred, "c1": Deferred}, b.kinds())
-	assert.ErrorIs(t, b.results[0].Down, down, "the first one handed back by the handler")
-	assert.NoError(t, b.results[1].Down, "the others never started")
+	paths(t, func(t *testing.T, waves bool) {
+		if waves {
+			// A wave's items start together: each is handed back by the
+			// handler; the next wave never starts.
+			f, order := fanout(waves, true, func(*Item) error { return errs.Unavailable(errors.New("down")) })
+			b := newFake("a1", "b1", "a2", "b2")
+			down, err := f.Process(t.Context(), b)
+			require.NoError(t, err)
+			assert.True(t, errs.IsUnavailable(down))
+			assert.Equal(t, map[string]Kind{"a1": Deferred, "b1": Deferred, "a2": Deferred, "b2": Deferred}, b.kinds())
+			assert.Equal(t, []string{"a1", "b1"}, *order)
+			assert.Error(t, b.results[1].Down, "handed back by the handler")
+			assert.NoError(t, b.results[2].Down, "never started")
+			return
+		}
+		f, _ := fanout(waves, false, func(*Item) error { return errs.Unavailable(errors.New("down")) })
+		f.Workers = 1
+		b := newFake("a1", "b1", "c1")
+		down, err := f.Process(t.Context(), b)
+		require.NoError(t, err)
+		assert.True(t, errs.IsUnavailable(down))
+		assert.Equal(t, map[string]Kind{"a1": Deferred, "b1": Deferred, "c1": Deferred}, b.kinds())
+		assert.ErrorIs(t, b.results[0].Down, down, "the first one handed back by the handler")
+		assert.NoError(t, b.results[1].Down, "the others never started")
+	})
 }
 
 func TestFanoutStopsWhenTheHoldIsGone(t *testing.T) {
-	f, order := fanout(false, func(*Item) error { return nil })
-	f.Workers = 1
-	b := newFake("a1", "b1", "c1")
-	gone := errors.New("the session may be over")
-	calls := 0
-	b.stale = func() error {
-		if calls++; calls > 1 {
-			return gone
+	paths(t, func(t *testing.T, waves bool) {
+		// Looked at before each delivery; on the Wave path, before each
+		// wave (here, one an event: a single aggregate).
+		f, order := fanout(waves, waves, func(*Item) error { return nil })
+		f.Workers = 1
+		b := newFake("a1", "b1", "c1")
+		if waves {
+			b = newFake("a1", "a2", "a3")
 		}
-		return nil
-	}
-	_, err := f.Process(t.Context(), b)
-	require.ErrorIs(t, err, gone, "Close hears why the batch stopped")
-	assert.Equal(t, []string{"a1"}, *order)
-	assert.Equal(t, map[string]Kind{"a1": Sent, "b1": Deferred, "c1": Deferred}, b.kinds())
+		gone := errors.New("the session may be over")
+		calls := 0
+		b.stale = func() error {
+			if calls++; calls > 1 {
+				return gone
+			}
+			return nil
+		}
+		_, err := f.Process(t.Context(), b)
+		require.ErrorIs(t, err, gone, "Close hears why the batch stopped")
+		assert.Equal(t, []string{"a1"}, *order)
+		want := map[string]Kind{"a1": Sent, "b1": Deferred, "c1": Deferred}
+		if waves {
+			want = map[string]Kind{"a1": Sent, "a2": Deferred, "a3": Deferred}
+		}
+		assert.Equal(t, want, b.kinds())
+	})
 }
 
 func TestFanoutStartsNothingPastTheBudget(t *testing.T) {
-	f, order := fanout(false, func(*Item) error { return nil })
-	b := newFake("a1", "b1")
-	b.deadline = time.Now().Add(-time.Second)
-	_, err := f.Process(t.Context(), b)
-	require.NoError(t, err)
-	assert.Empty(t, *order)
-	assert.Equal(t, map[string]Kind{"a1": Deferred, "b1": Deferred}, b.kinds())
+	paths(t, func(t *testing.T, waves bool) {
+		f, order := fanout(waves, false, func(*Item) error { return nil })
+		b := newFake("a1", "b1")
+		b.deadline = time.Now().Add(-time.Second)
+		_, err := f.Process(t.Context(), b)
+		require.NoError(t, err)
+		assert.Empty(t, *order)
+		assert.Equal(t, map[string]Kind{"a1": Deferred, "b1": Deferred}, b.kinds())
+	})
 }
 
 func TestFanoutAbandonsAnItemClaimedTooOften(t *testing.T) {
-	f, order := fanout(false, func(*Item) error { return nil })
-	b := newFake("a1")
-	b.items[0].Attempts = 4
+	paths(t, func(t *testing.T, waves bool) {
+		f, order := fanout(waves, false, func(*Item) error { return nil })
+		b := newFake("a1")
+		b.items[0].Attempts = 4
+		_, err := f.Process(t.Context(), b)
+		require.NoError(t, err)
+		assert.Empty(t, *order, "not attempted")
+		assert.Equal(t, "failed", b.results[0].Status())
+	})
+}
+
+func TestFanoutWaves(t *testing.T) {
+	var waves [][]string
+	f := &Fanout{Ordered: true, Policy: testPolicy(), Report: func(*Item, Result, error, time.Duration) {}}
+	f.Wave = func(_ context.Context, items []*Item) []error {
+		var ids []string
+		errs := make([]error, len(items))
+		for i, it := range items {
+			ids = append(ids, it.Event.ID)
+			if it.Event.ID == "b2" {
+				errs[i] = errors.New("b2 fails")
+			}
+		}
+		waves = append(waves, ids)
+		return errs
+	}
+	b := newFake("a1", "b1", "a2", "b2", "c1", "a3", "b3", "a4")
+	b.items = append(b.items, Item{Event: Event{ID: "n1"}, Attempts: 1}, Item{Event: Event{ID: "n2"}, Attempts: 1}) // no aggregate
 	_, err := f.Process(t.Context(), b)
 	require.NoError(t, err)
-	assert.Empty(t, *order, "not attempted")
-	assert.Equal(t, "failed", b.results[0].Status())
+	assert.Equal(t, [][]string{{"a1", "b1", "c1", "n1", "n2"}, {"a2", "b2"}, {"a3"}, {"a4"}}, waves,
+		"an aggregate's k-th event in wave k, in batch order; none after one that failed (b3)")
+	assert.Equal(t, Deferred, b.kinds()["b3"])
+	assert.Equal(t, Failed, b.kinds()["b2"])
+	assert.Len(t, b.results, 10)
+
+	// Unordered: one wave, in batch order. A handler that reports fewer
+	// outcomes than events never has the rest counted as sent.
+	waves = nil
+	f.Ordered = false
+	f.Wave = func(_ context.Context, items []*Item) []error {
+		var ids []string
+		for _, it := range items {
+			ids = append(ids, it.Event.ID)
+		}
+		waves = append(waves, ids)
+		return make([]error, len(items)-1)
+	}
+	b = newFake("a1", "a2", "b1")
+	_, err = f.Process(t.Context(), b)
+	require.NoError(t, err)
+	assert.Equal(t, [][]string{{"a1", "a2", "b1"}}, waves)
+	assert.Equal(t, map[string]Kind{"a1": Sent, "a2": Sent, "b1": Failed}, b.kinds())
 }
 
 func TestBudget(t *testing.T) {

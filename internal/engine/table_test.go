@@ -37,7 +37,7 @@ func TestTableSource(t *testing.T) {
 	require.NoError(t, err)
 
 	table := &Table{Store: s, DB: db, Now: now, Lease: time.Minute, StatementTimeout: 10 * time.Second, Ordered: true}
-	f, _ := fanout(true, func(it *Item) error {
+	f, _ := fanout(false, true, func(it *Item) error {
 		switch it.Event.ID {
 		case "a1":
 			return errors.New("a1 fails")

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,15 @@ type Fanout struct {
 	Policy  *Policy
 	// Attempt runs the item's handlers (within the budget's context).
 	Attempt func(ctx context.Context, it *Item) error
+	// Wave, when set, replaces Workers and Attempt: it runs the handlers
+	// of several items at once, a pipelined destination starting their
+	// deliveries in the order given before it waits for any, and returns
+	// one error per item. Deliver calls it once per wave: without
+	// ordering, one wave of the whole batch; with it, wave k holds the
+	// k-th item of every aggregate not held (and, in the first, every item
+	// of no aggregate), so an aggregate's items are started one after the
+	// other and none after one that was not sent.
+	Wave func(ctx context.Context, items []*Item) []error
 	// Report tells observers of an attempt's outcome.
 	Report func(it *Item, r Result, err error, took time.Duration)
 	// Gate, when set, holds every batch before its first delivery
@@ -32,6 +42,9 @@ type Fanout struct {
 // Unavailable error a handler returned (down) and stale's error (gone),
 // if any.
 func (f *Fanout) Deliver(ctx, bctx context.Context, items []Item, stale func() error, record func(i int, r Result)) (down, gone error) {
+	if f.Wave != nil {
+		return f.waves(ctx, bctx, items, stale, record)
+	}
 	groups := f.groups(items) // nil without ordering: item g is group g
 	n := len(items)
 	if groups != nil {
@@ -72,7 +85,7 @@ func (f *Fanout) Deliver(ctx, bctx context.Context, items []Item, stale func() e
 			}
 		}
 	}
-	run(min(f.Workers, n), work)
+	Run(min(f.Workers, n), work)
 	if p := staleErr.Load(); p != nil {
 		gone = *p
 	}
@@ -81,6 +94,111 @@ func (f *Fanout) Deliver(ctx, bctx context.Context, items []Item, stale func() e
 	}
 	return down, gone
 }
+
+// waves is Deliver through Wave: the same results and the same stops
+// (ctx, the budget, a destination down, a stale hold), checked before
+// each wave instead of before each item.
+func (f *Fanout) waves(ctx, bctx context.Context, items []Item, stale func() error, record func(i int, r Result)) (down, gone error) {
+	groups := f.groups(items)
+	if groups == nil {
+		groups = [][]int{make([]int, len(items))}
+		for i := range items {
+			groups[0][i] = i
+		}
+	}
+	// With ordering, a group is an aggregate: its k-th item goes in wave
+	// k. Without, the one group's items all go in the first wave.
+	pos := make([]int, len(groups))
+	held := make([]bool, len(groups))
+	var wave []int  // item indexes
+	var group []int // the group of each
+	for {
+		wave, group = wave[:0], group[:0]
+		for g, idx := range groups {
+			if pos[g] >= len(idx) {
+				continue
+			}
+			if held[g] {
+				for _, i := range idx[pos[g]:] {
+					record(i, Result{Kind: Deferred})
+				}
+				pos[g] = len(idx)
+				continue
+			}
+			take := 1
+			if !f.Ordered {
+				take = len(idx)
+			}
+			for _, i := range idx[pos[g] : pos[g]+take] {
+				wave, group = append(wave, i), append(group, g)
+			}
+			pos[g] += take
+		}
+		if len(wave) == 0 {
+			return down, gone
+		}
+		if stale != nil && gone == nil {
+			gone = stale()
+		}
+		if ctx.Err() != nil || bctx.Err() != nil || down != nil || gone != nil {
+			for g := range groups {
+				held[g] = true
+			}
+			for _, i := range wave {
+				record(i, Result{Kind: Deferred})
+			}
+			continue
+		}
+		rs := f.wave(bctx, items, wave)
+		for k, i := range wave {
+			if rs[k].Down != nil && down == nil {
+				down = rs[k].Down
+			}
+			record(i, rs[k])
+			if rs[k].Kind != Sent {
+				held[group[k]] = true
+			}
+		}
+	}
+}
+
+// wave delivers the items at indexes idx through Wave and decides their
+// results; an item the policy abandons is not handed to Wave.
+func (f *Fanout) wave(bctx context.Context, items []Item, idx []int) []Result {
+	began := time.Now()
+	errs := make([]error, len(idx))
+	var (
+		run []*Item
+		at  []int // run[j] is idx[at[j]]
+	)
+	for k, i := range idx {
+		if err := f.Policy.Abandoned(&items[i]); err != nil {
+			errs[k] = err
+			continue
+		}
+		run, at = append(run, &items[i]), append(at, k)
+	}
+	if len(run) > 0 {
+		got := f.Wave(bctx, run)
+		for j, k := range at {
+			if j < len(got) {
+				errs[k] = got[j]
+			} else {
+				// Never counted as sent: retried.
+				errs[k] = errNoOutcome
+			}
+		}
+	}
+	took := time.Since(began)
+	rs := make([]Result, len(idx))
+	for k, i := range idx {
+		rs[k] = f.Policy.Decide(&items[i], errs[k])
+		f.Report(&items[i], rs[k], errs[k], took)
+	}
+	return rs
+}
+
+var errNoOutcome = errors.New("outbox: the handler reported no outcome for the event")
 
 // one delivers one item and decides its result.
 func (f *Fanout) one(bctx context.Context, it *Item) Result {
@@ -123,9 +241,9 @@ func (f *Fanout) groups(items []Item) [][]int {
 	return groups
 }
 
-// run runs work on n goroutines (in the caller's when n <= 1) and waits
+// Run runs work on n goroutines (in the caller's when n <= 1) and waits
 // for them.
-func run(n int, work func()) {
+func Run(n int, work func()) {
 	if n <= 1 {
 		work()
 		return
