@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/store"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 )
 
 func publishN(t *testing.T, db *gorm.DB, typ string, n int) []string {
@@ -420,4 +422,75 @@ func TestNotifyGapBacksOffUnderSustainedWrites(t *testing.T) {
 	assert.Equal(t, []time.Duration{2 * time.Millisecond, 4 * time.Millisecond, 8 * time.Millisecond,
 		maxNotifyGap, maxNotifyGap, maxNotifyGap}, gaps, "while wake-ups keep waiting the gap doubles up to its cap")
 	assert.Equal(t, minNotifyGap, nextNotifyGap(maxNotifyGap, false), "a NOTIFY that finds nothing waiting resets the gap: a lone commit is not delayed")
+}
+
+// countingNotifier is a store.Notifier whose NOTIFY only counts.
+type countingNotifier struct {
+	store.Notifier
+	sent atomic.Int32
+}
+
+func (c *countingNotifier) PrepareNotify(context.Context, store.DB) (func(context.Context, store.DB) error, error) {
+	return func(context.Context, store.DB) error { c.sent.Add(1); return nil }, nil
+}
+
+// A writer commits more slowly than a NOTIFY's round trip: the next
+// wake-up comes in during the gap after a NOTIFY, not before it returns.
+// The gap must grow then (it stayed at its minimum: one writer sent a
+// NOTIFY every other commit). TestNotifyGapBacksOffUnderSustainedWrites
+// checks the reset.
+func TestNotifyGapGrowsWhenWakeUpsComeDuringIt(t *testing.T) {
+	db := openSQLite(t, cgoSQLite, &gorm.Config{Logger: logger.Discard})
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	counter := &countingNotifier{}
+	n := newNotifier(Plugin(Config{}), counter, sqlDB)
+	var gaps []time.Duration // only the notifier's loop appends
+	const busy = 6
+	done := make(chan struct{})
+	n.sleep = func(d time.Duration) {
+		gaps = append(gaps, d)
+		if len(gaps) < busy {
+			n.signal() // a commit during the gap
+		} else if len(gaps) == busy {
+			close(done)
+		}
+	}
+	n.signal()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the notifier stopped sending")
+	}
+	require.Eventually(t, func() bool { return !n.running.Load() }, 10*time.Second, time.Millisecond, "the notifier goes idle")
+	ms := time.Millisecond
+	assert.Equal(t, []time.Duration{1 * ms, 2 * ms, 4 * ms, 8 * ms, 8 * ms, 8 * ms}, gaps, "doubles while commits keep coming")
+	assert.EqualValues(t, busy, counter.sent.Load(), "one NOTIFY a gap")
+}
+
+// A commit whose process runs a relay on the database wakes that relay and
+// sends no NOTIFY: the NOTIFY would cost the writer and wake no relay that
+// the woken one does not stand for. Without one, it notifies.
+func TestNoNotifyWhenARelayOfThisProcessIsWoken(t *testing.T) {
+	db := openSQLite(t, cgoSQLite, &gorm.Config{Logger: logger.Discard})
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	o := Plugin(Config{})
+	s := o.siteOf(sqlDB)
+	counter := &countingNotifier{}
+	s.notifier = newNotifier(o, counter, sqlDB)
+	w := s.wakers.add()
+	o.published(s, nil)
+	select {
+	case <-w.wake:
+	default:
+		t.Fatal("the relay of this process was not woken")
+	}
+	assert.False(t, s.notifier.running.Load(), "no NOTIFY")
+	assert.Empty(t, s.notifier.poke)
+
+	s.wakers.remove(w)
+	o.published(s, nil)
+	require.Eventually(t, func() bool { return counter.sent.Load() == 1 }, 10*time.Second, time.Millisecond, "no relay here: NOTIFY")
+	require.Eventually(t, func() bool { return !s.notifier.running.Load() }, 10*time.Second, time.Millisecond)
 }

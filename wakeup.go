@@ -15,10 +15,11 @@ import (
 //   - in-process: the commit wakes every relay of its database's pool
 //     running in the same process, or, when there is none, every relay of
 //     the Outbox (one may serve that database through another pool);
-//   - PostgreSQL: the writing process sends NOTIFY after the commit,
-//     debounced, and relays LISTEN on a dedicated connection. The NOTIFY is
-//     deliberately not part of the business transaction: PostgreSQL
-//     serialises the commits of transactions that notify;
+//   - PostgreSQL: a writing process that runs no relay on the database
+//     sends NOTIFY after the commit, debounced, and relays LISTEN on a
+//     dedicated connection. The NOTIFY is deliberately not part of the
+//     business transaction: PostgreSQL serialises the commits of
+//     transactions that notify;
 //   - Config.DeliverAfterCommit: the in-process relay is handed the IDs just
 //     committed and claims exactly those at once.
 
@@ -112,16 +113,22 @@ func (o *Outbox) published(s *site, ids []int64) {
 		default: // the relay is busy; its regular claim will find them
 		}
 	}
-	if s.wakers.wakeAll() == 0 {
-		// No relay of this process runs on that pool, but one may serve
-		// the same database through a pool of its own (an app that opens
-		// one for writes and one for its relay): a spurious claim is
-		// cheaper than a poll interval's wait.
-		o.sites.Range(func(_, other any) bool {
-			other.(*site).wakers.wakeAll()
-			return true
-		})
+	if s.wakers.wakeAll() > 0 {
+		// A relay of this process runs on that pool and is woken now: a
+		// NOTIFY would only wake the other processes' relays to claim what
+		// it claims, for a commit's worth of the writer's time. Relays
+		// elsewhere find the events when they poll, and one kept busy
+		// claims again at once, as the woken one does.
+		return
 	}
+	// No relay of this process runs on that pool, but one may serve the
+	// same database through a pool of its own (an app that opens one for
+	// writes and one for its relay): a spurious claim is cheaper than a
+	// poll interval's wait.
+	o.sites.Range(func(_, other any) bool {
+		other.(*site).wakers.wakeAll()
+		return true
+	})
 	if s.notifier != nil {
 		s.notifier.signal()
 	}
