@@ -131,6 +131,59 @@ func ExampleOutbox_Handle() {
 	// audit:  order.paid 1
 }
 
+// An AsyncHandler starts a delivery and returns a wait for its outcome: the
+// relay starts every event of a batch before it waits for any, as a
+// pipelined broker client publishes (here a channel stands for the
+// broker's acknowledgements). The adapters' AsyncHandler methods return
+// one: ob.HandleAsync(outbox.AnyEvent, pub.AsyncHandler()).
+func ExampleOutbox_HandleAsync() {
+	db, done := openDB()
+	defer done()
+	ob := outbox.Plugin(outbox.Config{Logger: quiet})
+	if err := db.Use(ob); err != nil {
+		log.Fatal(err)
+	}
+	ob.HandleAsync("order.created", func(ctx context.Context, e outbox.Event) (wait func() error) {
+		fmt.Println("publish", e.AggregateID)
+		acked := make(chan error, 1)
+		acked <- nil // the broker's acknowledgement, when it comes
+		return func() error {
+			select {
+			case err := <-acked:
+				fmt.Println("acked", e.AggregateID)
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	})
+
+	err := db.Transaction(func(tx *gorm.DB) error {
+		return outbox.Publish(tx,
+			outbox.Event{Type: "order.created", AggregateType: "order", AggregateID: "1"},
+			outbox.Event{Type: "order.created", AggregateType: "order", AggregateID: "2"},
+			outbox.Event{Type: "order.created", AggregateType: "order", AggregateID: "3"},
+		)
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := ob.Relay(db, outbox.RelayConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := relay.ProcessOnce(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// publish 1
+	// publish 2
+	// publish 3
+	// acked 1
+	// acked 2
+	// acked 3
+}
+
 // Relay checks its configuration when it is built: a refused configuration
 // is an error and no relay. Retention is the table's setting, in Config.
 func ExampleOutbox_Relay() {
