@@ -21,16 +21,16 @@ import (
 // The gap after a NOTIFY bounds the NOTIFY rate of one process: wake-ups
 // arriving while a NOTIFY is in flight, or within the gap after it, share
 // the next one. It starts at minNotifyGap and doubles, up to maxNotifyGap,
-// while a wake-up comes in during every gap: writers that keep committing
-// keep the relays busy, and a busy relay needs no wake-up (each NOTIFY is
-// a transaction that takes PostgreSQL's notification lock; at one per
-// millisecond it cost 8 writers about 10% of their commits, and one writer
-// 3 points of its share, BENCHMARKS.md). A gap that passes with no
-// wake-up resets it, so a lone commit wakes the relays at once.
+// while every NOTIFY finds the next wake-up already waiting: writers that
+// keep committing keep the relays busy, and a busy relay needs no wake-up
+// (each NOTIFY is a transaction that takes PostgreSQL's notification lock;
+// at one per millisecond it cost 8 writers about 10% of their commits,
+// BENCHMARKS.md). A NOTIFY that finds nothing waiting resets the gap, so
+// a lone commit wakes the relays at once.
 //
 // A process that runs a relay on the database sends no NOTIFY at all: the
-// in-process wake-up reaches that relay at once, and a relay that is kept
-// busy delivers what the others would (see published).
+// in-process wake-up reaches that relay at once, and a relay kept busy
+// delivers what the others would (see published).
 const (
 	minNotifyGap = time.Millisecond
 	maxNotifyGap = 8 * time.Millisecond
@@ -53,11 +53,10 @@ type notifier struct {
 	running atomic.Bool
 	failing atomic.Bool
 	notify  func(context.Context, store.DB) error // the NOTIFY; only the running loop touches it
-	sleep   func(time.Duration)                   // the gap's wait: time.Sleep
 }
 
 func newNotifier(o *Outbox, n store.Notifier, db *sql.DB) *notifier {
-	return &notifier{o: o, n: n, db: db, poke: make(chan struct{}, 1), sleep: time.Sleep}
+	return &notifier{o: o, n: n, db: db, poke: make(chan struct{}, 1)}
 }
 
 func (n *notifier) signal() {
@@ -88,8 +87,8 @@ func (n *notifier) loop() {
 		select {
 		case <-n.poke:
 			conn = n.send(conn)
-			n.sleep(gap) // rate limit, not synchronisation
 			gap = nextNotifyGap(gap, len(n.poke) > 0)
+			time.Sleep(gap) // rate limit, not synchronisation
 			if !idle.Stop() {
 				<-idle.C
 			}
@@ -107,10 +106,10 @@ func (n *notifier) loop() {
 }
 
 // nextNotifyGap is the gap after a NOTIFY, given the one before and
-// whether a wake-up came in during it. (Looked at as the NOTIFY returned,
-// the next wake-up was rarely there yet: a writer commits more slowly than
-// a NOTIFY's round trip, so the gap stayed at its minimum and one writer
-// sent a NOTIFY every other commit.)
+// whether the next wake-up was already waiting when it was sent. (Growing
+// it whenever a wake-up came in during the gap sent a tenth as many NOTIFYs
+// for one writer, but at 500 commits a second put the relays' wake-ups
+// 6 ms late instead of 1.4 ms: BENCHMARKS.md.)
 func nextNotifyGap(gap time.Duration, waiting bool) time.Duration {
 	if !waiting {
 		return minNotifyGap

@@ -434,40 +434,6 @@ func (c *countingNotifier) PrepareNotify(context.Context, store.DB) (func(contex
 	return func(context.Context, store.DB) error { c.sent.Add(1); return nil }, nil
 }
 
-// A writer commits more slowly than a NOTIFY's round trip: the next
-// wake-up comes in during the gap after a NOTIFY, not before it returns.
-// The gap must grow then (it stayed at its minimum: one writer sent a
-// NOTIFY every other commit). TestNotifyGapBacksOffUnderSustainedWrites
-// checks the reset.
-func TestNotifyGapGrowsWhenWakeUpsComeDuringIt(t *testing.T) {
-	db := openSQLite(t, cgoSQLite, &gorm.Config{Logger: logger.Discard})
-	sqlDB, err := db.DB()
-	require.NoError(t, err)
-	counter := &countingNotifier{}
-	n := newNotifier(Plugin(Config{}), counter, sqlDB)
-	var gaps []time.Duration // only the notifier's loop appends
-	const busy = 6
-	done := make(chan struct{})
-	n.sleep = func(d time.Duration) {
-		gaps = append(gaps, d)
-		if len(gaps) < busy {
-			n.signal() // a commit during the gap
-		} else if len(gaps) == busy {
-			close(done)
-		}
-	}
-	n.signal()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the notifier stopped sending")
-	}
-	require.Eventually(t, func() bool { return !n.running.Load() }, 10*time.Second, time.Millisecond, "the notifier goes idle")
-	ms := time.Millisecond
-	assert.Equal(t, []time.Duration{1 * ms, 2 * ms, 4 * ms, 8 * ms, 8 * ms, 8 * ms}, gaps, "doubles while commits keep coming")
-	assert.EqualValues(t, busy, counter.sent.Load(), "one NOTIFY a gap")
-}
-
 // A commit whose process runs a relay on the database wakes that relay and
 // sends no NOTIFY: the NOTIFY would cost the writer and wake no relay that
 // the woken one does not stand for. Without one, it notifies.
