@@ -99,41 +99,9 @@ func (f *Fanout) Deliver(ctx, bctx context.Context, items []Item, stale func() e
 // (ctx, the budget, a destination down, a stale hold), checked before
 // each wave instead of before each item.
 func (f *Fanout) waves(ctx, bctx context.Context, items []Item, stale func() error, record func(i int, r Result)) (down, gone error) {
-	groups := f.groups(items)
-	if groups == nil {
-		groups = [][]int{make([]int, len(items))}
-		for i := range items {
-			groups[0][i] = i
-		}
-	}
-	// With ordering, a group is an aggregate: its k-th item goes in wave
-	// k. Without, the one group's items all go in the first wave.
-	pos := make([]int, len(groups))
-	held := make([]bool, len(groups))
-	var wave []int  // item indexes
-	var group []int // the group of each
+	q := f.queue(items, record)
 	for {
-		wave, group = wave[:0], group[:0]
-		for g, idx := range groups {
-			if pos[g] >= len(idx) {
-				continue
-			}
-			if held[g] {
-				for _, i := range idx[pos[g]:] {
-					record(i, Result{Kind: Deferred})
-				}
-				pos[g] = len(idx)
-				continue
-			}
-			take := 1
-			if !f.Ordered {
-				take = len(idx)
-			}
-			for _, i := range idx[pos[g] : pos[g]+take] {
-				wave, group = append(wave, i), append(group, g)
-			}
-			pos[g] += take
-		}
+		wave, group := q.next()
 		if len(wave) == 0 {
 			return down, gone
 		}
@@ -141,9 +109,7 @@ func (f *Fanout) waves(ctx, bctx context.Context, items []Item, stale func() err
 			gone = stale()
 		}
 		if ctx.Err() != nil || bctx.Err() != nil || down != nil || gone != nil {
-			for g := range groups {
-				held[g] = true
-			}
+			q.holdAll()
 			for _, i := range wave {
 				record(i, Result{Kind: Deferred})
 			}
@@ -156,9 +122,64 @@ func (f *Fanout) waves(ctx, bctx context.Context, items []Item, stale func() err
 			}
 			record(i, rs[k])
 			if rs[k].Kind != Sent {
-				held[group[k]] = true
+				q.held[group[k]] = true
 			}
 		}
+	}
+}
+
+// waveQueue hands out a batch's waves. With ordering, a group is an
+// aggregate: its k-th item goes in wave k, unless the group is held, when
+// its items left are deferred. Without, the one group's items all go in
+// the first wave.
+type waveQueue struct {
+	groups  [][]int
+	pos     []int  // the next item of each group
+	held    []bool // a group's items left are deferred
+	ordered bool
+	record  func(i int, r Result)
+}
+
+func (f *Fanout) queue(items []Item, record func(i int, r Result)) *waveQueue {
+	groups := f.groups(items)
+	if groups == nil {
+		groups = [][]int{make([]int, len(items))}
+		for i := range items {
+			groups[0][i] = i
+		}
+	}
+	return &waveQueue{groups: groups, pos: make([]int, len(groups)), held: make([]bool, len(groups)), ordered: f.Ordered, record: record}
+}
+
+// next returns the next wave's item indexes and the group of each; none
+// when the batch is done.
+func (q *waveQueue) next() (wave, group []int) {
+	for g, idx := range q.groups {
+		if q.pos[g] >= len(idx) {
+			continue
+		}
+		if q.held[g] {
+			for _, i := range idx[q.pos[g]:] {
+				q.record(i, Result{Kind: Deferred})
+			}
+			q.pos[g] = len(idx)
+			continue
+		}
+		take := 1
+		if !q.ordered {
+			take = len(idx)
+		}
+		for _, i := range idx[q.pos[g] : q.pos[g]+take] {
+			wave, group = append(wave, i), append(group, g)
+		}
+		q.pos[g] += take
+	}
+	return wave, group
+}
+
+func (q *waveQueue) holdAll() {
+	for g := range q.held {
+		q.held[g] = true
 	}
 }
 
