@@ -42,6 +42,7 @@ const (
 	orderingOutageEnv = "OUTBOX_ORDERING_OUTAGE"     // length of the destination outage; default 2s
 	orderingSeedEnv   = "OUTBOX_ORDERING_SEED"       // seed of the workload and the kill moments; default random
 	orderingFailEnv   = "OUTBOX_ORDERING_FAIL_EVERY" // the handler fails the first attempt at one event in this many; default 8, 0 for none
+	orderingAsyncEnv  = "OUTBOX_ORDERING_ASYNC"      // "1": the relays deliver through an AsyncHandler (waves), its calls run on goroutines of their own
 
 	// The relay child's settings.
 	ordServerEnv     = "OUTBOX_ORDERING_SERVER" // "postgres" or "mysql" (see servers)
@@ -331,7 +332,7 @@ func runOrdering(t *testing.T, name string, sc ordScenario) {
 	rs := &ordRelaySet{t: t, dsnFor: dsnFor, env: []string{
 		childRoleEnv + "=ordering", ordServerEnv + "=" + sc.server, ordLogicalEnv + "=" + strconv.FormatBool(sc.logical),
 		ordOutageFileEnv + "=" + outageFile, orderingFailEnv + "=" + strconv.Itoa(failEvery),
-		ordLeaseEnv + "=" + lease.String(),
+		ordLeaseEnv + "=" + lease.String(), orderingAsyncEnv + "=" + os.Getenv(orderingAsyncEnv),
 	}}
 	for range ordRelays {
 		rs.start()
@@ -440,9 +441,9 @@ func runOrdering(t *testing.T, name string, sc ordScenario) {
 	if sc.outage {
 		outage = fmt.Sprintf(" outage=%v", outageTook.Round(time.Millisecond))
 	}
-	t.Logf("ORDERING-RESULT scenario=%s events=%d txs=%d rolled_back=%d delivered=%d distinct=%d violations_overlap=%d violations_order=%d violating_events=%d violating_by_kind=%s lost=%d phantom=%d duplicates=%d kills=%d failed_attempts=%d planned_failures=%s%s aggregates=%d relays=%d workers=%d batch=%d write_phase=%v total=%v seed=%d",
+	t.Logf("ORDERING-RESULT scenario=%s events=%d txs=%d rolled_back=%d delivered=%d distinct=%d violations_overlap=%d violations_order=%d violating_events=%d violating_by_kind=%s lost=%d phantom=%d duplicates=%d kills=%d failed_attempts=%d planned_failures=%s%s aggregates=%d relays=%d workers=%d batch=%d async=%v write_phase=%v total=%v seed=%d",
 		name, rep.committed, w.txs.Load(), w.rolledBack.Load(), rep.delivered, rep.distinct, rep.overlap, rep.order, rep.violating, rep.byKind(),
-		rep.lost, rep.phantom, rep.duplicates, rs.kills, rep.failedCalls, planned, outage, len(aggs), ordRelays, ordWorkers, ordBatch,
+		rep.lost, rep.phantom, rep.duplicates, rs.kills, rep.failedCalls, planned, outage, len(aggs), ordRelays, ordWorkers, ordBatch, os.Getenv(orderingAsyncEnv) == "1",
 		wrote.Round(time.Millisecond), time.Since(start).Round(time.Millisecond), seed)
 }
 
@@ -745,6 +746,18 @@ func ordHandler(db *gorm.DB, q ordSQL, relay, failEvery int, outageFile string) 
 	}
 }
 
+// ordAsync is h as an AsyncHandler whose deliveries run at once, each on
+// a goroutine of its own: a wave's calls overlap, so the tickets show
+// whether the relay kept an aggregate's calls apart. wait waits for the
+// call, which honours its context.
+func ordAsync(h outbox.Handler) outbox.AsyncHandler {
+	return func(ctx context.Context, e outbox.Event) func() error {
+		done := make(chan error, 1)
+		go func() { done <- h(ctx, e) }()
+		return func() error { return <-done }
+	}
+}
+
 // TestOrderingRelayChild is a relay of TestOrdering: Run with
 // OrderByAggregate and ordHandler. It runs until it is killed, or until its
 // parent goes away.
@@ -791,7 +804,12 @@ func TestOrderingRelayChild(t *testing.T) {
 	if err != nil {
 		fail("%s: %v", orderingFailEnv, err)
 	}
-	ob.Handle(ordEventType, ordHandler(db, ordSQLFor(server), relay, failEvery, os.Getenv(ordOutageFileEnv)))
+	h := ordHandler(db, ordSQLFor(server), relay, failEvery, os.Getenv(ordOutageFileEnv))
+	if os.Getenv(orderingAsyncEnv) == "1" {
+		ob.HandleAsync(ordEventType, ordAsync(h))
+	} else {
+		ob.Handle(ordEventType, h)
+	}
 	lease, err := time.ParseDuration(os.Getenv(ordLeaseEnv))
 	if err != nil {
 		fail("%s: %v", ordLeaseEnv, err)
