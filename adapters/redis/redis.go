@@ -15,9 +15,21 @@
 // keys. Use [Config.Stream] for another name or [Config.StreamFor] for a
 // per-type or per-tenant layout.
 //
-// Ordering: the handler waits for each XADD, so a stream holds events in the
-// order one relay delivers them (oldest first). A retried event lands after
-// those delivered meanwhile, and several relays interleave.
+// Pipelining: register [Publisher.AsyncHandler] with ob.HandleAsync. A
+// relay starts the XADDs of a whole batch before it waits for any, and the
+// publisher sends them in one pipeline, one round trip for the batch (with
+// [Config.WaitReplicas], one WAIT for it too) instead of one per event.
+// [Publisher.Handler], one XADD and its reply at a time, still works with
+// ob.Handle.
+//
+// Ordering: an AsyncHandler's entries reach their streams in the order it
+// was called (a publisher sends its pipelines one after the other), so a
+// stream holds a batch's events in batch order; with
+// [outbox.RelayConfig.OrderByAggregate] an aggregate's events arrive in
+// order and none after one that failed. A Handler waits for each XADD, so
+// a stream holds events in the order the relay's workers deliver them. A
+// retried event lands after those delivered meanwhile, and several relays
+// interleave.
 //
 // Outages: an XADD that fails because Redis cannot be reached or cannot take
 // writes (connection refused, reset or closed, a timeout, DNS, the client
@@ -62,6 +74,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -151,10 +164,13 @@ type Config struct {
 	// Defaults to false (approximate).
 	ExactTrim bool
 
-	// Timeout bounds one XADD; the relay's deadline applies too. go-redis
-	// honours context deadlines only on clients created with
-	// Options.ContextTimeoutEnabled; otherwise its own ReadTimeout and
-	// WriteTimeout bound the call. Defaults to 5 seconds.
+	// Timeout bounds one XADD (with its WAIT, if any): for
+	// [Publisher.AsyncHandler], from the start of the event's delivery to
+	// its reply, its pipeline's round trip and any pipeline sent before it
+	// included. The relay's deadline applies too. go-redis honours context
+	// deadlines only on clients created with Options.ContextTimeoutEnabled;
+	// otherwise its own ReadTimeout and WriteTimeout bound the call.
+	// Defaults to 5 seconds.
 	Timeout time.Duration
 
 	// Format is how an event is laid out in its entry. [wire.Native] (the
@@ -180,17 +196,19 @@ type Config struct {
 	Telemetry wire.Telemetry
 
 	// WaitReplicas, when positive, has every XADD followed by
-	// WAIT WaitReplicas WaitTimeout in the same round trip (a pipeline):
-	// the event counts as sent only once that many replicas acknowledged
-	// its entry. Replication is asynchronous, so without it an entry the
+	// WAIT WaitReplicas WaitTimeout in the same round trip (a pipeline;
+	// [Publisher.AsyncHandler] sends one WAIT after all the XADDs of its
+	// pipeline): the event counts as sent only once that many replicas
+	// acknowledged its entry. Replication is asynchronous, so without it an entry the
 	// primary acknowledged can be missing from the replica Sentinel
 	// promotes when the primary is lost: the outbox marked the event sent,
 	// and it is gone. With it, fewer replicas within WaitTimeout is an
 	// [outbox.Unavailable] error wrapping [ErrUnderReplicated]: the relay
 	// sends the event again later (a second entry, never a loss) and
-	// delivery pauses while the primary has fewer replicas connected. Each
-	// event waits for a replica's acknowledgement, about a round trip to
-	// it. Sentinel promotes the replica with the largest replication offset
+	// delivery pauses while the primary has fewer replicas connected; with
+	// AsyncHandler every event of the pipeline gets that error. Each event
+	// (each pipeline, with AsyncHandler) waits for a replica's
+	// acknowledgement, about a round trip to it. Sentinel promotes the replica with the largest replication offset
 	// it knows of, so with fewer than all replicas the promoted one almost
 	// always has the entry; only all of them rules a loss out, at the price
 	// of a pause whenever one is down. It needs a client with one primary
@@ -211,10 +229,14 @@ type Config struct {
 // is safe for concurrent use.
 type Publisher struct {
 	rdb  Client
-	pipe pipeliner // rdb, when Config.WaitReplicas is set
+	pipe pipeliner // rdb, when it has a Pipeline method (every go-redis client)
 	cfg  Config
 	host string // the server's address and port for telemetry, when known
 	port int
+
+	mu   sync.Mutex
+	open *flight // the pipeline AsyncHandler's starts join; nil when none
+	last *flight // the pipeline sealed last: the next one is sent after it
 }
 
 // pipeliner is a client that sends several commands in one round trip.
@@ -242,6 +264,7 @@ func New(rdb Client, cfg Config) (*Publisher, error) {
 	cfg.Stream = cmp.Or(cfg.Stream, DefaultStream)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
 	p := &Publisher{rdb: rdb, cfg: cfg}
+	p.pipe, _ = rdb.(pipeliner)
 	if err := p.checkWait(); err != nil {
 		return nil, err
 	}
@@ -250,7 +273,7 @@ func New(rdb Client, cfg Config) (*Publisher, error) {
 }
 
 // checkWait checks WaitReplicas and WaitTimeout, sets WaitTimeout's
-// default and the pipeliner WAIT needs.
+// default, and checks that the client pipelines, as WAIT needs.
 func (p *Publisher) checkWait() error {
 	cfg := &p.cfg
 	if cfg.WaitReplicas < 0 {
@@ -270,8 +293,7 @@ func (p *Publisher) checkWait() error {
 	case *goredis.ClusterClient, *goredis.Ring:
 		return fmt.Errorf("outbox/redis: WaitReplicas needs a client with one primary (redis.NewClient, redis.NewFailoverClient), not a %T: WAIT would go to a node of its choosing", p.rdb)
 	}
-	pl, ok := p.rdb.(pipeliner)
-	if !ok {
+	if p.pipe == nil {
 		return fmt.Errorf("outbox/redis: WaitReplicas needs a client with a Pipeline method (redis.NewClient, redis.NewFailoverClient), not a %T", p.rdb)
 	}
 	if c, ok := p.rdb.(interface{ Options() *goredis.Options }); ok {
@@ -279,7 +301,6 @@ func (p *Publisher) checkWait() error {
 			return fmt.Errorf("outbox/redis: WaitTimeout %v must be less than the client's ReadTimeout %v", cfg.WaitTimeout, o.ReadTimeout)
 		}
 	}
-	p.pipe = pl
 	return nil
 }
 
@@ -306,8 +327,10 @@ func serverAddr(rdb any) (string, int) {
 	return host, n
 }
 
-// Handler returns the outbox handler that appends each event it is given:
-// register it with ob.Handle(eventType, p.Handler()).
+// Handler returns the outbox handler that appends each event it is given,
+// one XADD and its reply at a time: register it with ob.Handle(eventType,
+// p.Handler()). [Publisher.AsyncHandler] appends the same entries, a
+// batch's in one round trip.
 //
 // In [wire.Native] format the entry's fields, always all present and in
 // this order, are id, type, aggregate_type, aggregate_id, idempotency_key,
@@ -332,50 +355,130 @@ func (p *Publisher) Handler() outbox.Handler {
 	return p.publish
 }
 
-func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
-	stream := p.cfg.Stream
+// AsyncHandler returns the outbox handler that pipelines the XADDs of a
+// batch: register it with ob.HandleAsync(eventType, p.AsyncHandler()).
+// Each call queues its event's XADD, the same entry as [Publisher.Handler]
+// appends, with its send span started; the first wait sends every XADD
+// queued so far in one pipeline, in the order they were queued, with one
+// WAIT after them when [Config.WaitReplicas] is set, and returns its own
+// event's outcome; the later waits of that pipeline read theirs. Calls
+// made meanwhile queue into the next pipeline, which is sent once the one
+// before it has its replies: entries reach Redis in the order of the
+// calls. The handler is safe for concurrent use, and each wait returns
+// its own event's outcome.
+//
+// A relay starts every event of a batch (or, with
+// [outbox.RelayConfig.OrderByAggregate], of a wave) before it waits for
+// any, so a batch costs one round trip to Redis instead of one per event.
+// Called with wait at once (memory mode, a relay probing an outage), an
+// event is a pipeline of its own, a round trip as with Handler.
+//
+// Its errors are Handler's, event by event: [outbox.Permanent] for an
+// event that cannot be encoded or an empty stream key (found when it is
+// started), [outbox.Unavailable] for an outage, and with WaitReplicas for
+// every event of a pipeline whose WAIT too few replicas answered, each
+// naming its own entry; other Redis errors are the event's own, retried
+// with backoff. A wait whose context ends before its pipeline's reply
+// returns the context's error (a deadline is Unavailable); its XADD may
+// still land, as a lost reply's does. A client without a Pipeline method
+// (the [Client] interface alone) has each XADD sent when it is started.
+func (p *Publisher) AsyncHandler() outbox.AsyncHandler {
+	return p.start
+}
+
+// xadd is one event's XADD, as both handlers send it.
+type xadd struct {
+	ctx    context.Context // the delivery's, with the send span, within Config.Timeout
+	cancel context.CancelFunc
+	end    func(error) // ends the send span
+	stream string
+	args   *goredis.XAddArgs
+	err    error // its outcome: set before it is sent when it cannot be
+}
+
+// prepare resolves e's stream, starts its send span and builds its XADD;
+// x.err is set when the event cannot be sent.
+func (p *Publisher) prepare(ctx context.Context, e outbox.Event) *xadd {
+	x := &xadd{cancel: func() {}, end: func(error) {}, stream: p.cfg.Stream}
 	if p.cfg.StreamFor != nil {
-		stream = p.cfg.StreamFor(e)
+		x.stream = p.cfg.StreamFor(e)
 	}
-	if stream == "" {
-		return outbox.Permanent(errors.New("StreamFor returned an empty stream key (outbox/redis)"))
+	if x.stream == "" {
+		x.err = outbox.Permanent(errors.New("StreamFor returned an empty stream key (outbox/redis)"))
+		return x
 	}
-	ctx, e, end := wire.StartSend(ctx, p.cfg.Telemetry, wire.Operation{
-		System: "redis", Destination: stream, ServerAddress: p.host, ServerPort: p.port,
+	ctx, e, x.end = wire.StartSend(ctx, p.cfg.Telemetry, wire.Operation{
+		System: "redis", Destination: x.stream, ServerAddress: p.host, ServerPort: p.port,
 	}, e)
-	err := p.send(ctx, stream, e)
-	end(err)
+	// The entry carries e as StartSend returned it, with the span's trace
+	// context.
+	values, err := p.entry(e)
+	if err != nil {
+		x.err = outbox.Permanent(fmt.Errorf("%w: stream %s (outbox/redis)", err, x.stream))
+		return x
+	}
+	x.args = &goredis.XAddArgs{Stream: x.stream, ID: "*", Values: values}
+	if p.cfg.MaxLen > 0 {
+		x.args.MaxLen, x.args.Approx = p.cfg.MaxLen, !p.cfg.ExactTrim
+	}
+	x.ctx, x.cancel = context.WithTimeout(ctx, p.cfg.Timeout)
+	return x
+}
+
+// finish ends x's span with err, x's outcome, and returns it.
+func (x *xadd) finish(err error) error {
+	x.cancel()
+	x.end(err)
 	return err
 }
 
-// send appends e, with its trace context as StartSend set it, to stream.
-func (p *Publisher) send(ctx context.Context, stream string, e outbox.Event) error {
-	values, err := p.entry(e)
-	if err != nil {
-		return outbox.Permanent(fmt.Errorf("%w: stream %s (outbox/redis)", err, stream))
+func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
+	x := p.prepare(ctx, e)
+	if x.err == nil {
+		p.send(x)
 	}
-	args := &goredis.XAddArgs{Stream: stream, ID: "*", Values: values}
-	if p.cfg.MaxLen > 0 {
-		args.MaxLen, args.Approx = p.cfg.MaxLen, !p.cfg.ExactTrim
-	}
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
-	defer cancel()
-	if p.pipe != nil {
-		return p.sendWait(ctx, stream, args)
-	}
-	return failed("stream "+stream, p.rdb.XAdd(ctx, args).Err())
+	return x.finish(x.err)
 }
 
-// sendWait sends the XADD and a WAIT for Config.WaitReplicas in one round
-// trip. The WAIT runs even when the XADD failed; that reply is ignored.
-func (p *Publisher) sendWait(ctx context.Context, stream string, args *goredis.XAddArgs) error {
+// send sends x alone and sets its outcome: with WaitReplicas, the XADD and
+// its WAIT in one round trip.
+func (p *Publisher) send(x *xadd) {
+	if p.cfg.WaitReplicas > 0 {
+		p.exec(x.ctx, []*xadd{x})
+		return
+	}
+	x.err = failed("stream "+x.stream, p.rdb.XAdd(x.ctx, x.args).Err())
+}
+
+// exec sends the XADDs of xs, in order, and with WaitReplicas one WAIT
+// after them, in one round trip (a pipeline), and sets each one's outcome.
+// The WAIT runs even when an XADD failed; it waits for the connection's
+// writes before it, so it answers for every entry appended.
+func (p *Publisher) exec(ctx context.Context, xs []*xadd) {
 	pipe := p.pipe.Pipeline()
-	xadd := pipe.XAdd(ctx, args)
-	wait := goredis.NewIntCmd(ctx, "wait", p.cfg.WaitReplicas, p.cfg.WaitTimeout.Milliseconds())
-	_ = pipe.Process(ctx, wait) // queued; Exec sends both
-	_, _ = pipe.Exec(ctx)       // the commands hold the errors
+	cmds := make([]*goredis.StringCmd, len(xs))
+	for i, x := range xs {
+		cmds[i] = pipe.XAdd(ctx, x.args)
+	}
+	var wait *goredis.IntCmd
+	if p.cfg.WaitReplicas > 0 {
+		wait = goredis.NewIntCmd(ctx, "wait", p.cfg.WaitReplicas, p.cfg.WaitTimeout.Milliseconds())
+		_ = pipe.Process(ctx, wait) // queued; Exec sends it
+	}
+	_, _ = pipe.Exec(ctx) // the commands hold the errors
+	for i, x := range xs {
+		x.err = p.outcome(x.stream, cmds[i], wait)
+	}
+}
+
+// outcome is a sent XADD's outcome: its own error, or with WaitReplicas
+// the WAIT's after it.
+func (p *Publisher) outcome(stream string, xadd *goredis.StringCmd, wait *goredis.IntCmd) error {
 	if err := xadd.Err(); err != nil {
 		return failed("stream "+stream, err)
+	}
+	if wait == nil {
+		return nil
 	}
 	appended := "entry " + xadd.Val() + " appended to stream " + stream
 	if err := wait.Err(); err != nil {
@@ -385,6 +488,93 @@ func (p *Publisher) sendWait(ctx context.Context, stream string, args *goredis.X
 		return failed(appended, fmt.Errorf("%w: %d of %d within %v", ErrUnderReplicated, n, p.cfg.WaitReplicas, p.cfg.WaitTimeout))
 	}
 	return nil
+}
+
+// flight is a pipeline of AsyncHandler's XADDs: open while starts join
+// it, sealed by its first wait, then sent once the flight sealed before it
+// is done, so that pipelines reach Redis in the order of their XADDs.
+type flight struct {
+	xs     []*xadd
+	sealed bool          // under Publisher.mu
+	prev   *flight       // sealed before it
+	done   chan struct{} // closed once every XADD of xs has its outcome
+}
+
+// start is the AsyncHandler: it queues e's XADD into the open flight.
+func (p *Publisher) start(ctx context.Context, e outbox.Event) func() error {
+	x := p.prepare(ctx, e)
+	if x.err != nil || p.pipe == nil {
+		if x.err == nil {
+			p.send(x)
+		}
+		return func() error { return x.finish(x.err) }
+	}
+	p.mu.Lock()
+	f := p.open
+	if f == nil {
+		f = &flight{done: make(chan struct{})}
+		p.open = f
+	}
+	f.xs = append(f.xs, x)
+	p.mu.Unlock()
+	return func() error {
+		p.seal(f)
+		select {
+		case <-f.done:
+		case <-x.ctx.Done():
+			select {
+			case <-f.done: // both: the outcome is known
+			default:
+				return x.finish(failed("stream "+x.stream, x.ctx.Err()))
+			}
+		}
+		return x.finish(x.err)
+	}
+}
+
+// seal closes f to new starts, unless a wait did already, and sends it.
+func (p *Publisher) seal(f *flight) {
+	p.mu.Lock()
+	if f.sealed {
+		p.mu.Unlock()
+		return
+	}
+	f.sealed = true
+	p.open = nil // f was open: the next start opens another
+	f.prev, p.last = p.last, f
+	p.mu.Unlock()
+	go p.run(f)
+}
+
+// run sends f once the flight before it is done. An XADD whose context
+// ended meanwhile (its wait returned) is left out. The pipeline runs until
+// the latest deadline of its XADDs, whoever of them called wait first, so
+// that one delivery's cancellation does not fail the others.
+func (p *Publisher) run(f *flight) {
+	defer close(f.done)
+	if f.prev != nil {
+		<-f.prev.done
+		f.prev = nil
+	}
+	live := make([]*xadd, 0, len(f.xs))
+	var deadline time.Time
+	for _, x := range f.xs {
+		if err := x.ctx.Err(); err != nil {
+			x.err = failed("stream "+x.stream, err)
+			continue
+		}
+		live = append(live, x)
+		if d, _ := x.ctx.Deadline(); d.After(deadline) {
+			deadline = d
+		}
+	}
+	f.xs = nil
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(live[0].ctx), deadline)
+	defer cancel()
+	p.exec(ctx, live)
 }
 
 // failed returns err, the outcome of a publish, as the relay's error (nil

@@ -218,15 +218,10 @@ func (f fakeClient) XAdd(ctx context.Context, _ *goredis.XAddArgs) *goredis.Stri
 	return cmd
 }
 
-// TestErrorClassification checks, without a server, which XADD errors say
-// Redis is down (the relay pauses and counts no attempt) and which are
-// about the event or its stream (retried with backoff, counted).
-func TestErrorClassification(t *testing.T) {
-	t.Parallel()
-	for name, tc := range map[string]struct {
-		err         error
-		unavailable bool
-	}{
+// errorCases are XADD errors, each with whether it says Redis is down:
+// both handlers classify them alike.
+func errorCases() map[string]errorCase {
+	return map[string]errorCase{
 		"connection refused":  {&net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}, true},
 		"connection reset":    {&net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, true},
 		"connection closed":   {io.EOF, true},
@@ -247,7 +242,20 @@ func TestErrorClassification(t *testing.T) {
 		"wrong type":          {errors.New("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
 		"ACL forbids the key": {errors.New("NOPERM No permissions to access a key"), false},
 		"cancelled by caller": {context.Canceled, false},
-	} {
+	}
+}
+
+type errorCase struct {
+	err         error
+	unavailable bool
+}
+
+// TestErrorClassification checks, without a server, which XADD errors say
+// Redis is down (the relay pauses and counts no attempt) and which are
+// about the event or its stream (retried with backoff, counted).
+func TestErrorClassification(t *testing.T) {
+	t.Parallel()
+	for name, tc := range errorCases() {
 		p := newPublisher(t, fakeClient{err: tc.err}, outboxredis.Config{Stream: "s"})
 		err := p.Handler()(t.Context(), outbox.Event{ID: "e1", Type: "t", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
 		require.Error(t, err, name)

@@ -76,7 +76,8 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	ob.Handle(outbox.AnyEvent, pub.Handler())
+	// A relay pipelines each batch's XADDs: one round trip per batch.
+	ob.HandleAsync(outbox.AnyEvent, pub.AsyncHandler())
 
 	err = db.Transaction(func(tx *gorm.DB) error {
 		order := Order{Customer: "ada", Total: 42}
