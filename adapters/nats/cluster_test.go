@@ -65,6 +65,20 @@ type clusterOrder struct {
 func TestClusterNodeLoss(t *testing.T) {
 	long(t, "a three-node cluster of its own, a node killed round after round")
 	t.Parallel()
+	testClusterNodeLoss(t, false)
+}
+
+// TestClusterNodeLossAsync is TestClusterNodeLoss with AsyncHandler: the
+// publishes of a batch in flight when a node goes, acks lost with a stream
+// leader included, end as Unavailable (the disconnect, or the ack timeout)
+// and no ack stays pending in the Publisher afterwards.
+func TestClusterNodeLossAsync(t *testing.T) {
+	long(t, "a three-node cluster of its own, a node killed round after round")
+	t.Parallel()
+	testClusterNodeLoss(t, true)
+}
+
+func testClusterNodeLoss(t *testing.T, async bool) {
 	rounds := 4
 	if v := os.Getenv(clusterRoundsEnv); v != "" {
 		n, err := strconv.Atoi(v)
@@ -94,8 +108,10 @@ func TestClusterNodeLoss(t *testing.T) {
 	t.Logf("cluster of 3 up, stream %s with 3 current replicas, %v after the start (seed %d)", stream, time.Since(began).Round(time.Millisecond), seed)
 
 	nc, js := connectWith(t, c.urls(), natsgo.MaxReconnects(-1), natsgo.ReconnectWait(50*time.Millisecond), natsgo.Name(t.Name()))
-	r := newClusterRig(t, 10*time.Millisecond, func(log *slog.Logger) outbox.Handler {
-		return newPublisher(t, js, outboxnats.Config{SubjectPrefix: "cluster.", Timeout: time.Second, Logger: log}).Handler()
+	var pub *outboxnats.Publisher
+	r := newClusterRig(t, 10*time.Millisecond, async, func(log *slog.Logger) *outboxnats.Publisher {
+		pub = newPublisher(t, js, outboxnats.Config{SubjectPrefix: "cluster.", Timeout: time.Second, Logger: log})
+		return pub
 	})
 
 	type roundResult struct {
@@ -186,6 +202,11 @@ func TestClusterNodeLoss(t *testing.T) {
 	r.Stop()
 	c.waitReplicas(stream, 60*time.Second)
 	t.Logf("writer stopped, relay drained, 3 current replicas: %v", time.Since(phase).Round(time.Millisecond))
+	if async {
+		// Each publish ends with its ack or its ack timeout: none is
+		// left holding a place among the MaxPending.
+		waitFor(t, 10*time.Second, "no ack pending", func() bool { return outboxnats.AsyncPending(pub) == 0 })
+	}
 	phase = time.Now()
 	seen := c.streamIDs(stream)
 	t.Logf("stream read: %v", time.Since(phase).Round(time.Millisecond))
@@ -203,8 +224,8 @@ func TestClusterNodeLoss(t *testing.T) {
 		}
 	}
 	slices.Sort(doubled)
-	t.Logf("RESULT cluster: %d rounds (%d of them the leader) in %v; events %d, lost %d, failed %d, doubled %d %v, sent rows by attempts %v; next ack after a kill max %v, delivery paused (the longest gap between acks after a kill) max %v, backlog delivered max %v; publish errors by kind %v",
-		rounds, (rounds+1)/2, time.Since(began).Round(time.Millisecond), rep.Events, rep.Lost, rep.Failed, rep.Duplicates, doubled, rep.Attempts,
+	t.Logf("RESULT cluster (async %v): %d rounds (%d of them the leader) in %v; events %d, lost %d, failed %d, doubled %d %v, sent rows by attempts %v; next ack after a kill max %v, delivery paused (the longest gap between acks after a kill) max %v, backlog delivered max %v; publish errors by kind %v",
+		async, rounds, (rounds+1)/2, time.Since(began).Round(time.Millisecond), rep.Events, rep.Lost, rep.Failed, rep.Duplicates, doubled, rep.Attempts,
 		maxFirst.Round(time.Millisecond), maxGap.Round(time.Millisecond), maxDrain.Round(time.Millisecond), r.errorKinds())
 
 	assert.Zero(t, rep.Lost, "every committed event is in the stream")
@@ -249,16 +270,14 @@ type clusterRig struct {
 	stopOnce, wrOnce sync.Once
 }
 
-func newClusterRig(t *testing.T, every time.Duration, handler func(*slog.Logger) outbox.Handler) *clusterRig {
+func newClusterRig(t *testing.T, every time.Duration, async bool, publisher func(*slog.Logger) *outboxnats.Publisher) *clusterRig {
 	t.Helper()
 	r := &clusterRig{t: t, Logs: outagetest.NewLogRecorder(), done: make(chan struct{}), stopW: make(chan struct{}), errKinds: map[string]int{}}
 	log := slog.New(r.Logs)
 	var ob *outbox.Outbox
 	r.db, ob = outboxtest.SQLite(t, outbox.Config{Logger: log})
 	require.NoError(t, r.db.AutoMigrate(&clusterOrder{}))
-	h := handler(log)
-	ob.Handle(outbox.AnyEvent, func(ctx context.Context, e outbox.Event) error {
-		err := h(ctx, e)
+	observe := func(e outbox.Event, err error) error {
 		r.calls.Add(1)
 		if err == nil {
 			r.acks.add(e.ID)
@@ -277,7 +296,18 @@ func newClusterRig(t *testing.T, every time.Duration, handler func(*slog.Logger)
 		r.errKinds[kind+": "+err.Error()]++ // the text names no event: equal failures count together
 		r.errMu.Unlock()
 		return err
-	})
+	}
+	pub := publisher(log)
+	if async {
+		h := pub.AsyncHandler()
+		ob.HandleAsync(outbox.AnyEvent, func(ctx context.Context, e outbox.Event) func() error {
+			wait := h(ctx, e)
+			return func() error { return observe(e, wait()) }
+		})
+	} else {
+		h := pub.Handler()
+		ob.Handle(outbox.AnyEvent, func(ctx context.Context, e outbox.Event) error { return observe(e, h(ctx, e)) })
+	}
 	relay, err := ob.Relay(r.db, outbox.RelayConfig{PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

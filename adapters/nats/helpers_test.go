@@ -221,12 +221,35 @@ func (s *server) start() {
 	}
 }
 
+// pause freezes the server (SIGSTOP): clients stay connected and their
+// writes fill the socket, but nothing is read or answered until resume.
+func (s *server) pause() { require.NoError(s.t, s.cmd.Process.Signal(syscall.SIGSTOP)) }
+
+// resume undoes pause.
+func (s *server) resume() {
+	if s.cmd != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+// kill SIGKILLs the server (paused or not) and waits for it to exit: its
+// clients' connections drop at once.
+func (s *server) kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}
+
 // stop shuts the server down gracefully and waits for it to exit.
 func (s *server) stop() {
 	if s.cmd == nil {
 		return
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	s.resume() // a paused server takes the SIGTERM once it runs again
 	select {
 	case <-s.done:
 	case <-time.After(10 * time.Second):

@@ -290,7 +290,7 @@ func TestInboxEndToEndChild(t *testing.T) {
 		db, ob := e2eOpen(t, filepath.Join(dir, "producer.db"), outbox.Config{})
 		pub, err := outboxnats.New(js, outboxnats.Config{SubjectPrefix: os.Getenv(e2ePrefixEnv) + "."})
 		require.NoError(t, err)
-		ob.Handle("order.created", pub.Handler())
+		ob.HandleAsync("order.created", pub.AsyncHandler())
 		relay, err := ob.Relay(db, outbox.RelayConfig{Lease: e2eLease, PollInterval: 100 * time.Millisecond})
 		require.NoError(t, err)
 		go func() { _ = relay.Run(ctx) }()

@@ -8,15 +8,30 @@
 //
 // Each event becomes one message on the subject [Config.Subject] returns
 // (by default "outbox." + event type), laid out in [Config.Format] (see
-// Formats below). The handler waits for JetStream's publish ack, so an
-// event counts as delivered only once the stream has stored it.
+// Formats below). An event counts as delivered only once JetStream's
+// publish ack says the stream has stored it.
 //
-// Ordering: the handler publishes synchronously, so a stream stores events in
-// the order one relay delivers them. A failed event that is retried lands
-// after the events delivered meanwhile, and several relays interleave, so
-// consumers that need per-aggregate order should compare Outbox-Occurred-At
-// (ce-time in the CloudEvents formats) or keep per-aggregate state, not
-// rely on global stream order.
+// # Registering
+//
+// [Publisher.AsyncHandler], registered with [outbox.Outbox.HandleAsync], is
+// the default: the relay starts the publishes of a whole batch (or, with
+// [outbox.RelayConfig.OrderByAggregate], of a wave: one event per
+// aggregate), in batch order, before it waits for any ack, so a batch
+// costs about one round trip to the server instead of one per event.
+// [Publisher.Handler], registered with [outbox.Outbox.Handle], publishes an
+// event and waits for its ack before it returns: a relay has at most
+// Workers events in flight. Both build the same message and report errors
+// alike.
+//
+// Ordering: the stream stores events in the order they reach it. Without
+// OrderByAggregate a relay's events reach it in no particular order (a
+// batch's publishes overlap), a failed event that is retried lands after
+// the events delivered meanwhile, and several relays interleave. With
+// OrderByAggregate an aggregate's next event is published only once the
+// previous one's ack has come back, so its events are stored in order and
+// none after one that was not; consumers that need per-aggregate order
+// across relays should still compare Outbox-Occurred-At (ce-time in the
+// CloudEvents formats) or keep per-aggregate state.
 //
 // Outages: a publish that fails because the server cannot be reached (the
 // connection is reconnecting or closed, no servers, a timed-out request or
@@ -81,6 +96,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -103,6 +119,8 @@ const (
 	DefaultSubjectPrefix = "outbox."
 	// DefaultTimeout is [Config.Timeout]'s default.
 	DefaultTimeout = 5 * time.Second
+	// DefaultMaxPending is [Config.MaxPending]'s default, nats.go's own.
+	DefaultMaxPending = 4000
 )
 
 // JetStream is the part of [jetstream.JetStream] the adapter uses. A value
@@ -110,6 +128,17 @@ const (
 type JetStream interface {
 	// PublishMsg publishes msg and waits for the stream's ack.
 	PublishMsg(ctx context.Context, msg *natsgo.Msg, opts ...jetstream.PublishOpt) (*jetstream.PubAck, error)
+}
+
+// AsyncJetStream is what [Publisher.AsyncHandler] publishes through when
+// the JetStream given to [New] has no connection to open a publisher of
+// its own on (a test double, a wrapper): a value with PublishMsgAsync,
+// which must put messages on the wire in the order it is called and must
+// not wait for their acks. A value from jetstream.New has a connection
+// (Conn), and is not used for it.
+type AsyncJetStream interface {
+	// PublishMsgAsync publishes msg and returns the future of its ack.
+	PublishMsgAsync(msg *natsgo.Msg, opts ...jetstream.PublishOpt) (jetstream.PubAckFuture, error)
 }
 
 // Config configures a [Publisher]. Its zero value is usable.
@@ -132,11 +161,20 @@ type Config struct {
 	// that happens to match. Defaults to "" (any stream).
 	ExpectStream string
 
-	// Timeout bounds one publish, ack included; the relay's deadline applies
+	// Timeout bounds one publish, ack included, from the handler's call
+	// (an AsyncHandler's start) to the ack; the relay's deadline applies
 	// too. While the server is unreachable the publish fails after it as
 	// [outbox.Unavailable], and the relay pauses until the server is back.
 	// Defaults to 5 seconds.
 	Timeout time.Duration
+
+	// MaxPending bounds the publishes of [Publisher.AsyncHandler] that
+	// await their ack at once, for all the relays sharing the Publisher: a
+	// start beyond it waits for one to end, within Timeout and the relay's
+	// deadline (the event is then reported as the server not keeping up,
+	// [outbox.Unavailable]). Unused by Handler, and when AsyncHandler
+	// publishes through an [AsyncJetStream]. Defaults to 4000.
+	MaxPending int
 
 	// Logger receives the adapter's own messages, which never contain
 	// payloads: a warning from [New] when the connection would give up
@@ -174,7 +212,8 @@ type Config struct {
 // safe for concurrent use.
 type Publisher struct {
 	js     JetStream
-	nc     *natsgo.Conn // js's connection, when it exposes it: the server's address for telemetry
+	nc     *natsgo.Conn   // js's connection, when it exposes it: the server's address for telemetry
+	async  AsyncJetStream // AsyncHandler's publisher; nil: it publishes as Handler does
 	cfg    Config
 	log    *slog.Logger
 	closed atomic.Bool // the closed connection has been logged
@@ -191,12 +230,21 @@ type Publisher struct {
 // default is 60, two seconds apart), New logs a warning: an outage longer
 // than that closes the connection for good. Connect with
 // nats.MaxReconnects(-1).
+//
+// Create one Publisher per connection and keep it: its
+// [Publisher.AsyncHandler] publishes through a JetStream publisher of its
+// own, which subscribes to its acks on the connection at its first
+// publish (a subscription and a goroutine per Publisher, until the
+// connection closes).
 func New(js JetStream, cfg Config) (*Publisher, error) {
 	if js == nil {
 		return nil, errors.New("outbox/nats: New needs a JetStream (jetstream.New(nc))")
 	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("outbox/nats: negative Timeout %v; use 0 for the default", cfg.Timeout)
+	}
+	if cfg.MaxPending < 0 {
+		return nil, fmt.Errorf("outbox/nats: negative MaxPending %d; use 0 for the default", cfg.MaxPending)
 	}
 	if err := cfg.Format.Check(); err != nil {
 		return nil, fmt.Errorf("outbox/nats: Config.Format: %w", err)
@@ -206,6 +254,7 @@ func New(js JetStream, cfg Config) (*Publisher, error) {
 	}
 	cfg.SubjectPrefix = cmp.Or(cfg.SubjectPrefix, DefaultSubjectPrefix)
 	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.MaxPending = cmp.Or(cfg.MaxPending, DefaultMaxPending)
 	p := &Publisher{js: js, cfg: cfg, log: cfg.Logger}
 	if p.log == nil {
 		p.log = slog.Default()
@@ -213,6 +262,20 @@ func New(js JetStream, cfg Config) (*Publisher, error) {
 	if c, ok := js.(interface{ Conn() *natsgo.Conn }); ok {
 		p.nc = c.Conn()
 		p.checkReconnects(p.nc)
+	}
+	if p.nc != nil {
+		// A publisher of its own, so that an ack that never comes (a
+		// stream leader lost with the message) ends after Timeout and
+		// frees its place among the MaxPending: without an ack timeout,
+		// nats.go keeps it forever, and enough of them stall every publish.
+		// Publishes use neither the API prefix nor the domain of js.
+		async, err := jetstream.New(p.nc, jetstream.WithPublishAsyncTimeout(cfg.Timeout), jetstream.WithPublishAsyncMaxPending(cfg.MaxPending))
+		if err != nil {
+			return nil, fmt.Errorf("outbox/nats: the async publisher: %w", err)
+		}
+		p.async = async
+	} else if a, ok := js.(AsyncJetStream); ok {
+		p.async = a
 	}
 	return p, nil
 }
@@ -235,8 +298,10 @@ func (p *Publisher) checkReconnects(nc *natsgo.Conn) {
 	}
 }
 
-// Handler returns the outbox handler that publishes each event it is given:
-// register it with ob.Handle(eventType, p.Handler()).
+// Handler returns the outbox handler that publishes each event it is given
+// and waits for its ack: register it with ob.Handle(eventType,
+// p.Handler()). [Publisher.AsyncHandler] builds the same messages and
+// returns the same errors without waiting for each ack in turn.
 //
 // In Native format the message body is the event's JSON payload. Its
 // headers are those [wire.Headers] gives: the event's headers (trace
@@ -259,17 +324,73 @@ func (p *Publisher) checkReconnects(nc *natsgo.Conn) {
 // without counting attempts. Others, such as a stream that refuses the
 // message (ExpectStream mismatch, limits), are retried with backoff.
 func (p *Publisher) Handler() outbox.Handler {
-	return p.publish
+	return func(ctx context.Context, e outbox.Event) error {
+		return p.start(ctx, e, p.sendSync)()
+	}
 }
 
-func (p *Publisher) publish(ctx context.Context, e outbox.Event) (err error) {
+// AsyncHandler returns the outbox handler that starts publishing each event
+// it is given, with JetStream's PublishMsgAsync, and returns a wait for the
+// ack: register it with ob.HandleAsync(eventType, p.AsyncHandler()). A
+// relay starts the publishes of a batch (with OrderByAggregate, of a wave:
+// one event per aggregate) in batch order, then waits for each, so the
+// batch costs about one round trip to the server instead of one per event.
+//
+// The message, the telemetry (the send span starts with the publish and
+// ends when wait returns, with its outcome) and the errors are those of
+// [Publisher.Handler]. The start puts the message on the wire (or, while
+// the client reconnects, in its reconnect buffer) in the order of the calls
+// and returns without waiting for the ack, unless [Config.MaxPending]
+// publishes await theirs already: it then waits for one to end. wait
+// returns nil once the stream has stored the event (or already held it: a
+// duplicate is a success), and an error otherwise: the server's refusal,
+// classified as Handler's, or [outbox.Unavailable] when the ack does not
+// come within [Config.Timeout] (or the context's deadline), the
+// connection is lost while the ack is awaited (nats.go fails the pending
+// publishes; the stream may have stored them, and Nats-Msg-Id drops the
+// re-sends), or the connection is closed.
+//
+// It publishes through a JetStream publisher of its own on the connection
+// of the JetStream given to [New] (its acks time out after Config.Timeout,
+// at most Config.MaxPending of them pending). A JetStream without a
+// connection is used itself when it is an [AsyncJetStream]; otherwise each
+// event is published and its ack awaited at the start, as Handler does.
+func (p *Publisher) AsyncHandler() outbox.AsyncHandler {
+	send := p.sendAsync
+	if p.async == nil {
+		send = p.sendSync
+	}
+	return func(ctx context.Context, e outbox.Event) func() error {
+		return p.start(ctx, e, send)
+	}
+}
+
+// sender sends msg, within ctx, and returns the wait for the raw outcome;
+// Handler's waits before it returns, AsyncHandler's after.
+type sender func(ctx context.Context, msg *natsgo.Msg, opts []jetstream.PublishOpt) (wait func() error)
+
+// start is one publish of e, Handler's or AsyncHandler's: it builds the
+// message, hands it to send and returns the wait for the classified
+// outcome, which ends the send span. wait may be called more than once.
+func (p *Publisher) start(ctx context.Context, e outbox.Event, send sender) (wait func() error) {
 	subject := p.subject(e)
 	// The span starts before anything can fail, so that it records every
 	// outcome; e becomes the event with the span's trace context, which is
 	// what the message must carry.
 	ctx, e, end := wire.StartSend(ctx, p.cfg.Telemetry, p.operation(ctx, subject), e)
-	defer func() { end(err) }()
-	return p.send(ctx, subject, e)
+	msg, opts, err := p.message(subject, e)
+	if err != nil {
+		end(err)
+		return func() error { return err }
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	sent := send(ctx, msg, opts)
+	return sync.OnceValue(func() error {
+		defer cancel()
+		err := p.classify(sent(), subject)
+		end(err)
+		return err
+	})
 }
 
 // operation describes a publish to subject for [wire.StartSend], with the
@@ -287,44 +408,135 @@ func (p *Publisher) operation(ctx context.Context, subject string) wire.Operatio
 	return op
 }
 
-func (p *Publisher) send(ctx context.Context, subject string, e outbox.Event) error {
+// message is e's message on subject and its publish options, or the
+// permanent error that keeps it from being sent.
+func (p *Publisher) message(subject string, e outbox.Event) (*natsgo.Msg, []jetstream.PublishOpt, error) {
 	if err := checkSubject(subject); err != nil {
 		// Quoted: it may hold whitespace.
-		return outbox.Permanent(fmt.Errorf("%w: subject %q (outbox/nats)", err, subject))
+		return nil, nil, outbox.Permanent(fmt.Errorf("%w: subject %q (outbox/nats)", err, subject))
 	}
 	m, err := wire.NATSBinding.Encode(p.cfg.Format, e, wire.CloudEventOptions{Source: p.cfg.Source})
 	if err != nil {
-		return outbox.Permanent(publishError(err, subject))
+		return nil, nil, outbox.Permanent(publishError(err, subject))
 	}
 	hdr, err := headers(m)
 	if err != nil {
-		return outbox.Permanent(publishError(err, subject))
+		return nil, nil, outbox.Permanent(publishError(err, subject))
 	}
-	msg := &natsgo.Msg{Subject: subject, Data: m.Body, Header: hdr}
-
 	opts := []jetstream.PublishOpt{jetstream.WithMsgID(e.ID)}
 	if p.cfg.ExpectStream != "" {
 		opts = append(opts, jetstream.WithExpectStream(p.cfg.ExpectStream))
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
-	defer cancel()
-	if _, err := p.js.PublishMsg(ctx, msg, opts...); err != nil {
-		err = publishError(err, subject)
-		switch {
-		case errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||
-			errors.Is(err, natsgo.ErrBadSubject):
-			return outbox.Permanent(err)
-		case errors.Is(err, natsgo.ErrConnectionClosed):
-			p.connectionClosed(err)
-			return outbox.Unavailable(err)
-		case unavailable(err):
-			return outbox.Unavailable(err)
+	return &natsgo.Msg{Subject: subject, Data: m.Body, Header: hdr}, opts, nil
+}
+
+// sendSync publishes msg and waits for the ack before it returns.
+func (p *Publisher) sendSync(ctx context.Context, msg *natsgo.Msg, opts []jetstream.PublishOpt) func() error {
+	_, err := p.js.PublishMsg(ctx, msg, opts...)
+	return func() error { return err }
+}
+
+// stallWait is how long one PublishMsgAsync waits for room among the
+// MaxPending publishes before sendAsync checks its context and tries again.
+const stallWait = 100 * time.Millisecond
+
+// sendAsync puts msg on the wire and returns the wait for its ack. Its
+// errors are in the terms of the synchronous publish, which classify
+// knows.
+func (p *Publisher) sendAsync(ctx context.Context, msg *natsgo.Msg, opts []jetstream.PublishOpt) func() error {
+	var (
+		paf jetstream.PubAckFuture
+		err error
+	)
+	for {
+		wait := stallWait
+		if d, ok := ctx.Deadline(); ok {
+			wait = min(wait, time.Until(d))
 		}
+		if wait <= 0 || ctx.Err() != nil {
+			err = p.connState(fmt.Errorf("%w waiting for one of the publishes awaiting their ack to end (Config.MaxPending)", cmp.Or(ctx.Err(), context.DeadlineExceeded)))
+			return func() error { return err }
+		}
+		paf, err = p.async.PublishMsgAsync(msg, append(opts[:len(opts):len(opts)], jetstream.WithStallWait(wait))...)
+		if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+			break
+		}
+	}
+	if err != nil {
+		err = p.connState(err)
+		return func() error { return err }
+	}
+	ok, failed := paf.Ok(), paf.Err()
+	return func() error {
+		select {
+		case <-ok:
+			return nil
+		case err := <-failed:
+			return p.connState(ackError(err))
+		case <-ctx.Done():
+			select {
+			case <-ok: // both were ready: the ack wins
+				return nil
+			default:
+			}
+			return p.connState(ctx.Err())
+		}
+	}
+}
+
+// ackError is the error of a failed async publish as the synchronous
+// publish reports it: the stream's refusal wrapped as "nats: ...".
+func ackError(err error) error {
+	if _, ok := err.(*jetstream.APIError); ok {
+		return fmt.Errorf("nats: %w", err)
+	}
+	return err
+}
+
+// connState adds the connection's state to an async publish's error when
+// the connection is closed or draining and err does not say so: nats.go
+// reports the failure to subscribe to acks on a closed connection as text
+// only, and does not fail the publishes awaiting their acks when the
+// connection closes (they time out).
+func (p *Publisher) connState(err error) error {
+	if p.nc == nil || errors.Is(err, natsgo.ErrConnectionClosed) || errors.Is(err, natsgo.ErrConnectionDraining) {
 		return err
 	}
-	// A duplicate ack is success: the stream already holds this event from
-	// an earlier attempt whose outcome the relay did not record.
-	return nil
+	switch {
+	case p.nc.IsClosed():
+		return withCause{err, natsgo.ErrConnectionClosed}
+	case p.nc.IsDraining():
+		return withCause{err, natsgo.ErrConnectionDraining}
+	}
+	return err
+}
+
+// withCause is err, whose text it keeps, with cause in its chain too.
+type withCause struct{ err, cause error }
+
+func (w withCause) Error() string   { return w.err.Error() }
+func (w withCause) Unwrap() []error { return []error{w.err, w.cause} }
+
+// classify is the error of a publish to subject that failed with err (nil
+// for a success), for Handler and AsyncHandler alike. A duplicate ack is a
+// success: the stream already holds this event from an earlier attempt
+// whose outcome the relay did not record.
+func (p *Publisher) classify(err error, subject string) error {
+	if err == nil {
+		return nil
+	}
+	err = publishError(err, subject)
+	switch {
+	case errors.Is(err, natsgo.ErrMaxPayload) || errors.Is(err, jetstream.ErrStreamMessageExceedsMaximum) ||
+		errors.Is(err, natsgo.ErrBadSubject):
+		return outbox.Permanent(err)
+	case errors.Is(err, natsgo.ErrConnectionClosed):
+		p.connectionClosed(err)
+		return outbox.Unavailable(err)
+	case unavailable(err):
+		return outbox.Unavailable(err)
+	}
+	return err
 }
 
 // publishError is the error of a publish to subject that failed with err:
@@ -356,7 +568,7 @@ func unavailable(err error) bool {
 		natsgo.ErrNoServers, natsgo.ErrReconnectBufExceeded, natsgo.ErrStaleConnection,
 		natsgo.ErrTimeout, natsgo.ErrNoResponders, natsgo.ErrInvalidConnection,
 		jetstream.ErrNoStreamResponse, jetstream.ErrJetStreamNotEnabled, jetstream.ErrJetStreamNotEnabledForAccount,
-		context.DeadlineExceeded,
+		jetstream.ErrAsyncPublishTimeout, context.DeadlineExceeded,
 	} {
 		if errors.Is(err, target) {
 			return true

@@ -3,6 +3,7 @@ package nats_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -180,12 +181,18 @@ func TestNewValidates(t *testing.T) {
 	require.Error(t, err)
 	_, err = outboxnats.New(&fakeJS{}, outboxnats.Config{Timeout: -time.Second})
 	require.Error(t, err)
+	_, err = outboxnats.New(&fakeJS{}, outboxnats.Config{MaxPending: -1})
+	require.EqualError(t, err, "outbox/nats: negative MaxPending -1; use 0 for the default")
 }
 
-// fakeJS answers every publish with err, or an ack when err is nil.
+// fakeJS answers every publish with err, or an ack when err is nil. It is
+// an AsyncJetStream too: PublishMsgAsync returns err itself, or, with
+// viaAck, a future that fails with it as nats.go fails one (a stream's
+// refusal as the bare *jetstream.APIError).
 type fakeJS struct {
-	err   error
-	calls atomic.Int64
+	err    error
+	viaAck bool
+	calls  atomic.Int64
 }
 
 func (f *fakeJS) PublishMsg(context.Context, *natsgo.Msg, ...jetstream.PublishOpt) (*jetstream.PubAck, error) {
@@ -196,9 +203,55 @@ func (f *fakeJS) PublishMsg(context.Context, *natsgo.Msg, ...jetstream.PublishOp
 	return &jetstream.PubAck{Stream: "S", Sequence: 1}, nil
 }
 
+func (f *fakeJS) PublishMsgAsync(msg *natsgo.Msg, _ ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	f.calls.Add(1)
+	fut := newFuture(msg)
+	switch {
+	case f.err == nil:
+		fut.ok <- &jetstream.PubAck{Stream: "S", Sequence: 1}
+	case f.viaAck:
+		err := f.err
+		if apiErr, ok := errors.AsType[*jetstream.APIError](err); ok {
+			err = apiErr // the synchronous publish wraps it as "nats: %w"; the future does not
+		}
+		fut.err <- err
+	default:
+		return nil, f.err
+	}
+	return fut, nil
+}
+
+// future is a jetstream.PubAckFuture a test resolves.
+type future struct {
+	ok  chan *jetstream.PubAck
+	err chan error
+	msg *natsgo.Msg
+}
+
+func newFuture(msg *natsgo.Msg) *future {
+	return &future{ok: make(chan *jetstream.PubAck, 1), err: make(chan error, 1), msg: msg}
+}
+
+func (f *future) Ok() <-chan *jetstream.PubAck { return f.ok }
+func (f *future) Err() <-chan error            { return f.err }
+func (f *future) Msg() *natsgo.Msg             { return f.msg }
+
+// registrations are the ways to publish an event through a Publisher,
+// each returning what a relay would record: Handler, and AsyncHandler's
+// start followed by its wait.
+var registrations = map[string]func(p *outboxnats.Publisher) outbox.Handler{
+	"Handler": (*outboxnats.Publisher).Handler,
+	"AsyncHandler": func(p *outboxnats.Publisher) outbox.Handler {
+		h := p.AsyncHandler()
+		return func(ctx context.Context, e outbox.Event) error { return h(ctx, e)() }
+	},
+}
+
 // TestErrorClassification checks, without a server, which publish errors
 // say the destination is down (the relay pauses and counts no attempt),
-// which are about the event (never Unavailable) and which are permanent.
+// which are about the event (never Unavailable) and which are permanent:
+// the same for Handler and for AsyncHandler, whether the error comes from
+// the asynchronous publish's start or through its future.
 func TestErrorClassification(t *testing.T) {
 	t.Parallel()
 	type class int
@@ -232,25 +285,40 @@ func TestErrorClassification(t *testing.T) {
 		"stream store failed":      {fmt.Errorf("nats: %w", &jetstream.APIError{Code: 500, ErrorCode: 10077, Description: "maximum messages exceeded"}), retry},
 		"invalid ack":              {jetstream.ErrInvalidJSAck, retry},
 		"cancelled by the caller":  {context.Canceled, retry},
+		"async ack timed out":      {jetstream.ErrAsyncPublishTimeout, unavailable},
+		"disconnected, ack lost":   {natsgo.ErrDisconnected, unavailable},
 	} {
-		js := &fakeJS{err: tc.err}
-		p, err := outboxnats.New(js, outboxnats.Config{Logger: slog.New(slog.DiscardHandler)})
-		require.NoError(t, err)
-		err = p.Handler()(t.Context(), outbox.Event{ID: "evt-classified", Type: "order.created", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
-		require.Error(t, err, name)
-		assert.ErrorIs(t, err, tc.err, name)
-		assert.Equal(t, tc.want == unavailable, outbox.IsUnavailable(err), "%s: Unavailable: %v", name, err)
-		assert.Equal(t, tc.want == permanent, outbox.IsPermanent(err), "%s: Permanent: %v", name, err)
-		want := tc.err.Error() + ": subject outbox.order.created (outbox/nats)"
-		switch tc.want {
-		case unavailable:
-			want += " (destination unavailable)"
-		case permanent:
-			want += " (permanent)"
+		for _, path := range []struct {
+			name   string
+			viaAck bool
+			reg    string
+		}{{"Handler", false, "Handler"}, {"AsyncHandler start", false, "AsyncHandler"}, {"AsyncHandler ack", true, "AsyncHandler"}} {
+			name := name + " (" + path.name + ")"
+			js := &fakeJS{err: tc.err, viaAck: path.viaAck}
+			p, err := outboxnats.New(js, outboxnats.Config{Logger: slog.New(slog.DiscardHandler)})
+			require.NoError(t, err)
+			err = registrations[path.reg](p)(t.Context(), outbox.Event{ID: "evt-classified", Type: "order.created", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
+			require.Error(t, err, name)
+			assert.ErrorIs(t, err, tc.err, name)
+			assert.Equal(t, tc.want == unavailable, outbox.IsUnavailable(err), "%s: Unavailable: %v", name, err)
+			assert.Equal(t, tc.want == permanent, outbox.IsPermanent(err), "%s: Permanent: %v", name, err)
+			want := tc.err.Error() + ": subject outbox.order.created (outbox/nats)"
+			if apiErr, ok := errors.AsType[*jetstream.APIError](tc.err); ok && path.viaAck && apiErr.Error() == tc.err.Error() {
+				// A stream's answer, which the future gives bare: reported
+				// as the synchronous publish reports it, "nats: " first.
+				want = "nats: " + want
+			}
+			switch tc.want {
+			case unavailable:
+				want += " (destination unavailable)"
+			case permanent:
+				want += " (permanent)"
+			}
+			assert.Equal(t, want, err.Error(), "%s: the cause first, then the subject and the adapter", name)
+			assert.NotContains(t, err.Error(), "evt-classified", name)
+			assert.NotContains(t, err.Error(), "do-not-log", name)
+			assert.EqualValues(t, 1, js.calls.Load(), "%s: one publish", name)
 		}
-		assert.Equal(t, want, err.Error(), "%s: the cause first, then the subject and the adapter", name)
-		assert.NotContains(t, err.Error(), "evt-classified", name)
-		assert.NotContains(t, err.Error(), "do-not-log", name)
 	}
 }
 
@@ -263,9 +331,13 @@ func TestClosedConnectionLoggedOnce(t *testing.T) {
 	js := &fakeJS{err: natsgo.ErrConnectionClosed}
 	p, err := outboxnats.New(js, outboxnats.Config{Logger: slog.New(logs)})
 	require.NoError(t, err)
-	for i := range 5 {
-		err := p.Handler()(t.Context(), outbox.Event{ID: fmt.Sprint("e", i), Type: "t", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
-		require.True(t, outbox.IsUnavailable(err), "%v", err)
+	for i := range 6 {
+		reg := "Handler"
+		if i%2 == 1 {
+			reg = "AsyncHandler"
+		}
+		err := registrations[reg](p)(t.Context(), outbox.Event{ID: fmt.Sprint("e", i), Type: "t", Payload: json.RawMessage(`{"secret":"do-not-log"}`)})
+		require.True(t, outbox.IsUnavailable(err), "%s: %v", reg, err)
 	}
 	recs := logs.Records()
 	require.Len(t, recs, 1, "logged once, not per event: %v", recs)
@@ -311,13 +383,28 @@ func TestNewWarnsAboutBoundedReconnects(t *testing.T) {
 }
 
 // TestEndToEnd wires the real outbox: publish in a transaction, one relay
-// pass, the event is in the stream and its row is sent.
+// pass, the event is in the stream and its row is sent; with Handler and
+// with AsyncHandler.
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
+	for _, async := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Handler", true: "AsyncHandler"}[async], func(t *testing.T) {
+			t.Parallel()
+			testEndToEnd(t, async)
+		})
+	}
+}
+
+func testEndToEnd(t *testing.T, async bool) {
 	_, js := connect(t)
 	stream, prefix := newStream(t, js)
 	db, ob := openDB(t)
-	ob.Handle("order.created", newPublisher(t, js, outboxnats.Config{SubjectPrefix: prefix + "."}).Handler())
+	pub := newPublisher(t, js, outboxnats.Config{SubjectPrefix: prefix + "."})
+	if async {
+		ob.HandleAsync("order.created", pub.AsyncHandler())
+	} else {
+		ob.Handle("order.created", pub.Handler())
+	}
 
 	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
 		return outbox.Publish(tx, outbox.Event{ID: "e2e-1", Type: "order.created", AggregateType: "order", AggregateID: "1",

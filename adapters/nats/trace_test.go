@@ -18,9 +18,19 @@ import (
 // rewrites an event's traceparent and tracestate to the delivery's own span
 // in a Deliver hook, before the handlers run. The message the adapter sends
 // must carry the rewritten values, not the stored ones, so that consumers
-// continue from the delivery.
+// continue from the delivery: with Handler, and with AsyncHandler, whose
+// start the relay calls once the hooks of the wave's events have run.
 func TestDeliverHookHeadersReachTheMessage(t *testing.T) {
 	t.Parallel()
+	for _, async := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Handler", true: "AsyncHandler"}[async], func(t *testing.T) {
+			t.Parallel()
+			testDeliverHookHeaders(t, async)
+		})
+	}
+}
+
+func testDeliverHookHeaders(t *testing.T, async bool) {
 	_, js := connect(t)
 	stream, prefix := newStream(t, js)
 	db, ob := openDB(t)
@@ -42,7 +52,12 @@ func TestDeliverHookHeadersReachTheMessage(t *testing.T) {
 			return next(ctx, e)
 		}
 	}})
-	ob.Handle(eventType, newPublisher(t, js, outboxnats.Config{SubjectPrefix: prefix + "."}).Handler())
+	pub := newPublisher(t, js, outboxnats.Config{SubjectPrefix: prefix + "."})
+	if async {
+		ob.HandleAsync(eventType, pub.AsyncHandler())
+	} else {
+		ob.Handle(eventType, pub.Handler())
+	}
 
 	require.NoError(t, db.Transaction(func(tx *gorm.DB) error {
 		return outbox.Publish(tx, outbox.Event{ID: eventID, Type: eventType, Headers: map[string]string{"traceparent": stored}})

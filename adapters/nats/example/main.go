@@ -98,7 +98,9 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	ob.Handle("order.created", pub.Handler())
+	// The relay starts a batch's publishes before it waits for their acks
+	// (pub.Handler(), with ob.Handle, waits for each in turn).
+	ob.HandleAsync("order.created", pub.AsyncHandler())
 
 	var order Order
 	err = db.Transaction(func(tx *gorm.DB) error {
