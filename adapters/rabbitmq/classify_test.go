@@ -34,6 +34,9 @@ func TestErrorClassification(t *testing.T) {
 		"exchange forbidden":             {closeReason("channel", &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED", Server: true, Recover: true}, true), true},
 		"message over max size":          {closeReason("channel", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - message size 200000000 is larger than configured max size 134217728", Server: true, Recover: true}, true), false},
 		"content too large":              {closeReason("channel", &amqp.Error{Code: amqp.ContentTooLarge, Reason: "CONTENT_TOO_LARGE", Server: true, Recover: true}, true), false},
+		"closed for one of several":      {sharedBy(closeReason("channel", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED", Server: true, Recover: true}, true), 3), true},
+		"closed for the only one":        {sharedBy(closeReason("channel", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED", Server: true, Recover: true}, true), 1), false},
+		"connection closed, several":     {sharedBy(closeReason("connection", nil, false), 3), true},
 		"session replaced":               {ErrConnectionLost, true},
 		"blocked (resource alarm)":       {fmt.Errorf("%w: low on memory", ErrBlocked), true},
 		"publisher closed":               {ErrClosed, true},
@@ -56,6 +59,12 @@ func TestErrorClassification(t *testing.T) {
 	var amqpErr *amqp.Error
 	assert.True(t, errors.As(err, &amqpErr))
 	assert.ErrorIs(t, err, ErrConnectionLost)
+
+	// A close for one of several messages says so; one that is not about
+	// a message is told to each of them as it is.
+	shared := sharedBy(closeReason("channel", &amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - invalid expiration", Recover: true}, true), 5)
+	assert.EqualError(t, shared, "channel closed before the broker confirmed the message (closed for this message or one of the 4 others awaiting a confirm on it): Exception (406) Reason: \"PRECONDITION_FAILED - invalid expiration\"")
+	assert.EqualError(t, sharedBy(err, 5), err.Error())
 
 	// A publish's error: the cause first, then the destination and the
 	// adapter, then the core's mark.

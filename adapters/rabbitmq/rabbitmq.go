@@ -7,7 +7,13 @@
 // connection, a timeout), so consumers must deduplicate by the AMQP message
 // ID, which is the event ID.
 //
-// Plug a [Publisher] into an outbox with ob.Handle(eventType, p.Handler()).
+// Plug a [Publisher] into an outbox with
+// ob.HandleAsync(eventType, p.AsyncHandler()): the relay then publishes a
+// whole batch on the Publisher's channel, in batch order, before it waits
+// for any confirm, so the batch costs about one round trip to the broker
+// instead of one per event. ob.Handle(eventType, p.Handler()) still works:
+// one publish and its confirm at a time per relay worker.
+//
 // Messages go to a topic exchange (by default "outbox.events", declared on
 // request) with the event type as routing key, so consumers bind queues with
 // patterns such as "order.*". Each message is persistent and carries the
@@ -17,9 +23,12 @@
 // outbox adapter, and the body, typed application/json, is the payload
 // (see Formats).
 //
-// Each publish waits for its confirm, and a queue keeps the order in which
-// a channel published, but the relay delivers with several workers: run it
-// with RelayConfig.OrderByAggregate for per-aggregate order.
+// A queue keeps the order in which a channel published, and the
+// AsyncHandler publishes in the order the relay calls it, but a failed
+// event is retried after the ones behind it: run the relay with
+// RelayConfig.OrderByAggregate for per-aggregate order (an aggregate's next
+// event is published once the previous one is confirmed, none after one
+// that failed).
 //
 // The Publisher keeps one connection with one confirm-mode channel and
 // reopens both lazily, on the next publish, after the broker closed them (a
@@ -276,9 +285,33 @@ func dialConfig(cfg Config, url, defaultName string) (amqp.Config, error) {
 	return ac, nil
 }
 
-// Handler returns the outbox handler that publishes each event it receives;
-// register it with ob.Handle.
+// Handler returns the outbox handler that publishes each event it receives
+// and waits for its confirm ([Publisher.Publish]); register it with
+// ob.Handle. [Publisher.AsyncHandler] does the same without waiting
+// between publishes.
 func (p *Publisher) Handler() outbox.Handler { return p.Publish }
+
+// AsyncHandler returns the outbox handler that publishes each event it
+// receives and returns at once, with a wait for the broker's confirm;
+// register it with ob.HandleAsync. A relay publishes a batch's events one
+// after the other, in batch order, then waits for their confirms, which
+// the broker sends as it stores the messages, so the batch takes about one
+// round trip instead of one per event.
+//
+// The message, the trace context and the errors are those of
+// [Publisher.Publish], which is this handler's start and wait in one call:
+// the start publishes the message on the Publisher's channel before it
+// returns (connecting first when there is no connection), so messages
+// reach the broker, and a queue, in the order of the calls; the wait
+// returns nil once the broker confirmed the message, and otherwise the
+// error Publish would have returned: [ErrNacked], [ErrUnroutable] for a
+// mandatory message no queue took, [ErrConnectionLost] wrapped in
+// [outbox.Unavailable] when the channel or the connection closes before
+// the confirm. The send span starts with the publish and ends in the wait.
+// Several relays, or goroutines, may share one Publisher: each one's
+// messages keep the order of its calls, and each confirm or return goes to
+// its own message.
+func (p *Publisher) AsyncHandler() outbox.AsyncHandler { return p.start }
 
 // Publish publishes e, laid out in Config.Format, and waits, at most until
 // ctx ends, for the broker to confirm it. A nil error means the broker has taken responsibility for the
@@ -294,23 +327,43 @@ func (p *Publisher) Handler() outbox.Handler { return p.Publish }
 // forbidden (403), [ErrBlocked], [ErrClosed], and a connect or confirm that
 // ran out of time. A nack ([ErrNacked]), a return ([ErrUnroutable]) and a
 // channel closed for the message (406, such as a message over the broker's
-// max_message_size) are retried with backoff and count attempts.
+// max_message_size) are retried with backoff and count attempts. The broker
+// does not say which message a channel was closed for: when other messages
+// were waiting for their confirm on that channel too, each of them fails
+// as [outbox.Unavailable], so that the relay probes with one event at a
+// time and only the message at fault, alone on the channel, counts its
+// attempts.
 //
 // The publish is reported to Config.Telemetry, or the one in ctx: the
 // message carries the trace context of its send span, and the span ends
 // with the error returned.
 func (p *Publisher) Publish(ctx context.Context, e outbox.Event) error {
-	ctx, e, end := wire.StartSend(ctx, p.telemetry, p.op, e)
-	err := p.publish(ctx, e)
-	end(err)
-	return err
+	return p.start(ctx, e)()
 }
 
-func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
+// start publishes e and returns the wait for its confirm: the
+// [outbox.AsyncHandler] of [Publisher.AsyncHandler], and [Publisher.Publish]
+// when its wait is called at once.
+func (p *Publisher) start(ctx context.Context, e outbox.Event) (wait func() error) {
+	ctx, e, end := wire.StartSend(ctx, p.telemetry, p.op, e)
 	key := p.routingKey(e)
+	f, err := p.send(ctx, e, key)
+	return func() error {
+		if err == nil {
+			err = p.confirmed(ctx, f, key)
+		}
+		end(err)
+		return err
+	}
+}
+
+// send publishes e with the routing key key on a live session and returns
+// the message's registration for its confirm, or the publish's error,
+// classified.
+func (p *Publisher) send(ctx context.Context, e outbox.Event, key string) (*inflight, error) {
 	msg, err := p.message(e)
 	if err != nil {
-		return outbox.Permanent(p.publishError(err, key))
+		return nil, outbox.Permanent(p.publishError(err, key))
 	}
 
 	// A publish that fails with amqp.ErrClosed was never written to the
@@ -321,24 +374,33 @@ func (p *Publisher) publish(ctx context.Context, e outbox.Event) error {
 		s, err := p.session(ctx)
 		if err != nil {
 			// No session: nothing about this message was tried.
-			return unavailableUnlessCancelled(p.publishError(err, key))
+			return nil, unavailableUnlessCancelled(p.publishError(err, key))
 		}
 		f, err := s.publish(ctx, p.exchange, key, p.mandatory, msg)
 		if errors.Is(err, amqp.ErrClosed) && attempt == 0 {
 			continue
 		}
 		if err != nil {
+			return nil, classify(p.publishError(err, key))
+		}
+		return f, nil
+	}
+}
+
+// confirmed waits, at most until ctx ends, for the broker's confirm of the
+// message f registered, and returns its outcome, classified.
+func (p *Publisher) confirmed(ctx context.Context, f *inflight, key string) error {
+	select {
+	case err := <-f.result:
+		if err == nil {
+			err = f.outcome()
+		}
+		if err != nil {
 			return classify(p.publishError(err, key))
 		}
-		select {
-		case err := <-f.result:
-			if err != nil {
-				return classify(p.publishError(err, key))
-			}
-			return nil
-		case <-ctx.Done():
-			return classify(p.publishError(fmt.Errorf("no confirm from the broker: %w", ctx.Err()), key))
-		}
+		return nil
+	case <-ctx.Done():
+		return classify(p.publishError(fmt.Errorf("no confirm from the broker: %w", ctx.Err()), key))
 	}
 }
 
@@ -359,10 +421,10 @@ func classify(err error) error {
 	case errors.Is(err, ErrNacked), errors.Is(err, ErrUnroutable), errors.Is(err, context.Canceled):
 		return err
 	case errors.As(err, &closed):
-		if closed.brokerSide() {
-			return outbox.Unavailable(err)
+		if closed.aboutMessage() {
+			return err
 		}
-		return err
+		return outbox.Unavailable(err)
 	case errors.Is(err, ErrConnectionLost), errors.Is(err, ErrBlocked), errors.Is(err, ErrClosed),
 		errors.Is(err, amqp.ErrClosed), errors.Is(err, context.DeadlineExceeded):
 		return outbox.Unavailable(err)

@@ -27,9 +27,35 @@ type session struct {
 
 // inflight is a published message waiting for its confirm.
 type inflight struct {
-	msgID    string
+	msgID string
+	// dc is the library's record of the message's confirm, set once the
+	// message is sent: the broker's ack or nack ([inflight.outcome]).
+	dc *amqp.DeferredConfirmation
+	// returned is the broker's basic.return of the message, recorded by
+	// the loop before it sends on result.
 	returned *amqp.Return
-	result   chan error // buffered: the loop never waits for a publisher that gave up
+	// result is the loop's word: nil once the confirm came, else why the
+	// session ended first. Buffered: the loop never waits for a publisher
+	// that gave up.
+	result chan error
+}
+
+// outcome is the message's fate once its confirm came. The ack or nack is
+// the DeferredConfirmation's, which the library settles before it tells
+// the loop's listener: the listener's own Confirmation cannot be trusted
+// with several messages in flight, because amqp091-go (1.16) hands a
+// multiple=true ack or nack to every tag up to it, overriding a confirm
+// the broker sent for one of them alone, out of order, just before (a
+// nacked message reported as acked: lost). A return came before the
+// confirm, so the loop has recorded it.
+func (f *inflight) outcome() error {
+	switch {
+	case !f.dc.Acked():
+		return ErrNacked
+	case f.returned != nil:
+		return fmt.Errorf("%w: %d %s", ErrUnroutable, f.returned.ReplyCode, f.returned.ReplyText)
+	}
+	return nil
 }
 
 func openSession(url string, cfg amqp.Config, exchange string, declare bool) (*session, error) {
@@ -100,12 +126,16 @@ func (s *session) publish(ctx context.Context, exchange, key string, mandatory b
 	s.pending[tag] = f
 	s.mu.Unlock()
 
-	if err := s.ch.PublishWithContext(ctx, exchange, key, mandatory, false, msg); err != nil {
+	// The library numbers the message under its own lock, after ours: the
+	// tag read above is dc's, as every publish on the channel holds pubMu.
+	dc, err := s.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key, mandatory, false, msg)
+	if err != nil {
 		s.mu.Lock()
 		delete(s.pending, tag)
 		s.mu.Unlock()
 		return nil, err
 	}
+	f.dc = dc
 	return f, nil
 }
 
@@ -184,13 +214,21 @@ func closeReason(what string, e *amqp.Error, ok bool) error {
 type closedError struct {
 	what   string      // "connection" or "channel"
 	reason *amqp.Error // nil when the close came without one
+	// others is how many other messages were waiting for their confirm
+	// when the channel was closed for a message ([closedError.brokerSide]
+	// false): the broker does not say which one it refused.
+	others int
 }
 
 func (e *closedError) Error() string {
-	if e.reason != nil {
-		return fmt.Sprintf("%s closed before the broker confirmed the message: %v", e.what, e.reason)
+	s := e.what + " closed before the broker confirmed the message"
+	if e.others > 0 {
+		s += fmt.Sprintf(" (closed for this message or one of the %d others awaiting a confirm on it)", e.others)
 	}
-	return e.what + " closed before the broker confirmed the message"
+	if e.reason != nil {
+		s += ": " + e.reason.Error()
+	}
+	return s
 }
 
 func (e *closedError) Unwrap() []error {
@@ -212,6 +250,26 @@ func (e *closedError) brokerSide() bool {
 		return true
 	}
 	return e.reason.Code == amqp.NotFound || e.reason.Code == amqp.AccessRefused
+}
+
+// aboutMessage reports whether the close is about the one message that
+// gets the error: a channel closed for a message while it was the only one
+// awaiting a confirm. With others in flight the message at fault is
+// unknown, and counting an attempt against each of them would let one bad
+// message fail a whole pipelined batch for good, retry after retry.
+func (e *closedError) aboutMessage() bool { return !e.brokerSide() && e.others == 0 }
+
+// sharedBy is err as told to each of n messages awaiting their confirm
+// when the session ended: a close for a message names how many others
+// were in flight with it.
+func sharedBy(err error, n int) error {
+	closed, ok := err.(*closedError)
+	if !ok || n < 2 || closed.brokerSide() {
+		return err
+	}
+	c := *closed
+	c.others = n - 1
+	return &c
 }
 
 // markReturned records a basic.return on the oldest unconfirmed message
@@ -240,16 +298,8 @@ func (s *session) confirm(c amqp.Confirmation) {
 	f, ok := s.pending[c.DeliveryTag]
 	delete(s.pending, c.DeliveryTag)
 	s.mu.Unlock()
-	if !ok {
-		return
-	}
-	switch {
-	case !c.Ack:
-		f.result <- ErrNacked
-	case f.returned != nil:
-		f.result <- fmt.Errorf("%w: %d %s", ErrUnroutable, f.returned.ReplyCode, f.returned.ReplyText)
-	default:
-		f.result <- nil
+	if ok {
+		f.result <- nil // c.Ack is not to be trusted: see outcome
 	}
 }
 
@@ -268,6 +318,7 @@ func (s *session) shutdown(err error) {
 	pending := s.pending
 	s.pending = make(map[uint64]*inflight)
 	s.mu.Unlock()
+	err = sharedBy(err, len(pending))
 	for _, f := range pending {
 		f.result <- err
 	}

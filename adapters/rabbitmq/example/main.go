@@ -78,7 +78,9 @@ func run() error {
 	if err := pub.Connect(ctx); err != nil {
 		return fmt.Errorf("is RabbitMQ running at %s? %w", url, err)
 	}
-	ob.Handle("order.created", pub.Handler())
+	// The AsyncHandler: the relay publishes a batch before it waits for the
+	// broker's confirms (pub.Handler() with ob.Handle waits for each).
+	ob.HandleAsync("order.created", pub.AsyncHandler())
 
 	// A consumer, standing in for another service. Messages are mandatory,
 	// so without a bound queue the relay would keep retrying them.
