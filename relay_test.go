@@ -255,6 +255,43 @@ func testRelayConcurrent(t *testing.T, b backend) {
 	assert.EqualValues(t, total, e.count("status = ?", StatusSent))
 }
 
+// testRelayStartedUnderALease: a relay started while a dead relay's lease
+// holds rows below the newer ones claims them as soon as the lease passes,
+// not at its next sweep (SweepEvery, 30 s, later): the first sweep set the
+// watermark above them and nothing else looked at them.
+func testRelayStartedUnderALease(t *testing.T, b backend) {
+	e := b.setup(t)
+	c := &collector{}
+	e.ob.Handle("x", c.handle)
+	// More rows than the first sweep's lookback (SweepLookback), so that
+	// its watermark starts above the dead relay's rows.
+	const rows = 1010
+	publishN(t, e.db, "x", rows)
+	if b.logical {
+		e.parkInTable(t)
+	}
+	dead := e.relay(RelayConfig{})
+	now := e.ob.now()
+	lease := 10 * time.Second
+	held, err := dead.claim(t.Context(), now, now.Add(lease), nil, 2)
+	require.NoError(t, err)
+	require.Len(t, held, 2)
+
+	live := e.relay(RelayConfig{BatchSize: 1000}) // started now: its first sweep sees x-00002 open, x-00000 and x-00001 leased
+	n, err := live.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 1000, n, "the rows no lease holds")
+	n, err = live.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, rows-1002, n)
+
+	e.clock.Advance(lease + time.Second) // well within SweepEvery
+	n, err = live.ProcessOnce(t.Context())
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "the dead relay's rows, once its lease passed")
+	assert.Equal(t, rows, c.len())
+}
+
 func testRelayExpiredLease(t *testing.T, b backend) {
 	e := b.setup(t)
 	c := &collector{}

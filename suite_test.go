@@ -47,6 +47,7 @@ func runSuite(t *testing.T, b backend) {
 		"RelayPanicAndMissingHandler":           testRelayPanicAndNoHandler,
 		"RelayConcurrentNoDoubleDelivery":       testRelayConcurrent,
 		"RelayReclaimsExpiredLease":             testRelayExpiredLease,
+		"RelayStartedUnderALease":               testRelayStartedUnderALease,
 		"RelayStopsBeforeLeaseRunsOut":          testRelayLeaseBudget,
 		"RelayRunStopsOnCancel":                 testRelayRun,
 		"RelayConfigValidation":                 testRelayConfig,

@@ -195,13 +195,21 @@ func (w *watermark) walk(rows []store.WalkRow, now time.Time) (next int64, defer
 
 // sweep lowers the watermark to the lowest open row not leased (one scan of
 // the table: a row a dead relay held, or one committed long after it took
-// its seq), or, with none, to SweepLookback below the highest seq.
+// its seq), or, with none, to SweepLookback below the highest seq. The
+// first sweep counts the leased rows too: they were leased before this
+// relay walked, so only a walk that passes them looks at them once their
+// lease has passed (their relay may have died: a relay restarted after a
+// crash found its own former batch only at its next sweep, 30 s on).
 func (w *watermark) sweep(ctx context.Context, db *sql.DB, s store.Walker, now time.Time) error {
-	low, high, err := s.LowOpen(ctx, db, 0, now)
+	first := w.swept.IsZero()
+	leasedToo := now
+	if first {
+		leasedToo = time.Time{}
+	}
+	low, high, err := s.LowOpen(ctx, db, 0, leasedToo)
 	if err != nil {
 		return err
 	}
-	first := w.swept.IsZero()
 	w.swept = now
 	if first {
 		w.unknown = high == 0
