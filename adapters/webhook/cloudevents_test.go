@@ -404,35 +404,40 @@ const sendTraceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01
 // handler's outcome.
 func TestSendTelemetry(t *testing.T) {
 	t.Parallel()
-	for _, format := range []wire.Format{wire.Native, wire.CloudEvents, wire.CloudEventsJSON} {
-		t.Run(format.String(), func(t *testing.T) {
+	for _, p := range handlerPaths {
+		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
-			rc := newCEReceiver(t)
-			u, err := url.Parse(rc.URL)
-			require.NoError(t, err)
-			port, err := strconv.Atoi(u.Port())
-			require.NoError(t, err)
-			tel := &recordingTelemetry{traceparent: sendTraceParent}
-			h := newHandler(t, rc.URL+"/hooks/orders?token=s3cret", webhook.Config{Format: format, Telemetry: tel})
-			e := ceEvent()
-			require.NoError(t, h(t.Context(), e))
+			for _, format := range []wire.Format{wire.Native, wire.CloudEvents, wire.CloudEventsJSON} {
+				t.Run(format.String(), func(t *testing.T) {
+					t.Parallel()
+					rc := newCEReceiver(t)
+					u, err := url.Parse(rc.URL)
+					require.NoError(t, err)
+					port, err := strconv.Atoi(u.Port())
+					require.NoError(t, err)
+					tel := &recordingTelemetry{traceparent: sendTraceParent}
+					h := pathHandler(t, p, rc.URL+"/hooks/orders?token=s3cret", webhook.Config{Format: format, Telemetry: tel})
+					e := ceEvent()
+					require.NoError(t, h(t.Context(), e))
 
-			sends, ends, _, _ := tel.snapshot()
-			require.Len(t, sends, 1)
-			assert.Equal(t, wire.Operation{System: "http", Destination: u.Host, ServerAddress: "127.0.0.1", ServerPort: port}, sends[0].op)
-			assert.Equal(t, e, sends[0].e)
-			assert.Equal(t, []error{nil}, ends)
+					sends, ends, _, _ := tel.snapshot()
+					require.Len(t, sends, 1)
+					assert.Equal(t, wire.Operation{System: "http", Destination: u.Host, ServerAddress: "127.0.0.1", ServerPort: port}, sends[0].op)
+					assert.Equal(t, e, sends[0].e)
+					assert.Equal(t, []error{nil}, ends)
 
-			r := rc.requests()[0]
-			assert.Equal(t, sendTraceParent, r.header.Get("traceparent"), "the send span's, as a protocol header")
-			switch format {
-			case wire.Native:
-				var env webhook.Envelope
-				require.NoError(t, json.Unmarshal(r.body, &env))
-				assert.Equal(t, sendTraceParent, env.Headers["traceparent"], "and in the envelope")
-			default:
-				require.NoError(t, r.err)
-				assertSDKEvent(t, e, wire.DefaultSource, sendTraceParent, r.event, format == wire.CloudEvents)
+					r := rc.requests()[0]
+					assert.Equal(t, sendTraceParent, r.header.Get("traceparent"), "the send span's, as a protocol header")
+					switch format {
+					case wire.Native:
+						var env webhook.Envelope
+						require.NoError(t, json.Unmarshal(r.body, &env))
+						assert.Equal(t, sendTraceParent, env.Headers["traceparent"], "and in the envelope")
+					default:
+						require.NoError(t, r.err)
+						assertSDKEvent(t, e, wire.DefaultSource, sendTraceParent, r.event, format == wire.CloudEvents)
+					}
+				})
 			}
 		})
 	}
@@ -443,46 +448,51 @@ func TestSendTelemetry(t *testing.T) {
 // classified (a 400 is Permanent).
 func TestSendTelemetryFromContextAndErrors(t *testing.T) {
 	t.Parallel()
-	rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("ce-type") == "refused" {
-			w.WriteHeader(http.StatusBadRequest)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-	tel := &recordingTelemetry{traceparent: sendTraceParent}
-	h := newHandler(t, rc.URL, webhook.Config{Format: wire.CloudEvents})
-	ctx := wire.ContextWithTelemetry(t.Context(), tel)
+	for _, p := range handlerPaths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			rc := newReceiver(t, func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("ce-type") == "refused" {
+					w.WriteHeader(http.StatusBadRequest)
+					return
+				}
+				w.WriteHeader(http.StatusNoContent)
+			})
+			tel := &recordingTelemetry{traceparent: sendTraceParent}
+			h := pathHandler(t, p, rc.URL, webhook.Config{Format: wire.CloudEvents})
+			ctx := wire.ContextWithTelemetry(t.Context(), tel)
 
-	require.NoError(t, h(ctx, ceEvent()))
-	bad := ceEvent()
-	bad.Type = "refused"
-	herr := h(ctx, bad)
-	require.Error(t, herr)
-	require.True(t, outbox.IsPermanent(herr))
-	invalid := ceEvent()
-	invalid.Payload = json.RawMessage(`{"not json"`)
-	ierr := h(ctx, invalid)
-	require.True(t, outbox.IsPermanent(ierr))
+			require.NoError(t, h(ctx, ceEvent()))
+			bad := ceEvent()
+			bad.Type = "refused"
+			herr := h(ctx, bad)
+			require.Error(t, herr)
+			require.True(t, outbox.IsPermanent(herr))
+			invalid := ceEvent()
+			invalid.Payload = json.RawMessage(`{"not json"`)
+			ierr := h(ctx, invalid)
+			require.True(t, outbox.IsPermanent(ierr))
 
-	sends, ends, _, _ := tel.snapshot()
-	require.Len(t, sends, 3, "the ctx's Telemetry is used")
-	require.Len(t, ends, 3)
-	assert.NoError(t, ends[0])
-	assert.Same(t, herr, ends[1], "end gets the handler's error")
-	assert.True(t, outbox.IsPermanent(ends[1]))
-	var se *webhook.StatusError
-	assert.ErrorAs(t, ends[1], &se)
-	assert.Same(t, ierr, ends[2], "an event that cannot be encoded ends its span too")
+			sends, ends, _, _ := tel.snapshot()
+			require.Len(t, sends, 3, "the ctx's Telemetry is used")
+			require.Len(t, ends, 3)
+			assert.NoError(t, ends[0])
+			assert.Same(t, herr, ends[1], "end gets the handler's error")
+			assert.True(t, outbox.IsPermanent(ends[1]))
+			var se *webhook.StatusError
+			assert.ErrorAs(t, ends[1], &se)
+			assert.Same(t, ierr, ends[2], "an event that cannot be encoded ends its span too")
 
-	reqs := rc.requests()
-	require.Len(t, reqs, 2)
-	assert.Equal(t, sendTraceParent, reqs[0].header.Get("traceparent"))
-	assert.Equal(t, sendTraceParent, reqs[0].header.Get("ce-traceparent"))
+			reqs := rc.requests()
+			require.Len(t, reqs, 2)
+			assert.Equal(t, sendTraceParent, reqs[0].header.Get("traceparent"))
+			assert.Equal(t, sendTraceParent, reqs[0].header.Get("ce-traceparent"))
 
-	// Without any Telemetry the event's own trace context is sent.
-	require.NoError(t, h(t.Context(), ceEvent()))
-	assert.Equal(t, ceTraceParent, rc.requests()[2].header.Get("ce-traceparent"))
+			// Without any Telemetry the event's own trace context is sent.
+			require.NoError(t, h(t.Context(), ceEvent()))
+			assert.Equal(t, ceTraceParent, rc.requests()[2].header.Get("ce-traceparent"))
+		})
+	}
 }
 
 // TestConsumerTelemetry: the Consumer starts a receive span per message

@@ -33,6 +33,16 @@ func TestRetryAfter(t *testing.T) {
 	}
 }
 
+// deliveries are the Sender's two handlers, as Handlers: Handler, and
+// AsyncHandler's start followed at once by its wait.
+var deliveries = map[string]func(*Sender) outbox.Handler{
+	"Handler": (*Sender).Handler,
+	"AsyncHandler": func(s *Sender) outbox.Handler {
+		h := s.AsyncHandler()
+		return func(ctx context.Context, e outbox.Event) error { return h(ctx, e)() }
+	},
+}
+
 func TestRetryAfterHeaderReachesTheRelay(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Retry-After", "90")
@@ -41,14 +51,16 @@ func TestRetryAfterHeaderReachesTheRelay(t *testing.T) {
 	t.Cleanup(srv.Close)
 	s, err := New(srv.URL, []byte("k"), Config{})
 	require.NoError(t, err)
-	err = s.Handler()(context.Background(), outbox.Event{ID: "e1", Type: "t", Payload: []byte(`{}`)})
-	require.Error(t, err)
-	assert.False(t, outbox.IsPermanent(err))
-	var se *StatusError
-	require.True(t, errors.As(err, &se))
-	assert.Equal(t, http.StatusTooManyRequests, se.StatusCode)
-	assert.Contains(t, err.Error(), "retry after 1m30s")
-	assert.False(t, outbox.IsUnavailable(err))
+	for name, handler := range deliveries {
+		err = handler(s)(context.Background(), outbox.Event{ID: "e1", Type: "t", Payload: []byte(`{}`)})
+		require.Error(t, err, name)
+		assert.False(t, outbox.IsPermanent(err), name)
+		var se *StatusError
+		require.True(t, errors.As(err, &se), name)
+		assert.Equal(t, http.StatusTooManyRequests, se.StatusCode, name)
+		assert.Contains(t, err.Error(), "retry after 1m30s", name)
+		assert.False(t, outbox.IsUnavailable(err), name)
+	}
 }
 
 // TestRetryAfterWinsOverUnavailable: a 503 with Retry-After is honoured
@@ -63,10 +75,12 @@ func TestRetryAfterWinsOverUnavailable(t *testing.T) {
 		}))
 		s, err := New(srv.URL, []byte("k"), Config{})
 		require.NoError(t, err)
-		err = s.Handler()(context.Background(), outbox.Event{ID: "e1", Type: "t", Payload: []byte(`{}`)})
+		for name, handler := range deliveries {
+			err = handler(s)(context.Background(), outbox.Event{ID: "e1", Type: "t", Payload: []byte(`{}`)})
+			require.Error(t, err)
+			assert.Equal(t, unavailable, outbox.IsUnavailable(err), "%s, Retry-After %q: %v", name, header, err)
+			assert.Equal(t, !unavailable, strings.Contains(err.Error(), "retry after 30s"), "%s, Retry-After %q: %v", name, header, err)
+		}
 		srv.Close()
-		require.Error(t, err)
-		assert.Equal(t, unavailable, outbox.IsUnavailable(err), "Retry-After %q: %v", header, err)
-		assert.Equal(t, !unavailable, strings.Contains(err.Error(), "retry after 30s"), "Retry-After %q: %v", header, err)
 	}
 }

@@ -49,39 +49,44 @@ func specVerify(key []byte, h http.Header, body []byte) bool {
 // another key.
 func TestStandardWebhooksVerifiersAcceptOurRequests(t *testing.T) {
 	t.Parallel()
-	for _, format := range []wire.Format{wire.Native, wire.CloudEvents, wire.CloudEventsJSON} {
-		t.Run(format.String(), func(t *testing.T) {
+	for _, p := range handlerPaths {
+		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
-			rc := newReceiver(t, status(http.StatusNoContent))
-			require.NoError(t, newHandler(t, rc.URL, webhook.Config{Format: format})(t.Context(), ceEvent()))
-			rotating := newHandler(t, rc.URL, webhook.Config{Format: format, Secrets: [][]byte{rotatedKey}})
-			require.NoError(t, rotating(t.Context(), ceEvent()))
-			reqs := rc.requests()
-			require.Len(t, reqs, 2)
+			for _, format := range []wire.Format{wire.Native, wire.CloudEvents, wire.CloudEventsJSON} {
+				t.Run(format.String(), func(t *testing.T) {
+					t.Parallel()
+					rc := newReceiver(t, status(http.StatusNoContent))
+					require.NoError(t, pathHandler(t, p, rc.URL, webhook.Config{Format: format})(t.Context(), ceEvent()))
+					rotating := pathHandler(t, p, rc.URL, webhook.Config{Format: format, Secrets: [][]byte{rotatedKey}})
+					require.NoError(t, rotating(t.Context(), ceEvent()))
+					reqs := rc.requests()
+					require.Len(t, reqs, 2)
 
-			official := func(key []byte) *standardwebhooks.Webhook {
-				wh, err := standardwebhooks.NewWebhookRaw(key)
-				require.NoError(t, err)
-				return wh
-			}
-			for i, r := range reqs {
-				assert.Equal(t, ceEvent().ID, r.header.Get("webhook-id"), "the event ID")
-				assert.Len(t, strings.Fields(r.header.Get("webhook-signature")), i+1, "one v1 entry per key")
-				require.NoError(t, official(secret).Verify(r.body, r.header))
-				assert.True(t, specVerify(secret, r.header, r.body))
-				require.NoError(t, webhook.Verify(secret, r.header, r.body, 0))
-				assert.Error(t, official([]byte("unknown")).Verify(r.body, r.header))
-				assert.False(t, specVerify([]byte("unknown"), r.header, r.body))
-			}
-			rotated := reqs[1]
-			require.NoError(t, official(rotatedKey).Verify(rotated.body, rotated.header), "a verifier with only the new key")
-			assert.True(t, specVerify(rotatedKey, rotated.header, rotated.body))
-			require.NoError(t, webhook.Verify(rotatedKey, rotated.header, rotated.body, 0))
-			assert.Error(t, official(rotatedKey).Verify(reqs[0].body, reqs[0].header), "the first Sender has the old key only")
+					official := func(key []byte) *standardwebhooks.Webhook {
+						wh, err := standardwebhooks.NewWebhookRaw(key)
+						require.NoError(t, err)
+						return wh
+					}
+					for i, r := range reqs {
+						assert.Equal(t, ceEvent().ID, r.header.Get("webhook-id"), "the event ID")
+						assert.Len(t, strings.Fields(r.header.Get("webhook-signature")), i+1, "one v1 entry per key")
+						require.NoError(t, official(secret).Verify(r.body, r.header))
+						assert.True(t, specVerify(secret, r.header, r.body))
+						require.NoError(t, webhook.Verify(secret, r.header, r.body, 0))
+						assert.Error(t, official([]byte("unknown")).Verify(r.body, r.header))
+						assert.False(t, specVerify([]byte("unknown"), r.header, r.body))
+					}
+					rotated := reqs[1]
+					require.NoError(t, official(rotatedKey).Verify(rotated.body, rotated.header), "a verifier with only the new key")
+					assert.True(t, specVerify(rotatedKey, rotated.header, rotated.body))
+					require.NoError(t, webhook.Verify(rotatedKey, rotated.header, rotated.body, 0))
+					assert.Error(t, official(rotatedKey).Verify(reqs[0].body, reqs[0].header), "the first Sender has the old key only")
 
-			// webhook-id is the event ID on every attempt; the timestamp is
-			// the attempt's.
-			assert.Equal(t, reqs[0].header.Get("webhook-id"), reqs[1].header.Get("webhook-id"))
+					// webhook-id is the event ID on every attempt; the timestamp is
+					// the attempt's.
+					assert.Equal(t, reqs[0].header.Get("webhook-id"), reqs[1].header.Get("webhook-id"))
+				})
+			}
 		})
 	}
 }
@@ -247,38 +252,43 @@ func TestConsumerVerifiesStandardWebhooks(t *testing.T) {
 // what New refuses.
 func TestXOutboxSignatureScheme(t *testing.T) {
 	t.Parallel()
-	rc := newReceiver(t, status(http.StatusNoContent))
-	require.NoError(t, newHandler(t, rc.URL, webhook.Config{
-		Signature: webhook.XOutboxSignature,
-		Header:    http.Header{"Webhook-Signature": {"v1,forged"}, "X-Outbox-Signature": {"sha256=00"}},
-	})(t.Context(), sampleEvent()))
-	r := rc.requests()[0]
-	ts := r.header.Get(webhook.HeaderTimestamp)
-	assert.Equal(t, webhook.Sign(secret, ts, r.body), r.header.Get(webhook.HeaderSignature))
-	for _, k := range []string{"webhook-id", "webhook-timestamp", "webhook-signature"} {
-		assert.Empty(t, r.header.Values(k), "%s: no Standard Webhooks header, Config.Header's neither", k)
-	}
-	require.NoError(t, webhook.Verify(secret, r.header, r.body, time.Minute))
+	for _, p := range handlerPaths {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			rc := newReceiver(t, status(http.StatusNoContent))
+			require.NoError(t, pathHandler(t, p, rc.URL, webhook.Config{
+				Signature: webhook.XOutboxSignature,
+				Header:    http.Header{"Webhook-Signature": {"v1,forged"}, "X-Outbox-Signature": {"sha256=00"}},
+			})(t.Context(), sampleEvent()))
+			r := rc.requests()[0]
+			ts := r.header.Get(webhook.HeaderTimestamp)
+			assert.Equal(t, webhook.Sign(secret, ts, r.body), r.header.Get(webhook.HeaderSignature))
+			for _, k := range []string{"webhook-id", "webhook-timestamp", "webhook-signature"} {
+				assert.Empty(t, r.header.Values(k), "%s: no Standard Webhooks header, Config.Header's neither", k)
+			}
+			require.NoError(t, webhook.Verify(secret, r.header, r.body, time.Minute))
 
-	// Config.Header cannot set a signature header in the default scheme
-	// either.
-	require.NoError(t, newHandler(t, rc.URL, webhook.Config{
-		Header: http.Header{"X-Outbox-Timestamp": {"1"}, "Webhook-Id": {"spoofed"}},
-	})(t.Context(), sampleEvent()))
-	r = rc.requests()[1]
-	assert.Empty(t, r.header.Values(webhook.HeaderTimestamp))
-	assert.Equal(t, []string{"evt-1"}, r.header.Values(webhook.HeaderWebhookID))
+			// Config.Header cannot set a signature header in the default scheme
+			// either.
+			require.NoError(t, pathHandler(t, p, rc.URL, webhook.Config{
+				Header: http.Header{"X-Outbox-Timestamp": {"1"}, "Webhook-Id": {"spoofed"}},
+			})(t.Context(), sampleEvent()))
+			r = rc.requests()[1]
+			assert.Empty(t, r.header.Values(webhook.HeaderTimestamp))
+			assert.Equal(t, []string{"evt-1"}, r.header.Values(webhook.HeaderWebhookID))
 
-	for name, cfg := range map[string]webhook.Config{
-		"rotation without room":  {Signature: webhook.XOutboxSignature, Secrets: [][]byte{rotatedKey}},
-		"unknown scheme":         {Signature: webhook.Scheme(7)},
-		"empty additional key":   {Secrets: [][]byte{rotatedKey, {}}},
-		"payload only in CE":     {Format: wire.CloudEventsJSON, PayloadOnly: true},
-		"unknown wire format -1": {Format: wire.Format(-1)},
-	} {
-		_, err := webhook.New("https://example.com/h", secret, cfg)
-		assert.Error(t, err, name)
+			for name, cfg := range map[string]webhook.Config{
+				"rotation without room":  {Signature: webhook.XOutboxSignature, Secrets: [][]byte{rotatedKey}},
+				"unknown scheme":         {Signature: webhook.Scheme(7)},
+				"empty additional key":   {Secrets: [][]byte{rotatedKey, {}}},
+				"payload only in CE":     {Format: wire.CloudEventsJSON, PayloadOnly: true},
+				"unknown wire format -1": {Format: wire.Format(-1)},
+			} {
+				_, err := webhook.New("https://example.com/h", secret, cfg)
+				assert.Error(t, err, name)
+			}
+			assert.Equal(t, "standard-webhooks", webhook.StandardWebhooks.String())
+			assert.Equal(t, "x-outbox-signature", webhook.XOutboxSignature.String())
+		})
 	}
-	assert.Equal(t, "standard-webhooks", webhook.StandardWebhooks.String())
-	assert.Equal(t, "x-outbox-signature", webhook.XOutboxSignature.String())
 }

@@ -76,7 +76,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	ob.Handle("order.created", sender.Handler())
+	ob.HandleAsync("order.created", sender.AsyncHandler())
 
 	err = db.Transaction(func(tx *gorm.DB) error {
 		order := Order{Customer: "ada", Total: 42}
