@@ -6,10 +6,13 @@ import (
 	"os"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/gorm-outbox/outbox"
 )
 
 // TestErrorClassification checks, without a broker, which produce errors
@@ -44,5 +47,52 @@ func TestErrorClassification(t *testing.T) {
 	} {
 		err := publishError(tc.err, "t")
 		assert.Equal(t, tc.unavailable, unavailable(err), name)
+	}
+}
+
+// TestClassify: what Publish and the AsyncHandler's wait return for a
+// produce's result, on one path.
+func TestClassify(t *testing.T) {
+	t.Parallel()
+	assert.NoError(t, classify(nil, "t"))
+	for name, tc := range map[string]struct {
+		err                    error
+		permanent, unavailable bool
+	}{
+		"message too large":  {kerr.MessageTooLarge, true, false},
+		"invalid record":     {kerr.InvalidRecord, true, false},
+		"invalid topic":      {kerr.InvalidTopicException, true, false},
+		"client closed":      {kgo.ErrClientClosed, false, true},
+		"buffer full":        {kgo.ErrMaxBuffered, false, true},
+		"no leader":          {kerr.NotLeaderForPartition, false, true},
+		"topic unauthorized": {kerr.TopicAuthorizationFailed, false, false},
+	} {
+		err := classify(tc.err, "orders")
+		assert.ErrorIs(t, err, tc.err, name)
+		assert.Equal(t, tc.permanent, outbox.IsPermanent(err), name)
+		assert.Equal(t, tc.unavailable, outbox.IsUnavailable(err), name)
+		assert.Contains(t, err.Error(), ": topic orders (outbox/kafka)", name)
+	}
+}
+
+// TestOutcome: the wait returns the produce's result, or "no ack" once ctx
+// ends; a result that is there when ctx has ended wins.
+func TestOutcome(t *testing.T) {
+	t.Parallel()
+	done := make(chan error, 1)
+	done <- kerr.InvalidRecord
+	assert.True(t, outbox.IsPermanent(outcome(t.Context(), done, "t")))
+
+	ctx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
+	defer cancel()
+	<-ctx.Done()
+	err := outcome(ctx, make(chan error, 1), "t")
+	assert.True(t, outbox.IsUnavailable(err))
+	assert.Equal(t, "no ack from the broker: context deadline exceeded: topic t (outbox/kafka) (destination unavailable)", err.Error())
+
+	for range 100 { // the select would pick either at random
+		done := make(chan error, 1)
+		done <- nil
+		assert.NoError(t, outcome(ctx, done, "t"), "the ack wins over the deadline")
 	}
 }

@@ -8,19 +8,25 @@
 // deduplicate by the event ID (the Outbox-Event-Id header, or the
 // CloudEvents id).
 //
-// Plug a [Producer] into an outbox with ob.Handle(eventType, p.Handler()).
-// Every event becomes one record: by default on the topic "outbox.events",
-// keyed by its aggregate ID, laid out in [Config.Format] (see Formats). The
-// handler returns once the broker has acknowledged the record, or when its
-// context ends.
+// Plug a [Producer] into an outbox with
+// ob.HandleAsync(outbox.AnyEvent, p.AsyncHandler()). Every event becomes one
+// record: by default on the topic "outbox.events", keyed by its aggregate
+// ID, laid out in [Config.Format] (see Formats). A relay starts the records
+// of a whole batch before it waits for their acknowledgements, so they are
+// in flight together; [Producer.Handler], for ob.Handle, produces one
+// record per relay worker at a time and waits for each. Either way an
+// event counts as sent once the broker has acknowledged its record, and an
+// attempt ends when its context does.
 //
 // Ordering: the key puts all events of an aggregate in one partition, which
-// keeps them in the order they were produced. The relay delivers with
-// several workers, so run it with RelayConfig.OrderByAggregate: an
-// aggregate's events are then produced one at a time, oldest first, and
-// that is the order consumers of the partition see. A single topic (the
-// default) keeps that order across event types; a topic per type would
-// split an aggregate's history over several partitions.
+// keeps them in the order they were produced. Without
+// RelayConfig.OrderByAggregate a relay's concurrent deliveries and retries
+// can reorder an aggregate's events, so set it: an aggregate's events are
+// then produced one at a time, oldest first, each after the previous one's
+// ack (the AsyncHandler still has one record per aggregate in flight
+// together), and that is the order consumers of the partition see. A
+// single topic (the default) keeps that order across event types; a topic
+// per type would split an aggregate's history over several partitions.
 //
 // Outages: a produce that fails because the brokers cannot be reached or
 // cannot take the record (no ack before the handler's deadline, network
@@ -103,12 +109,15 @@ const (
 type Config struct {
 	// Client is an existing client to produce with, shared with the rest of
 	// the application; the Producer never closes it. It must keep
-	// idempotent writes on and must not be transactional. Build it with
+	// idempotent writes on, must not be transactional and must not flush
+	// manually ([New] refuses it otherwise). Build it with
 	// kgo.AllowIdempotentProduceCancellation, as the Producer does for its
 	// own client: otherwise a publish that timed out stays buffered and is
-	// produced later anyway, besides the relay's retry. Defaults to a
-	// client the Producer builds from SeedBrokers and ClientOptions and
-	// closes in [Producer.Close].
+	// produced later anyway, besides the relay's retry. Its ProducerLinger
+	// (franz-go's default: 10ms) delays each wave of an
+	// [Producer.AsyncHandler] by up to that long; the Producer's own client
+	// has none. Defaults to a client the Producer builds from SeedBrokers
+	// and ClientOptions and closes in [Producer.Close].
 	Client *kgo.Client
 
 	// SeedBrokers are the brokers the built client first contacts. Ignored
@@ -117,7 +126,9 @@ type Config struct {
 
 	// ClientOptions are added when building the client: TLS, SASL,
 	// compression, timeouts. Ignored when Client is set. The built client
-	// always has kgo.AllowIdempotentProduceCancellation. Defaults to none.
+	// always has kgo.AllowIdempotentProduceCancellation, and
+	// kgo.ProducerLinger(0) unless these options set a linger. Defaults to
+	// none.
 	ClientOptions []kgo.Opt
 
 	// Topic receives every event when TopicFor is nil. Defaults to
@@ -213,7 +224,12 @@ func New(cfg Config) (*Producer, error) {
 		// top of the relay's retry: an outage would leave one copy per
 		// attempt. With it, a record the handler gave up on is dropped,
 		// and a copy remains only if the broker had in fact stored it.
-		opts := append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.AllowIdempotentProduceCancellation()}, cfg.ClientOptions...)
+		// ProducerLinger(0): franz-go holds a partition's records for 10ms
+		// by default, hoping for more, but a relay waits for a wave's acks
+		// right after starting it; records that come in while requests are
+		// in flight are batched anyway. ClientOptions come after, so a
+		// linger of the application's own wins.
+		opts := append([]kgo.Opt{kgo.SeedBrokers(seeds...), kgo.AllowIdempotentProduceCancellation(), kgo.ProducerLinger(0)}, cfg.ClientOptions...)
 		cl, err := kgo.NewClient(opts...)
 		if err != nil {
 			return nil, fmt.Errorf("outbox/kafka: build client: %w", err)
@@ -229,6 +245,12 @@ func New(cfg Config) (*Producer, error) {
 	if txn, _ := p.cl.OptValue(kgo.TransactionalID).(string); txn != "" {
 		p.Close()
 		return nil, errors.New("outbox/kafka: the client is transactional; use a client without kgo.TransactionalID")
+	}
+	// A record waits for the ack; with manual flushing it would wait for a
+	// Flush the Producer never calls (or be refused, the buffer full).
+	if manual, _ := p.cl.OptValue(kgo.ManualFlushing).(bool); manual {
+		p.Close()
+		return nil, errors.New("outbox/kafka: the client flushes manually; the Producer needs it to send records as they come (remove kgo.ManualFlushing)")
 	}
 	if seeds, _ := p.cl.OptValue(kgo.SeedBrokers).([]string); len(seeds) == 1 {
 		p.host, p.port = brokerAddr(seeds[0])
@@ -254,9 +276,42 @@ func brokerAddr(seed string) (string, int) {
 // ping the brokers in a readiness check.
 func (p *Producer) Client() *kgo.Client { return p.cl }
 
-// Handler returns the outbox handler that produces each event it receives;
-// register it with ob.Handle.
+// Handler returns the outbox handler that produces each event it receives
+// and waits for its acknowledgement ([Producer.Publish]); register it with
+// ob.Handle. A relay then has at most one record in flight per worker
+// (RelayConfig.Workers): [Producer.AsyncHandler] pipelines a whole batch.
 func (p *Producer) Handler() outbox.Handler { return p.Publish }
+
+// AsyncHandler returns the outbox handler that starts producing each event
+// it receives and returns a wait for the broker's acknowledgement; register
+// it with ob.HandleAsync. A relay starts every event of a batch (with
+// RelayConfig.OrderByAggregate, of a wave: each aggregate's next event)
+// before it waits for any, so the batch's records are in flight together
+// and a batch costs about one produce round trip, where a [Producer.Handler]
+// costs one per event on each relay worker.
+//
+// The record, its span and its errors are [Producer.Publish]'s: the start
+// builds the record (an invalid topic or an unencodable payload is the
+// wait's [outbox.Permanent] error, with no produce), opens the send span
+// and hands the record to the client without flushing; records are
+// produced in the order of the calls, so an aggregate's events keep their
+// order in its partition. When the client already buffers
+// MaxBufferedRecords (or MaxBufferedBytes), the start blocks until there is
+// room or ctx ends: the record is never dropped, and a start that gave up
+// is the wait's error ("context deadline exceeded": [outbox.Unavailable]).
+// The wait returns nil once the broker has stored the record, or the error
+// Publish would have returned (a closed client, for instance, is
+// [outbox.Unavailable]: the relay hands the event back without counting an
+// attempt), and ends the span with it; it returns when ctx ends at the
+// latest.
+//
+// Records wait in the client for ProducerLinger before they are sent. The
+// relay waits right after starting a wave, so the client [New] builds has
+// kgo.ProducerLinger(0) (franz-go's default is 10ms); a shared
+// [Config.Client] keeps its own linger, which each wave then waits out.
+func (p *Producer) AsyncHandler() outbox.AsyncHandler {
+	return func(ctx context.Context, e outbox.Event) func() error { return p.start(ctx, e, false) }
+}
 
 // Publish produces e and waits, at most until ctx ends, for the broker's
 // acknowledgement. A nil error means the record is stored (by all in-sync
@@ -274,54 +329,91 @@ func (p *Producer) Handler() outbox.Handler { return p.Publish }
 // With a [wire.Telemetry] (Config's, or the one in ctx) the produce is a
 // PRODUCER span, ended with the error Publish returns, and the record
 // carries that span's trace context instead of the event's.
-func (p *Producer) Publish(ctx context.Context, e outbox.Event) (err error) {
+func (p *Producer) Publish(ctx context.Context, e outbox.Event) error {
+	return p.start(ctx, e, true)()
+}
+
+// start is Publish and AsyncHandler: it opens the send span, builds e's
+// record and hands it to the client, and returns the wait for its
+// outcome, which ends the span. sync produces with ProduceSync, which
+// sends the record at once whatever the client's linger (Publish waits
+// for it right away); otherwise the record goes in the client's buffer
+// behind the records of earlier calls, to be sent with them.
+func (p *Producer) start(ctx context.Context, e outbox.Event, sync bool) (wait func() error) {
 	topic := p.topic(e)
 	key := p.key(e)
 	ctx, e, end := wire.StartSend(ctx, p.tel, wire.Operation{
 		System: "kafka", Destination: topic, ServerAddress: p.host, ServerPort: p.port,
 	}, e)
-	defer func() { end(err) }()
-	return p.publish(ctx, topic, key, e)
+	rec, err := p.build(topic, key, e)
+	if err != nil {
+		return func() error { end(err); return err }
+	}
+
+	// Once the request is on the wire an idempotent client will not give
+	// the record up, even when ctx ends: it must learn the outcome to keep
+	// its sequence numbers right. The wait returns when ctx ends all the
+	// same; the record still resolves in the background, into done.
+	done := make(chan error, 1)
+	if sync {
+		go func() { done <- p.cl.ProduceSync(ctx, rec).FirstErr() }()
+	} else {
+		p.cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
+	}
+	return func() error {
+		err := outcome(ctx, done, topic)
+		end(err)
+		return err
+	}
 }
 
-func (p *Producer) publish(ctx context.Context, topic string, key []byte, e outbox.Event) error {
+// build checks topic and lays e out as its record; its errors are
+// permanent.
+func (p *Producer) build(topic string, key []byte, e outbox.Event) (*kgo.Record, error) {
 	if err := checkTopic(topic); err != nil {
 		// Quoted: it may hold anything.
-		return outbox.Permanent(fmt.Errorf("%w: topic %q (outbox/kafka)", err, topic))
+		return nil, outbox.Permanent(fmt.Errorf("%w: topic %q (outbox/kafka)", err, topic))
 	}
 	rec, err := p.record(topic, key, e)
 	if err != nil {
-		return outbox.Permanent(publishError(err, topic))
+		return nil, outbox.Permanent(publishError(err, topic))
 	}
+	return rec, nil
+}
 
-	// ProduceSync flushes the record at once instead of letting it linger,
-	// but once the request is on the wire an idempotent client will not
-	// give it up, even when ctx ends: it must learn the outcome to keep its
-	// sequence numbers right. Waiting in a goroutine keeps the handler
-	// within its deadline; the record still resolves in the background.
-	done := make(chan error, 1)
-	go func() { done <- p.cl.ProduceSync(ctx, rec).FirstErr() }()
+// outcome waits for a produce's result in done, or for ctx to end, and
+// classifies it. A result that is there when ctx ends wins.
+func outcome(ctx context.Context, done <-chan error, topic string) error {
 	select {
 	case err := <-done:
-		if err == nil {
-			return nil
-		}
-		err = publishError(err, topic)
-		switch {
-		case errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
-			errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidRecord):
-			return outbox.Permanent(err)
-		case unavailable(err):
-			return outbox.Unavailable(err)
-		}
-		return err
+		return classify(err, topic)
 	case <-ctx.Done():
-		err := publishError(fmt.Errorf("no ack from the broker: %w", ctx.Err()), topic)
-		if unavailable(err) {
-			return outbox.Unavailable(err)
+		select {
+		case err := <-done:
+			return classify(err, topic)
+		default:
 		}
-		return err
+		return classify(fmt.Errorf("no ack from the broker: %w", ctx.Err()), topic)
 	}
+}
+
+// classify is the error a produce to topic that failed with err returns:
+// nil for nil, [outbox.Permanent] when the record can never be stored,
+// [outbox.Unavailable] when the brokers cannot take it now ([unavailable]),
+// plain otherwise (retried with backoff).
+func classify(err error, topic string) error {
+	if err == nil {
+		return nil
+	}
+	err = publishError(err, topic)
+	switch {
+	case errors.Is(err, kerr.MessageTooLarge) || errors.Is(err, kerr.RecordListTooLarge) ||
+		errors.Is(err, kerr.InvalidTopicException) || errors.Is(err, kerr.InvalidRecord):
+		return outbox.Permanent(err)
+	case unavailable(err):
+		return outbox.Unavailable(err)
+	}
+	return err
 }
 
 // publishError is the error of a produce to topic that failed with err:

@@ -81,13 +81,14 @@ func run() error {
 		return err
 	}
 
-	// The adapter: topic "outbox.events", key = aggregate ID.
+	// The adapter: topic "outbox.events", key = aggregate ID. The relay
+	// starts a batch's records before it waits for their acks.
 	producer, err := kafka.New(kafka.Config{SeedBrokers: seeds})
 	if err != nil {
 		return err
 	}
 	defer producer.Close()
-	ob.Handle(outbox.AnyEvent, producer.Handler())
+	ob.HandleAsync(outbox.AnyEvent, producer.AsyncHandler())
 
 	// Two orders, each created then paid then shipped: six events whose
 	// per-order order must survive into Kafka.
@@ -117,7 +118,8 @@ func run() error {
 	}
 
 	// A service runs the relay for its whole life. OrderByAggregate makes
-	// it produce an order's events one at a time, oldest first.
+	// it produce an order's events one at a time, oldest first (the orders
+	// in flight together).
 	// Run returns an error only for an invalid configuration: it ends the
 	// wait for the events at once instead of being dropped.
 	relay, err := ob.Relay(db, outbox.RelayConfig{OrderByAggregate: true})
