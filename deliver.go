@@ -113,10 +113,8 @@ func (r *Relay) attempt(bctx context.Context, c *claimed) error {
 // AsyncHandler's deliveries start in the order of items.
 func (r *Relay) attemptWave(bctx context.Context, items []*claimed) []error {
 	errs := make([]error, len(items))
-	var (
-		calls []call
-		at    []int // calls[j] is items[at[j]]
-	)
+	calls := make([]call, 0, len(items))
+	at := make([]int, 0, len(items)) // calls[j] is items[at[j]]
 	for i, c := range items {
 		if c.Bad != nil {
 			errs[i] = Permanent(c.Bad)
