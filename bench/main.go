@@ -8,7 +8,11 @@
 // the MySQL or MariaDB named by OUTBOX_TEST_MYSQL_DSN (if set and reachable;
 // otherwise its rows are skipped with a message), in a database of its own
 // that it drops at the end, and a SQLite file in a temporary directory.
-// -db picks the databases. The table goes to stdout, progress to stderr. See
+// -db picks the databases. The broker scenario (-only broker) also uses
+// the NATS, RabbitMQ and Redis named by OUTBOX_TEST_NATS_URL,
+// OUTBOX_TEST_RABBITMQ_URL and OUTBOX_TEST_REDIS_ADDR (each skipped with a
+// message when unset or not answering), on streams, queues and keys of its
+// own that it deletes, and Kafka in process (kfake). The table goes to stdout, progress to stderr. See
 // ../BENCHMARKS.md for full runs and how to read them.
 package main
 
@@ -56,6 +60,11 @@ type options struct {
 	maxIdle      int
 	cpuProfile   string
 	floors       bool
+
+	// The broker scenario.
+	brokers      map[string]bool
+	brokerEvents int
+	brokerRuns   map[string]bool
 }
 
 func parseFlags(args []string) (options, error) {
@@ -67,11 +76,13 @@ func parseFlags(args []string) (options, error) {
 		tuned    string
 		writers  string
 		relays   string
+		brokers  string
+		bruns    string
 		explicit = map[string]bool{}
 	)
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every A/B comparison; medians and min–max are over rounds")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: small backlogs, short durations, 1 round (unless -rounds is given)")
-	fs.StringVar(&only, "only", "write,relay,latency,scale,claim", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named, and so does tenants (one RelayGroup against one relay per database, on -tenants PostgreSQL schemas and SQLite files)")
+	fs.StringVar(&only, "only", "write,relay,latency,scale,claim", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named, and so does tenants (one RelayGroup against one relay per database, on -tenants PostgreSQL schemas and SQLite files), and broker (a relay draining PostgreSQL into each broker of -brokers, against the broker client's own floors)")
 	fs.StringVar(&dbs, "db", "postgres,sqlite,mysql", "databases to run them on, comma separated (mysql: MySQL or MariaDB, from "+mysqlDSNEnv+"; SQLite has only the write and claim scenarios, latency is PostgreSQL's alone)")
 	fs.DurationVar(&o.writeDur, "write-dur", 3*time.Second, "how long each write-overhead measurement runs")
 	fs.StringVar(&writers, "writers", "1,8", "concurrent writers for the write-overhead scenario")
@@ -97,6 +108,9 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file (go tool pprof)")
 	fs.IntVar(&o.fillfactor, "fillfactor", 0, "PostgreSQL fillfactor of the relay scenario's tables (room on a page lets the claim's update be HOT); 0 keeps the table's default of 100")
 	fs.BoolVar(&o.floors, "floors", false, "in the write scenario on PostgreSQL, also run the floor's INSERT into tables of the same columns with fewer indexes (the primary key and the two unique partial indexes; the primary key alone): what each index costs the write")
+	fs.StringVar(&brokers, "brokers", strings.Join(brokerNames, ","), "brokers of the broker scenario, comma separated; each runs when reachable (nats: "+natsURLEnv+", rabbitmq: "+rabbitmqURLEnv+", redis: "+redisAddrEnv+"; kafka: kfake, in process), and is skipped with a message otherwise")
+	fs.IntVar(&o.brokerEvents, "broker-events", 30000, "events each measurement of the broker scenario publishes (floors) or drains (relays)")
+	fs.StringVar(&bruns, "broker-runs", strings.Join(brokerRuns, ","), "what the broker scenario measures, comma separated: "+bFloorAsync+" (the client's pipelined publish), "+bFloorSync+" (one publish at a time from 4 goroutines), "+bRelayAsync+" and "+bRelayAsync4+" (1 and 4 relays at defaults with the adapter's AsyncHandler), "+bRelayHandler+" (1 relay with its Handler), "+bRelayNoop+" (1 relay with an AsyncHandler that sends nothing: the relay's own ceiling), "+bRelayBig+" (1 relay with BatchSize 1000 and the AsyncHandler); the ratios need "+bFloorAsync)
 	fs.BoolVar(&o.asyncCommit, "async-commit", false, "set synchronous_commit=off on the benchmark's PostgreSQL sessions, to see what the WAL flush costs (not a production setting for an outbox)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -120,6 +134,7 @@ func parseFlags(args []string) (options, error) {
 		set("mem-big", func() { o.memBig = 100000 })
 		set("mem-small", func() { o.memSmall = 10000 })
 		set("drain-timeout", func() { o.drainTimeout = time.Minute })
+		set("broker-events", func() { o.brokerEvents = 5000 })
 	}
 	if o.rounds < 1 {
 		return o, errors.New("-rounds must be at least 1")
@@ -128,11 +143,11 @@ func parseFlags(args []string) (options, error) {
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "write", "relay", "latency", "scale", "claim", "logical", "tenants":
+		case "write", "relay", "latency", "scale", "claim", "logical", "tenants", "broker":
 			o.only[s] = true
 		case "":
 		default:
-			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, claim, logical, tenants)", s)
+			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, claim, logical, tenants, broker)", s)
 		}
 	}
 	o.dbs = map[string]bool{}
@@ -149,6 +164,12 @@ func parseFlags(args []string) (options, error) {
 		}
 	}
 	var err error
+	if o.brokers, err = parseBrokers(brokers); err != nil {
+		return o, fmt.Errorf("-brokers: %w", err)
+	}
+	if o.brokerRuns, err = parseBrokerRuns(bruns); err != nil {
+		return o, fmt.Errorf("-broker-runs: %w", err)
+	}
 	if o.writers, err = parseInts(writers); err != nil {
 		return o, fmt.Errorf("-writers: %w", err)
 	}
@@ -168,7 +189,7 @@ func parseFlags(args []string) (options, error) {
 	for _, v := range []struct {
 		name string
 		n    int
-	}{{"backlog", o.backlog}, {"rate", o.rate}, {"scale-backlog", o.scaleBacklog}, {"mem-big", o.memBig}, {"mem-small", o.memSmall}, {"claim-cycles", o.claimCycles}} {
+	}{{"backlog", o.backlog}, {"rate", o.rate}, {"scale-backlog", o.scaleBacklog}, {"mem-big", o.memBig}, {"mem-small", o.memSmall}, {"claim-cycles", o.claimCycles}, {"broker-events", o.brokerEvents}} {
 		if v.n < 1 {
 			return o, fmt.Errorf("-%s must be positive", v.name)
 		}
@@ -251,6 +272,7 @@ func run(ctx context.Context, opts options) (err error) {
 		{"claim", runClaim},
 		{"logical", runLogical},
 		{"tenants", runTenants},
+		{"broker", runBroker},
 	}
 	for _, s := range steps {
 		if !opts.only[s.name] {
