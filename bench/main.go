@@ -65,6 +65,10 @@ type options struct {
 	brokers      map[string]bool
 	brokerEvents int
 	brokerRuns   map[string]bool
+
+	// The openoutbox scenario.
+	openOutbox string // the open-outbox relay binary; empty: skipped
+	ooBacklog  int
 }
 
 func parseFlags(args []string) (options, error) {
@@ -82,7 +86,7 @@ func parseFlags(args []string) (options, error) {
 	)
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds of every A/B comparison; medians and min–max are over rounds")
 	fs.BoolVar(&o.quick, "quick", false, "smoke run: small backlogs, short durations, 1 round (unless -rounds is given)")
-	fs.StringVar(&only, "only", "write,relay,latency,scale,claim", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named, and so does tenants (one RelayGroup against one relay per database, on -tenants PostgreSQL schemas and SQLite files), and broker (a relay draining PostgreSQL into each broker of -brokers, against the broker client's own floors)")
+	fs.StringVar(&only, "only", "write,relay,latency,scale,claim", "scenarios to run, comma separated; logical (Logical mode against the table path, on a PostgreSQL cluster of its own with wal_level=logical) runs only when named, and so does tenants (one RelayGroup against one relay per database, on -tenants PostgreSQL schemas and SQLite files), and broker (a relay draining PostgreSQL into each broker of -brokers, against the broker client's own floors), and openoutbox (our relay against the open-outbox/relay binary of -open-outbox on the same PostgreSQL backlog)")
 	fs.StringVar(&dbs, "db", "postgres,sqlite,mysql", "databases to run them on, comma separated (mysql: MySQL or MariaDB, from "+mysqlDSNEnv+"; SQLite has only the write and claim scenarios, latency is PostgreSQL's alone)")
 	fs.DurationVar(&o.writeDur, "write-dur", 3*time.Second, "how long each write-overhead measurement runs")
 	fs.StringVar(&writers, "writers", "1,8", "concurrent writers for the write-overhead scenario")
@@ -111,6 +115,8 @@ func parseFlags(args []string) (options, error) {
 	fs.StringVar(&brokers, "brokers", strings.Join(brokerNames, ","), "brokers of the broker scenario, comma separated; each runs when reachable (nats: "+natsURLEnv+", rabbitmq: "+rabbitmqURLEnv+", redis: "+redisAddrEnv+"; kafka: kfake, in process), and is skipped with a message otherwise")
 	fs.IntVar(&o.brokerEvents, "broker-events", 30000, "events each measurement of the broker scenario publishes (floors) or drains (relays)")
 	fs.StringVar(&bruns, "broker-runs", strings.Join(brokerRuns, ","), "what the broker scenario measures, comma separated: "+bFloorAsync+" (the client's pipelined publish), "+bFloorSync+" (one publish at a time from 4 goroutines), "+bRelayAsync+" and "+bRelayAsync4+" (1 and 4 relays at defaults with the adapter's AsyncHandler), "+bRelayHandler+" (1 relay with its Handler), "+bRelayNoop+" (1 relay with an AsyncHandler that sends nothing: the relay's own ceiling), "+bRelayBig+" (1 relay with BatchSize 1000 and the AsyncHandler); the ratios need "+bFloorAsync)
+	fs.StringVar(&o.openOutbox, "open-outbox", "", "the open-outbox/relay binary (built from its cmd/relay) for the openoutbox scenario, which is skipped with a message without it")
+	fs.IntVar(&o.ooBacklog, "oo-backlog", 200000, "events in each drain of the openoutbox scenario")
 	fs.BoolVar(&o.asyncCommit, "async-commit", false, "set synchronous_commit=off on the benchmark's PostgreSQL sessions, to see what the WAL flush costs (not a production setting for an outbox)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -135,6 +141,7 @@ func parseFlags(args []string) (options, error) {
 		set("mem-small", func() { o.memSmall = 10000 })
 		set("drain-timeout", func() { o.drainTimeout = time.Minute })
 		set("broker-events", func() { o.brokerEvents = 5000 })
+		set("oo-backlog", func() { o.ooBacklog = 20000 })
 	}
 	if o.rounds < 1 {
 		return o, errors.New("-rounds must be at least 1")
@@ -143,11 +150,11 @@ func parseFlags(args []string) (options, error) {
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "write", "relay", "latency", "scale", "claim", "logical", "tenants", "broker":
+		case "write", "relay", "latency", "scale", "claim", "logical", "tenants", "broker", "openoutbox":
 			o.only[s] = true
 		case "":
 		default:
-			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, claim, logical, tenants, broker)", s)
+			return o, fmt.Errorf("-only: unknown scenario %q (want write, relay, latency, scale, claim, logical, tenants, broker, openoutbox)", s)
 		}
 	}
 	o.dbs = map[string]bool{}
@@ -189,7 +196,7 @@ func parseFlags(args []string) (options, error) {
 	for _, v := range []struct {
 		name string
 		n    int
-	}{{"backlog", o.backlog}, {"rate", o.rate}, {"scale-backlog", o.scaleBacklog}, {"mem-big", o.memBig}, {"mem-small", o.memSmall}, {"claim-cycles", o.claimCycles}, {"broker-events", o.brokerEvents}} {
+	}{{"backlog", o.backlog}, {"rate", o.rate}, {"scale-backlog", o.scaleBacklog}, {"mem-big", o.memBig}, {"mem-small", o.memSmall}, {"claim-cycles", o.claimCycles}, {"broker-events", o.brokerEvents}, {"oo-backlog", o.ooBacklog}} {
 		if v.n < 1 {
 			return o, fmt.Errorf("-%s must be positive", v.name)
 		}
@@ -273,6 +280,7 @@ func run(ctx context.Context, opts options) (err error) {
 		{"logical", runLogical},
 		{"tenants", runTenants},
 		{"broker", runBroker},
+		{"openoutbox", runOpenOutbox},
 	}
 	for _, s := range steps {
 		if !opts.only[s.name] {
