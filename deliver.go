@@ -50,8 +50,23 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 }
 
 // process claims up to limit due events (only those in ids, when given)
-// and delivers them: n claimed, sent of them delivered.
+// and delivers them: n claimed, sent of them delivered. Their outcomes
+// are written when it returns.
 func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent int, err error) {
+	return r.cycle(ctx, ids, limit, false)
+}
+
+// processBehind is process for the relay's loop: a full batch, after which
+// the loop claims again at once, has its last outcomes written while the
+// next batch is claimed (TableBatch.WriteBehind). Not with a RelayGroup's
+// turns, which bound each relay's work to its turn, nor with
+// OrderByAggregate, whose claim would pass over the next event of every
+// aggregate whose last one is still being marked.
+func (r *Relay) processBehind(ctx context.Context, ids []int64, limit int) (n, sent int, err error) {
+	return r.cycle(ctx, ids, limit, r.gate == nil && !r.cfg.OrderByAggregate)
+}
+
+func (r *Relay) cycle(ctx context.Context, ids []int64, limit int, behind bool) (n, sent int, err error) {
 	if r.gate != nil {
 		if err := r.gate.acquire(ctx); err != nil {
 			return 0, 0, err
@@ -59,15 +74,21 @@ func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent in
 		defer r.gate.release()
 	}
 	if err := r.ensureOrdering(ctx); err != nil {
-		return 0, 0, err
+		return 0, 0, errors.Join(err, r.table.Settle())
 	}
 	b, err := r.table.Claim(ctx, ids, limit)
-	if err != nil || b == nil {
+	// The last batch's outcomes, written behind while this claim ran.
+	err = errors.Join(err, r.table.Settle())
+	if b == nil {
 		r.life.cycle(err)
 		return 0, 0, err
 	}
 	r.life.claimed()
-	down, err := r.fanout().Process(ctx, b)
+	if behind && len(b.Items()) >= limit {
+		b.WriteBehind()
+	}
+	down, perr := r.fanout().Process(ctx, b)
+	err = errors.Join(err, perr)
 	if down != nil {
 		// The cause first: the relays' last error is shown cut to a line.
 		err = errors.Join(err, fmt.Errorf("%w; batch handed back undelivered", down))

@@ -84,3 +84,66 @@ func TestTableSource(t *testing.T) {
 	assert.Equal(t, []string{"d1"}, ids, "due again at once: the handed-back d1; a1 waits for its backoff, a2 behind it")
 	require.NoError(t, b.Close(context.Background(), nil))
 }
+
+// A batch written behind (TableBatch.WriteBehind) closes before its
+// outcomes are written; the next claim runs meanwhile, and Settle waits
+// for the write and returns its error.
+func TestTableWriteBehind(t *testing.T) {
+	db, err := sql.Open("sqlite3", "file:"+filepath.Join(t.TempDir(), "t.db")+sqlite.DSNOptions)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	s := sqlite.New(store.DefaultTable)
+	require.NoError(t, s.Migrate(t.Context(), db))
+	var rows []store.Event
+	for _, id := range []string{"e1", "e2", "e3"} {
+		rows = append(rows, store.Event{ID: id, Type: "x", Key: id, NamedID: true, Payload: []byte("{}"), OccurredAt: t0})
+	}
+	_, err = s.Insert(t.Context(), db, rows, t0, false)
+	require.NoError(t, err)
+	held := &heldMarks{Store: s, open: make(chan struct{}), err: errors.New("connection lost")}
+	table := &Table{Store: held, DB: db, Now: func() time.Time { return t0 }, Lease: time.Minute, StatementTimeout: 10 * time.Second}
+	require.NoError(t, table.Settle(), "nothing behind")
+
+	b, err := table.Claim(t.Context(), nil, 2)
+	require.NoError(t, err)
+	require.Len(t, b.Items(), 2)
+	for i := range b.Items() {
+		b.Record(i, Result{Kind: Sent})
+	}
+	b.WriteBehind()
+	require.NoError(t, b.Close(t.Context(), nil), "closed while its mark is held")
+
+	b2, err := table.Claim(t.Context(), nil, 2)
+	require.NoError(t, err, "the next claim while the last batch is being marked")
+	require.Len(t, b2.Items(), 1)
+	assert.Equal(t, "e3", b2.Items()[0].Event.ID)
+
+	settled := make(chan error, 1)
+	go func() { settled <- table.Settle() }()
+	close(held.open)
+	require.ErrorContains(t, <-settled, "connection lost", "the write's error, from Settle")
+	require.NoError(t, table.Settle(), "settled once")
+
+	held.err = nil
+	b2.Record(0, Result{Kind: Sent})
+	require.NoError(t, b2.Close(t.Context(), nil), "closed in place: written when Close returns")
+	var sent int
+	require.NoError(t, db.QueryRow("SELECT COUNT(*) FROM "+store.DefaultTable+" WHERE status = 'sent'").Scan(&sent))
+	assert.Equal(t, 1, sent, "e3 marked; e1 and e2 not, their mark failed: delivered again once the lease passes")
+}
+
+// heldMarks holds every MarkSent until open is closed, and then fails it
+// with err, when set.
+type heldMarks struct {
+	store.Store
+	open chan struct{}
+	err  error
+}
+
+func (h *heldMarks) MarkSent(ctx context.Context, db store.DB, seqs []int64, now, lease time.Time) (int64, error) {
+	<-h.open
+	if h.err != nil {
+		return 0, h.err
+	}
+	return h.Store.MarkSent(ctx, db, seqs, now, lease)
+}

@@ -71,16 +71,35 @@ func (w *watermark) gapList() []int64 {
 	return slices.Sorted(maps.Keys(w.gaps))
 }
 
-// claimed notes what a claim of up to limit rows took: the gaps it filled,
-// and how far its read of new rows from the watermark got.
-func (w *watermark) claimed(rows []store.Claimed, limit int) {
-	w.full = len(rows) >= limit
+// claimed notes what a claim of up to limit rows, leased until lease,
+// took: the gaps it filled, and how far its read of new rows from the
+// watermark got. When the claim's new rows are the seqs from the watermark
+// on, one after the other, the watermark moves past them at once, the rows
+// in flight as a walk would have passed them, and the next claim needs no
+// walk even after a full one: a single relay draining a backlog, whose
+// walks read its own batch back after every claim (a fifth of a batch's
+// time in a measured drain).
+func (w *watermark) claimed(rows []store.Claimed, limit int, lease time.Time) {
+	var fresh []int64
 	for i := range rows {
 		delete(w.gaps, rows[i].Seq)
 		if rows[i].Fresh && rows[i].Seq >= w.from {
 			w.frontier = max(w.frontier, rows[i].Seq)
+			fresh = append(fresh, rows[i].Seq)
 		}
 	}
+	slices.Sort(fresh)
+	run := 0
+	for run < len(fresh) && fresh[run] == w.from+int64(run) {
+		run++
+	}
+	for _, seq := range fresh[:run] {
+		if len(w.held) < MaxGaps {
+			w.held[seq] = lease
+		}
+	}
+	w.from += int64(run)
+	w.full = len(rows) >= limit && run < len(rows)
 }
 
 // advance moves the watermark up to the first open row, not leased, that

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -336,6 +337,55 @@ func TestWatermark(t *testing.T) {
 				}
 			})
 
+			// A claim that takes the rows from the watermark on, one seq
+			// after the other (one relay draining a backlog), moves the
+			// watermark past them itself: the next claims read no walk,
+			// full or not. The rows stay looked at as a walk's rows in
+			// flight are: a batch whose relay died is claimed again once
+			// its lease passes, before any sweep.
+			t.Run("ContiguousClaimSkipsTheWalk", func(t *testing.T) {
+				t.Parallel()
+				e := setup(t)
+				walker := &countingWalker{Store: e.s, Walker: e.s.(store.Walker)}
+				tb := e.table(false)
+				tb.Store, tb.Lease, tb.WalkEvery = walker, 5*time.Second, WalkEvery
+				var evs []store.Event
+				for i := range 250 {
+					evs = append(evs, wmEvent(fmt.Sprintf("c%03d", i), "", ""))
+				}
+				wmInsert(t, e.db, e.s, evs...)
+				var got []string
+				var batches []*TableBatch
+				for {
+					b, ids := e.claim(tb)
+					if b == nil {
+						break
+					}
+					got = append(got, ids...)
+					batches = append(batches, b)
+				}
+				require.Len(t, batches, 3, "100, 100 and 50")
+				require.Len(t, got, 250)
+				for i, id := range got {
+					require.Equal(t, fmt.Sprintf("c%03d", i), id, "each row once, in seq order")
+				}
+				assert.Equal(t, int32(1), walker.walks.Load(), "one walk, before the first claim; the claims after it moved the watermark themselves")
+
+				// The last batch's relay dies: its rows are due again once
+				// the lease passes, well before the next sweep.
+				for _, b := range batches[:2] {
+					e.settle(b, 0)
+				}
+				e.clock.add(6 * time.Second)
+				b, ids := e.claim(tb)
+				require.NotNil(t, b, "the dead relay's rows, once its lease passed")
+				assert.Equal(t, got[200:], ids)
+				e.settle(b, 0)
+				b, ids = e.claim(tb)
+				assert.Nil(t, b, "nothing left: %v", ids)
+				require.NoError(t, batches[2].Close(context.Background(), nil), "the dead relay's writer, which recorded nothing")
+			})
+
 			// A relay that starts on an empty table whose sequence has
 			// moved on (retention deleted every row, or a TRUNCATE) takes
 			// the seqs below the first new row for what they are: no gaps.
@@ -413,4 +463,16 @@ func TestWatermark(t *testing.T) {
 			})
 		})
 	}
+}
+
+// countingWalker counts a store's watermark walks.
+type countingWalker struct {
+	store.Store
+	store.Walker
+	walks atomic.Int32
+}
+
+func (c *countingWalker) Walk(ctx context.Context, db store.DB, from int64, limit int, gaps []int64, now time.Time) ([]store.WalkRow, error) {
+	c.walks.Add(1)
+	return c.Walker.Walk(ctx, db, from, limit, gaps, now)
 }
