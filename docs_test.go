@@ -126,6 +126,21 @@ func TestDocsDefaults(t *testing.T) {
 	}
 }
 
+// TestDocsBatchGrowth: the default claim's growth through a backlog is
+// stated with the code's figures in RelayConfig's doc comment and in the
+// settings table.
+func TestDocsBatchGrowth(t *testing.T) {
+	t.Parallel()
+	for _, f := range []string{"relay.go", filepath.Join("docs", "relay.md")} {
+		text, err := os.ReadFile(f)
+		require.NoError(t, err)
+		flat := strings.Join(strings.Fields(strings.ReplaceAll(string(text), "//", "")), " ")
+		assert.Contains(t, flat, fmt.Sprintf("in under %v (and an eighth of the lease budget)", growQuick), f)
+		assert.Contains(t, flat, fmt.Sprintf("up to %d", defaultMaxBatch), f)
+		assert.Contains(t, flat, fmt.Sprintf("%d again", defaultBatchSize), f)
+	}
+}
+
 // TestDocsDSNOptions: the SQLite settings the docs show are the
 // constants', and the database page quotes both constants whole.
 func TestDocsDSNOptions(t *testing.T) {

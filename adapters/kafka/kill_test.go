@@ -39,7 +39,7 @@ const (
 	killSeedEnv  = "OUTBOX_KAFKA_KILL_SEED" // reproduces the kill moments
 	killRounds   = 6
 	killEvents   = 3000
-	killBatch    = 100 // RelayConfig's default BatchSize
+	killBatch    = 100 // the relays' BatchSize: a kill redelivers at most one batch
 	// Short, so that what a killed relay held comes back within the test,
 	// and long enough that a loaded machine's relay does not give up on a
 	// batch's acks (a duplicate that is not the kill's).
@@ -102,7 +102,7 @@ func TestAsyncRelayKilled(t *testing.T) {
 	// The last relay, in this process, drains the rest.
 	p := newProducer(t, seeds, kafka.Config{})
 	ob.HandleAsync(outbox.AnyEvent, p.AsyncHandler())
-	relay, err := ob.Relay(db, outbox.RelayConfig{PollInterval: 50 * time.Millisecond})
+	relay, err := ob.Relay(db, outbox.RelayConfig{BatchSize: killBatch, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
@@ -248,7 +248,7 @@ func TestAsyncRelayKilledChild(t *testing.T) {
 	})
 	require.NoError(t, err)
 	ob.HandleAsync(outbox.AnyEvent, p.AsyncHandler())
-	relay, err := ob.Relay(db, outbox.RelayConfig{Lease: killLease, PollInterval: 50 * time.Millisecond})
+	relay, err := ob.Relay(db, outbox.RelayConfig{BatchSize: killBatch, Lease: killLease, PollInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
 	require.NoError(t, relay.Run(context.Background()))
 }

@@ -21,6 +21,14 @@ type Loop struct {
 	Process      func(ctx context.Context, seqs []int64, limit int) (n, sent int, err error)
 	BatchSize    int
 	PollInterval time.Duration
+	// MaxBatch, above BatchSize, lets the claim grow through a backlog of
+	// quick deliveries: after a full batch that took less than Quick, the
+	// next claim takes twice as many events, up to MaxBatch; after a full
+	// one that did not, half as many, and after any other, BatchSize
+	// again. Fewer, larger claims and marks drain a backlog faster (each
+	// waits for its commit), while a batch stays under 2 Quick.
+	MaxBatch int
+	Quick    time.Duration
 	// Wake and Fresh carry wake-ups: a commit in this process or a
 	// notification (Wake), the seqs a commit just wrote
 	// (Config.DeliverAfterCommit: Fresh), delivered at once.
@@ -45,25 +53,43 @@ func (l *Loop) Run(ctx context.Context) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
+	size := l.BatchSize
 	for ctx.Err() == nil {
-		limit := l.BatchSize
+		limit := size
 		if l.destDown.On() {
 			limit = 1 // probe with one event
 		}
+		start := time.Now()
 		n, sent, err := l.Process(ctx, nil, limit)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
+			size = l.BatchSize
 			l.wait(ctx, timer, l.failed(ctx, err), false)
 			continue
 		}
 		l.succeeded(ctx, sent)
 		if n >= limit {
+			if limit == size {
+				size = l.next(size, time.Since(start))
+			}
 			continue // more may be due right away
 		}
+		size = l.BatchSize
 		l.wait(ctx, timer, l.PollInterval, true)
 	}
+}
+
+// next is the claim's size after a full batch of size that took took.
+func (l *Loop) next(size int, took time.Duration) int {
+	if l.MaxBatch <= l.BatchSize {
+		return l.BatchSize
+	}
+	if took < l.Quick {
+		return min(2*size, l.MaxBatch)
+	}
+	return max(size/2, l.BatchSize)
 }
 
 // failed logs the condition a cycle's error starts, once, and returns how
