@@ -174,8 +174,29 @@ func runOpenOutbox(ctx context.Context, e *env, opts options, t *table) error {
 			wg.Wait()
 			return errors.Join(errs...)
 		}
+		var before tableReads
+		fill := c.fill
+		c.fill = func(ctx context.Context, n int) error {
+			if err := fill(ctx, n); err != nil {
+				return err
+			}
+			var err error
+			before, err = readTableStats(ctx, admin, oursTable)
+			return err
+		}
 		return ooContender{name: name, drain: func(ctx context.Context, n int) (drainResult, error) {
-			return drain(ctx, c, n, relays, opts.drainTimeout, true)
+			res, err := drain(ctx, c, n, relays, opts.drainTimeout, true)
+			if err != nil {
+				return res, err
+			}
+			// The relays' sessions report their counts as they end.
+			time.Sleep(1500 * time.Millisecond)
+			after, err := readTableStats(ctx, admin, oursTable)
+			if err != nil {
+				return res, err
+			}
+			res.note = joinNote(res.note, after.minus(before).perEvent(n))
+			return res, nil
 		}}
 	}
 	const (
@@ -492,4 +513,33 @@ func loadAverage() string {
 		return "unknown (" + strings.TrimSpace(string(b)) + ")"
 	}
 	return strings.Join(f[:3], ", ")
+}
+
+// tableReads are PostgreSQL's cumulative counts for a table
+// (pg_stat_user_tables, pg_stat_user_indexes): what a drain read and
+// wrote, per event, says where a relay's database time goes.
+type tableReads struct {
+	idxRead, heapFetch, seqRead, upd, hot int64
+}
+
+func readTableStats(ctx context.Context, db *sql.DB, table string) (tableReads, error) {
+	var r tableReads
+	err := db.QueryRowContext(ctx, `SELECT COALESCE(t.idx_tup_fetch, 0), t.seq_tup_read, t.n_tup_upd, t.n_tup_hot_upd,
+		(SELECT COALESCE(sum(i.idx_tup_read), 0) FROM pg_stat_user_indexes i WHERE i.relid = t.relid)
+		FROM pg_stat_user_tables t WHERE t.relname = $1 AND t.schemaname = current_schema()`, table).
+		Scan(&r.heapFetch, &r.seqRead, &r.upd, &r.hot, &r.idxRead)
+	if err != nil {
+		return r, fmt.Errorf("read %s's statistics: %w", table, err)
+	}
+	return r, nil
+}
+
+func (r tableReads) minus(o tableReads) tableReads {
+	return tableReads{r.idxRead - o.idxRead, r.heapFetch - o.heapFetch, r.seqRead - o.seqRead, r.upd - o.upd, r.hot - o.hot}
+}
+
+func (r tableReads) perEvent(n int) string {
+	f := func(v int64) float64 { return float64(v) / float64(n) }
+	return fmt.Sprintf("per event: %.1f index entries read, %.1f heap fetches, %.1f seq-scanned, %.2f updates (%.2f HOT)",
+		f(r.idxRead), f(r.heapFetch), f(r.seqRead), f(r.upd), f(r.hot))
 }
