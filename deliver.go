@@ -50,23 +50,8 @@ func (r *Relay) ProcessOnce(ctx context.Context) (int, error) {
 }
 
 // process claims up to limit due events (only those in ids, when given)
-// and delivers them: n claimed, sent of them delivered. Their outcomes
-// are written when it returns.
+// and delivers them: n claimed, sent of them delivered.
 func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent int, err error) {
-	return r.cycle(ctx, ids, limit, false)
-}
-
-// processBehind is process for the relay's loop: a full batch, after which
-// the loop claims again at once, has its last outcomes written while the
-// next batch is claimed (TableBatch.WriteBehind). Not with a RelayGroup's
-// turns, which bound each relay's work to its turn, nor with
-// OrderByAggregate, whose claim would pass over the next event of every
-// aggregate whose last one is still being marked.
-func (r *Relay) processBehind(ctx context.Context, ids []int64, limit int) (n, sent int, err error) {
-	return r.cycle(ctx, ids, limit, r.gate == nil && !r.cfg.OrderByAggregate)
-}
-
-func (r *Relay) cycle(ctx context.Context, ids []int64, limit int, behind bool) (n, sent int, err error) {
 	if r.gate != nil {
 		if err := r.gate.acquire(ctx); err != nil {
 			return 0, 0, err
@@ -74,21 +59,15 @@ func (r *Relay) cycle(ctx context.Context, ids []int64, limit int, behind bool) 
 		defer r.gate.release()
 	}
 	if err := r.ensureOrdering(ctx); err != nil {
-		return 0, 0, errors.Join(err, r.table.Settle())
+		return 0, 0, err
 	}
 	b, err := r.table.Claim(ctx, ids, limit)
-	// The last batch's outcomes, written behind while this claim ran.
-	err = errors.Join(err, r.table.Settle())
-	if b == nil {
+	if err != nil || b == nil {
 		r.life.cycle(err)
 		return 0, 0, err
 	}
 	r.life.claimed()
-	if behind && len(b.Items()) >= limit {
-		b.WriteBehind()
-	}
-	down, perr := r.fanout().Process(ctx, b)
-	err = errors.Join(err, perr)
+	down, err := r.fanout().Process(ctx, b)
 	if down != nil {
 		// The cause first: the relays' last error is shown cut to a line.
 		err = errors.Join(err, fmt.Errorf("%w; batch handed back undelivered", down))

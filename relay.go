@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -343,7 +342,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 
 	loop := &engine.Loop{
-		Process: r.processBehind, BatchSize: r.cfg.BatchSize, PollInterval: r.cfg.PollInterval,
+		Process: r.process, BatchSize: r.cfg.BatchSize, PollInterval: r.cfg.PollInterval,
 		MaxBatch: r.maxBatch, Quick: min(engine.Budget(r.cfg.Lease)/8, growQuick),
 		Wake: w.wake, Fresh: r.site.fresh, Logger: r.o.logger,
 		// The database may be another server now (a promoted standby),
@@ -351,9 +350,5 @@ func (r *Relay) Run(ctx context.Context) error {
 		Recovered: r.table.Resweep,
 	}
 	loop.Run(ctx)
-	if err := r.table.Settle(); err != nil {
-		// The rows stay leased and are delivered again once it passes.
-		r.o.logger.Warn("outbox: recording the last batch's outcomes failed as the relay stopped; its events will be delivered again", slog.Any("error", err))
-	}
 	return nil
 }

@@ -36,9 +36,6 @@ type Table struct {
 	HistoryFailed func(error)
 
 	wm watermark
-
-	behindMu sync.Mutex
-	behind   chan error // the write of the batch closed behind (WriteBehind)
 }
 
 // Resweep makes the next claim check the watermark against the whole table
@@ -88,7 +85,7 @@ func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch
 	}
 	// RETURNING has no order; deliver in write order.
 	slices.SortFunc(items, func(a, b Item) int { return cmp.Compare(a.Seq, b.Seq) })
-	b := &TableBatch{t: t, items: items, deadline: start.Add(Budget(t.Lease))}
+	b := &TableBatch{items: items, deadline: start.Add(Budget(t.Lease))}
 	b.w = t.Writer(ctx, lease, start)
 	return b, nil
 }
@@ -113,22 +110,11 @@ func FromRow(sc *store.Claimed) Item {
 
 // TableBatch is one claimed batch.
 type TableBatch struct {
-	t        *Table
 	items    []Item
 	deadline time.Time
 	w        *Writer
 	sent     atomic.Int64
-	behind   bool
 }
-
-// WriteBehind makes Close return before the batch's last outcomes are
-// written: they are written while the relay claims its next batch, so
-// that the claim's commit and this batch's mark wait for the WAL flush
-// together instead of one after the other (in a measured drain of a
-// backlog, each was a third of a batch's time). The next Table.Settle
-// waits for them and returns the error of writing them; a relay settles
-// before it closes another batch, so at most one is behind.
-func (b *TableBatch) WriteBehind() { b.behind = true }
 
 // Sent is how many of the batch's items were delivered.
 func (b *TableBatch) Sent() int { return int(b.sent.Load()) }
@@ -155,32 +141,8 @@ func (b *TableBatch) Record(i int, r Result) {
 	}
 }
 
-// Close implements Batch: what is left is written, or, behind, starts
-// being written.
-func (b *TableBatch) Close(context.Context, error) error {
-	if !b.behind {
-		return b.w.Close()
-	}
-	done := make(chan error, 1)
-	go func() { done <- b.w.Close() }()
-	b.t.behindMu.Lock()
-	defer b.t.behindMu.Unlock()
-	b.t.behind = done
-	return nil
-}
-
-// Settle waits for the outcomes of the batch closed behind, if any, to be
-// written, and returns the error of writing them.
-func (t *Table) Settle() error {
-	t.behindMu.Lock()
-	done := t.behind
-	t.behind = nil
-	t.behindMu.Unlock()
-	if done == nil {
-		return nil
-	}
-	return <-done
-}
+// Close implements Batch: what is left is written.
+func (b *TableBatch) Close(context.Context, error) error { return b.w.Close() }
 
 // MarkSent records the rows at seqs delivered under lease.
 func (t *Table) MarkSent(ctx context.Context, seqs []int64, lease time.Time) error {
