@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -111,20 +112,39 @@ func (d *natsDest) floorAsync(_ context.Context, evs []outbox.Event) (func(conte
 	msgs := d.msgs(evs)
 	return func(ctx context.Context) error {
 		futs := make([]jetstream.PubAckFuture, len(msgs))
-		for i, m := range msgs {
-			f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(evs[i].ID))
-			if err != nil {
-				return fmt.Errorf("publish async: %w", err)
-			}
-			futs[i] = f
-		}
-		for _, f := range futs {
+		awaited := 0 // futs below it are acknowledged
+		await := func() error {
 			select {
-			case <-f.Ok():
-			case err := <-f.Err():
+			case <-futs[awaited].Ok():
+			case err := <-futs[awaited].Err():
 				return fmt.Errorf("publish ack: %w", err)
 			case <-ctx.Done():
 				return ctx.Err()
+			}
+			awaited++
+			return nil
+		}
+		for i, m := range msgs {
+			for {
+				f, err := js.PublishMsgAsync(m, jetstream.WithMsgID(evs[i].ID))
+				if err == nil {
+					futs[i] = f
+					break
+				}
+				// nats.go gives up on a publish that found its 4000
+				// pending full for 200 ms (a slow moment of the server's):
+				// a client waits for the oldest ack and publishes again.
+				if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) || awaited == i {
+					return fmt.Errorf("publish async: %w", err)
+				}
+				if err := await(); err != nil {
+					return err
+				}
+			}
+		}
+		for awaited < len(futs) {
+			if err := await(); err != nil {
+				return err
 			}
 		}
 		return nil
