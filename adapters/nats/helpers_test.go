@@ -223,7 +223,33 @@ func (s *server) start() {
 
 // pause freezes the server (SIGSTOP): clients stay connected and their
 // writes fill the socket, but nothing is read or answered until resume.
-func (s *server) pause() { require.NoError(s.t, s.cmd.Process.Signal(syscall.SIGSTOP)) }
+// It returns once every thread of the server has stopped: the signal
+// stops each thread as it next enters the kernel, and on a loaded machine
+// a thread that had not yet stored and acknowledged a publish sent just
+// after the signal did (a test saw a real ack, sequence 1, from a server
+// that was paused before the publish).
+func (s *server) pause() {
+	require.NoError(s.t, s.cmd.Process.Signal(syscall.SIGSTOP))
+	tasks := "/proc/" + strconv.Itoa(s.cmd.Process.Pid) + "/task"
+	require.Eventually(s.t, func() bool {
+		ids, err := os.ReadDir(tasks)
+		if err != nil {
+			return false
+		}
+		for _, id := range ids {
+			stat, err := os.ReadFile(tasks + "/" + id.Name() + "/stat")
+			if err != nil {
+				return false
+			}
+			// The state follows the command's closing parenthesis.
+			f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+			if len(f) == 0 || (f[0] != "T" && f[0] != "t") {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, time.Millisecond, "nats-server did not stop on SIGSTOP")
+}
 
 // resume undoes pause.
 func (s *server) resume() {
