@@ -189,11 +189,18 @@ func runOpenOutbox(ctx context.Context, e *env, opts options, t *table) error {
 			if err != nil {
 				return res, err
 			}
-			// The relays' sessions report their counts as they end.
-			time.Sleep(1500 * time.Millisecond)
-			after, err := readTableStats(ctx, admin, oursTable)
-			if err != nil {
-				return res, err
+			// The relays' sessions report their counts as they end, not
+			// at once: read until every event's claim and mark are
+			// counted (two updates each), for at most 5 s.
+			var after tableReads
+			for deadline := time.Now().Add(5 * time.Second); ; {
+				if after, err = readTableStats(ctx, admin, oursTable); err != nil {
+					return res, err
+				}
+				if after.upd-before.upd >= 2*int64(n) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
 			}
 			res.note = joinNote(res.note, after.minus(before).perEvent(n))
 			return res, nil
