@@ -58,22 +58,39 @@ func (r *Relay) process(ctx context.Context, ids []int64, limit int) (n, sent in
 		}
 		defer r.gate.release()
 	}
-	if err := r.ensureOrdering(ctx); err != nil {
+	b, err := r.lease(ctx, ids, limit)
+	if err != nil || b == nil {
 		return 0, 0, err
+	}
+	sent, err = r.deliver(ctx, b)
+	return len(b.Items()), sent, err
+}
+
+// lease claims up to limit due events (only those in ids, when given);
+// nil when none is due.
+func (r *Relay) lease(ctx context.Context, ids []int64, limit int) (*engine.TableBatch, error) {
+	if err := r.ensureOrdering(ctx); err != nil {
+		return nil, err
 	}
 	b, err := r.table.Claim(ctx, ids, limit)
 	if err != nil || b == nil {
 		r.life.cycle(err)
-		return 0, 0, err
+		return nil, err
 	}
 	r.life.claimed()
+	return b, nil
+}
+
+// deliver delivers a claimed batch and records the outcomes; it returns
+// how many events were delivered.
+func (r *Relay) deliver(ctx context.Context, b *engine.TableBatch) (sent int, err error) {
 	down, err := r.fanout().Process(ctx, b)
 	if down != nil {
 		// The cause first: the relays' last error is shown cut to a line.
 		err = errors.Join(err, fmt.Errorf("%w; batch handed back undelivered", down))
 	}
 	r.life.cycle(err)
-	return len(b.Items()), b.Sent(), err
+	return b.Sent(), err
 }
 
 // fanout is the engine's delivery of a batch for this relay, from either

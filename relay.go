@@ -349,6 +349,19 @@ func (r *Relay) Run(ctx context.Context) error {
 		// whose seqs need not follow those seen before.
 		Recovered: r.table.Resweep,
 	}
+	if r.gate == nil {
+		// A RelayGroup's turns cover a claim and its delivery together.
+		loop.Claim = func(ctx context.Context, limit int) (engine.Batch, error) {
+			b, err := r.lease(ctx, nil, limit)
+			if b == nil { // not a nil *TableBatch in a Batch
+				return nil, err
+			}
+			return b, nil
+		}
+		loop.Deliver = func(ctx context.Context, b engine.Batch) (int, error) {
+			return r.deliver(ctx, b.(*engine.TableBatch))
+		}
+	}
 	loop.Run(ctx)
 	return nil
 }

@@ -75,8 +75,10 @@ func envInt(t testing.TB, name string, def int) int {
 //     if an event delivered in round r was delivered again later, the dead
 //     child of round r held a claim on it when it was killed. Claims in
 //     flight are read from the table right after each kill, once the dead
-//     child's sessions have left the server, and there are at most
-//     BatchSize of them per kill.
+//     child's sessions have left the server. There are at most two
+//     batches of them per kill (the one being delivered, and the next,
+//     claimed while it was: engine.Loop.Claim), and at most one batch of
+//     them is delivered again.
 func TestCrashRecovery(t *testing.T) {
 	long(t, "SIGKILLs relays in child processes, round after round")
 	t.Parallel()
@@ -109,7 +111,7 @@ func testCrashRecovery(t *testing.T, s server) {
 		}
 		child.killAndWaitGone(t, s, db)
 		inflight[r] = newClaims(t, db, ob, seen)
-		require.LessOrEqual(t, len(inflight[r]), crashBatch, "round %d: more claims in flight than one batch", r)
+		require.LessOrEqual(t, len(inflight[r]), 2*crashBatch, "round %d: more claims in flight than a batch and the one claimed ahead of it", r)
 		maxInflight = max(maxInflight, len(inflight[r]))
 		totalInflight += len(inflight[r])
 	}
@@ -163,7 +165,7 @@ func testCrashRecovery(t *testing.T, s server) {
 	for _, n := range perRound {
 		maxPerKill = max(maxPerKill, n)
 	}
-	assert.LessOrEqual(t, maxPerKill, crashBatch)
+	assert.LessOrEqual(t, maxPerKill, crashBatch, "a kill redelivered more than one batch")
 	assert.EqualValues(t, deliveries-distinct, len(redundant))
 
 	t.Logf("CRASH-RESULT server=%s rounds=%d kills=%d startup_kills=%d committed=%d delivered=%d lost=%d deliveries=%d duplicated=%d max_dup_per_kill=%d claims_in_flight_at_kills=%d max_in_flight=%d batch=%d kill_phase=%v total=%v",

@@ -80,7 +80,11 @@ type fakeBatch struct {
 	mu       sync.Mutex
 	results  map[int]Result
 	closed   error
+	closes   int
+	shared   bool // another relay claimed among its rows
 }
+
+func (b *fakeBatch) Contiguous() bool { return !b.shared }
 
 func newFake(ids ...string) *fakeBatch {
 	b := &fakeBatch{deadline: time.Now().Add(time.Minute), results: map[int]Result{}}
@@ -103,7 +107,12 @@ func (b *fakeBatch) Record(i int, r Result) {
 	defer b.mu.Unlock()
 	b.results[i] = r
 }
-func (b *fakeBatch) Close(_ context.Context, gone error) error { b.closed = gone; return gone }
+func (b *fakeBatch) Close(_ context.Context, gone error) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed, b.closes = gone, b.closes+1
+	return gone
+}
 
 // kinds are the items' results by ID.
 func (b *fakeBatch) kinds() map[string]Kind {

@@ -18,7 +18,20 @@ import (
 type Loop struct {
 	// Process claims up to limit due events (only those at seqs, when
 	// given) and delivers them: n claimed, sent of them delivered.
-	Process      func(ctx context.Context, seqs []int64, limit int) (n, sent int, err error)
+	Process func(ctx context.Context, seqs []int64, limit int) (n, sent int, err error)
+	// Claim and Deliver, when both are set, are Process in two halves for
+	// the loop's own claims (Process still serves Fresh): Claim leases up
+	// to limit due events, nil when none is due, and Deliver delivers them
+	// and makes their outcomes durable. They let the loop claim the next
+	// batch while it delivers one through a backlog (after a full batch
+	// quicker than Quick, while no other relay claims among its rows:
+	// TableBatch.Contiguous): the claim's statement and the delivery overlap,
+	// and the next batch's first delivery still waits for this one's
+	// outcomes, so a relay killed at any point has at most one batch
+	// delivered and not recorded. A batch claimed ahead is handed back
+	// (HandBack) when the delivery before it fails or ctx ends.
+	Claim        func(ctx context.Context, limit int) (Batch, error)
+	Deliver      func(ctx context.Context, b Batch) (sent int, err error)
 	BatchSize    int
 	PollInterval time.Duration
 	// MaxBatch, above BatchSize, lets the claim grow through a backlog of
@@ -54,30 +67,106 @@ func (l *Loop) Run(ctx context.Context) {
 	defer timer.Stop()
 	<-timer.C
 	size := l.BatchSize
+	var ahead *claimAhead // the next batch, claimed while this one is delivered
+	defer func() { l.handBack(ahead) }()
+	quick := false // the last batch was full and quick: claim the next ahead
 	for ctx.Err() == nil {
 		limit := size
 		if l.destDown.On() {
 			limit = 1 // probe with one event
 		}
 		start := time.Now()
-		n, sent, err := l.Process(ctx, nil, limit)
+		var n, sent int
+		var err error
+		if l.Claim == nil || l.Deliver == nil {
+			n, sent, err = l.Process(ctx, nil, limit)
+		} else {
+			var b Batch
+			if ahead != nil {
+				b, limit, err = ahead.wait()
+				ahead = nil
+			} else {
+				b, err = l.Claim(ctx, limit)
+			}
+			if err == nil && b != nil {
+				n = len(b.Items())
+				if quick && n >= limit && !l.destDown.On() && alone(b) {
+					ahead = l.claimAhead(ctx, size)
+				}
+				sent, err = l.Deliver(ctx, b)
+			}
+		}
 		if ctx.Err() != nil {
 			return
 		}
+		quick = false
 		if err != nil {
+			l.handBack(ahead)
+			ahead = nil
 			size = l.BatchSize
 			l.wait(ctx, timer, l.failed(ctx, err), false)
 			continue
 		}
 		l.succeeded(ctx, sent)
 		if n >= limit {
+			took := time.Since(start)
+			quick = took < l.Quick
 			if limit == size {
-				size = l.next(size, time.Since(start))
+				size = l.next(size, took)
 			}
 			continue // more may be due right away
 		}
 		size = l.BatchSize
 		l.wait(ctx, timer, l.PollInterval, true)
+	}
+}
+
+// alone reports whether b says that no other relay claimed among its rows
+// (TableBatch.Contiguous); a batch that does not say is taken to.
+func alone(b Batch) bool {
+	c, ok := b.(interface{ Contiguous() bool })
+	return !ok || c.Contiguous()
+}
+
+// claimAhead is a claim running while the batch before it is delivered.
+type claimAhead struct {
+	limit int
+	done  chan struct{}
+	b     Batch
+	err   error
+}
+
+func (l *Loop) claimAhead(ctx context.Context, limit int) *claimAhead {
+	a := &claimAhead{limit: limit, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		a.b, a.err = l.Claim(ctx, limit)
+	}()
+	return a
+}
+
+func (a *claimAhead) wait() (Batch, int, error) {
+	<-a.done
+	return a.b, a.limit, a.err
+}
+
+// handBack hands a batch claimed ahead back undelivered, without counting
+// an attempt (its events are due again at once); nil does nothing. The
+// outcomes are written even when the relay is stopping; should that fail,
+// the events wait for their lease to pass.
+func (l *Loop) handBack(a *claimAhead) {
+	if a == nil {
+		return
+	}
+	b, _, err := a.wait()
+	if err != nil || b == nil {
+		return
+	}
+	for i := range b.Items() {
+		b.Record(i, Result{Kind: Deferred})
+	}
+	if err := b.Close(context.Background(), nil); err != nil {
+		l.Logger.Warn("outbox: handing back a batch claimed ahead failed; its events are delivered once their lease passes", slog.Int("events", len(b.Items())), slog.Any("error", err))
 	}
 }
 

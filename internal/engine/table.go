@@ -73,8 +73,9 @@ func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch
 	if err != nil {
 		return nil, fmt.Errorf("outbox: claim events: %w", err)
 	}
+	contiguous := false
 	if walks {
-		t.wm.claimed(rows, limit, lease)
+		contiguous = t.wm.claimed(rows, limit, lease)
 	}
 	if len(rows) == 0 {
 		return nil, nil
@@ -85,7 +86,7 @@ func (t *Table) Claim(ctx context.Context, seqs []int64, limit int) (*TableBatch
 	}
 	// RETURNING has no order; deliver in write order.
 	slices.SortFunc(items, func(a, b Item) int { return cmp.Compare(a.Seq, b.Seq) })
-	b := &TableBatch{items: items, deadline: start.Add(Budget(t.Lease))}
+	b := &TableBatch{items: items, deadline: start.Add(Budget(t.Lease)), contiguous: contiguous}
 	b.w = t.Writer(ctx, lease, start)
 	return b, nil
 }
@@ -110,11 +111,19 @@ func FromRow(sc *store.Claimed) Item {
 
 // TableBatch is one claimed batch.
 type TableBatch struct {
-	items    []Item
-	deadline time.Time
-	w        *Writer
-	sent     atomic.Int64
+	items      []Item
+	deadline   time.Time
+	w          *Writer
+	sent       atomic.Int64
+	contiguous bool
 }
+
+// Contiguous reports whether the batch's rows were the new rows from the
+// watermark on, one after the other: no other relay claimed rows among
+// them. The loop claims ahead only of such a batch (Loop.Claim): relays
+// that share a backlog would each hold two batches, and each claim reads
+// past the batches the others hold.
+func (b *TableBatch) Contiguous() bool { return b.contiguous }
 
 // Sent is how many of the batch's items were delivered.
 func (b *TableBatch) Sent() int { return int(b.sent.Load()) }

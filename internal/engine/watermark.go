@@ -78,8 +78,9 @@ func (w *watermark) gapList() []int64 {
 // in flight as a walk would have passed them, and the next claim needs no
 // walk even after a full one: a single relay draining a backlog, whose
 // walks read its own batch back after every claim (a fifth of a batch's
-// time in a measured drain).
-func (w *watermark) claimed(rows []store.Claimed, limit int, lease time.Time) {
+// time in a measured drain). It reports whether the claim took only such
+// rows: no other relay took rows between them.
+func (w *watermark) claimed(rows []store.Claimed, limit int, lease time.Time) (contiguous bool) {
 	var fresh []int64
 	for i := range rows {
 		delete(w.gaps, rows[i].Seq)
@@ -100,6 +101,7 @@ func (w *watermark) claimed(rows []store.Claimed, limit int, lease time.Time) {
 	}
 	w.from += int64(run)
 	w.full = len(rows) >= limit && run < len(rows)
+	return run > 0 && run == len(rows)
 }
 
 // advance moves the watermark up to the first open row, not leased, that

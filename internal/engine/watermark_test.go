@@ -370,6 +370,30 @@ func TestWatermark(t *testing.T) {
 					require.Equal(t, fmt.Sprintf("c%03d", i), id, "each row once, in seq order")
 				}
 				assert.Equal(t, int32(1), walker.walks.Load(), "one walk, before the first claim; the claims after it moved the watermark themselves")
+				for _, b := range batches {
+					assert.True(t, b.Contiguous(), "each batch the rows from the watermark on")
+				}
+
+				// A second relay on the same rows: its claim passes the
+				// first's batch, so the first's next one is not contiguous.
+				var more []store.Event
+				for i := range 300 {
+					more = append(more, wmEvent(fmt.Sprintf("d%03d", i), "", ""))
+				}
+				wmInsert(t, e.db, e.s, more...)
+				other := e.table(false)
+				other.Lease = 5 * time.Second
+				mine, _ := e.claim(tb)
+				require.NotNil(t, mine)
+				assert.True(t, mine.Contiguous())
+				theirs, _ := e.claim(other)
+				require.NotNil(t, theirs)
+				next, _ := e.claim(tb)
+				require.NotNil(t, next)
+				assert.False(t, next.Contiguous(), "rows another relay claimed among them")
+				for _, b := range []*TableBatch{mine, theirs, next} {
+					e.settle(b, 0)
+				}
 
 				// The last batch's relay dies: its rows are due again once
 				// the lease passes, well before the next sweep.
@@ -380,6 +404,7 @@ func TestWatermark(t *testing.T) {
 				b, ids := e.claim(tb)
 				require.NotNil(t, b, "the dead relay's rows, once its lease passed")
 				assert.Equal(t, got[200:], ids)
+				assert.False(t, b.Contiguous(), "rows below the watermark")
 				e.settle(b, 0)
 				b, ids = e.claim(tb)
 				assert.Nil(t, b, "nothing left: %v", ids)
