@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -99,12 +100,14 @@ func newProxy(t *testing.T, target string) *proxy {
 // TestAsyncRelayKilled runs a relay with the AsyncHandler in a child
 // process (this test binary, re-executed) and SIGKILLs it mid-batch, round
 // after round: the parent holds back the broker's confirms to the child
-// (through a proxy) until the child's whole claimed batch is in the queue,
-// unconfirmed, then kills it. A relay in this process then drains the
-// table. Nothing is lost: every event is sent and in the queue. The batch
-// a kill interrupts was published but not recorded, so it is published
-// again: RabbitMQ keeps no record of message IDs, the queue holds those
-// events twice, and consumers deduplicate by the message ID. The test
+// (through a proxy) until the batch the child is delivering is in the
+// queue, unconfirmed, then kills it. A relay in this process then drains
+// the table. Nothing is lost: every event is sent and in the queue. The
+// batch a kill interrupts was published but not recorded, so it is
+// published again: RabbitMQ keeps no record of message IDs, the queue holds
+// those events twice, and consumers deduplicate by the message ID. The
+// child also holds the claim of the next batch, claimed while it delivered
+// this one and not started: those events are in the queue once. The test
 // counts the duplicates and checks they are bounded by one batch per kill,
 // each one an event the dead child held a claim on.
 func TestAsyncRelayKilled(t *testing.T) {
@@ -140,15 +143,17 @@ func TestAsyncRelayKilled(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { _ = conn.Close(); <-consumed })
-	inQueue := func(ids map[string]string) bool {
+	// queued are the ids among ids the queue holds.
+	queued := func(ids map[string]string) map[string]bool {
 		mu.Lock()
 		defer mu.Unlock()
+		out := map[string]bool{}
 		for id := range ids {
-			if seen[id] == 0 {
-				return false
+			if seen[id] > 0 {
+				out[id] = true
 			}
 		}
-		return true
+		return out
 	}
 
 	dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + outboxtest.DSNOptions
@@ -199,7 +204,10 @@ func TestAsyncRelayKilled(t *testing.T) {
 		go func() { exited <- cmd.Wait() }()
 
 		// Let it deliver a few batches, then hold its confirms until the
-		// batch it has claimed is in the queue.
+		// batch it is delivering is in the queue. Through the backlog it
+		// has also claimed the next batch, which it does not start before
+		// this one's outcomes are written: those claims are not in the
+		// queue.
 		before := sent()
 		waitFor(t, 60*time.Second, fmt.Sprintf("round %d: the child delivering", r), func() bool {
 			select {
@@ -210,23 +218,33 @@ func TestAsyncRelayKilled(t *testing.T) {
 			return sent() >= before+2*killBatch
 		})
 		px.shut()
-		var batch map[string]string
+		// Seen twice in a row, 20 ms apart, with nothing marked sent in
+		// between: a batch whose confirms passed before the hold is marked
+		// sent at once, and is then no longer claimed.
+		var (
+			last     map[string]bool
+			lastSent int64
+		)
 		waitFor(t, 30*time.Second, fmt.Sprintf("round %d: a claimed batch in the queue, unconfirmed", r), func() bool {
-			batch = claims()
-			return len(batch) > 0 && inQueue(batch)
+			batch, n := claims(), sent()
+			inQ := queued(batch)
+			stable := maps.Equal(inQ, last) && n == lastSent
+			last, lastSent = inQ, n
+			return stable && len(inQ) > 0 && (len(inQ) == len(batch) || len(inQ) >= killBatch)
 		})
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 		<-exited
 		px.release()
 
 		inflight[r] = map[string]bool{}
-		for id, key := range claims() {
+		after := claims()
+		for id, key := range after {
 			inflight[r][id] = true
 			attributed[key] = true
-			assert.Contains(t, batch, id, "round %d: a claim that was not in the batch the kill interrupted", r)
 		}
+
 		assert.NotEmpty(t, inflight[r], "round %d: the kill interrupted no batch", r)
-		assert.LessOrEqual(t, len(inflight[r]), killBatch, "round %d: more claims in flight than one batch", r)
+		assert.LessOrEqual(t, len(inflight[r]), 2*killBatch, "round %d: more claims in flight than a batch and the one claimed ahead of it", r)
 	}
 
 	// Drain what the children left once their claims have expired: a relay
@@ -274,7 +292,9 @@ func TestAsyncRelayKilled(t *testing.T) {
 		for r := range inflight {
 			if inflight[r][id] {
 				kills++
-				perKill[r]++
+				if n > 1 {
+					perKill[r]++
+				}
 			}
 		}
 		assert.LessOrEqual(t, n-1, kills, "%s: %d copies, but in flight at %d kills", id, n, kills)
@@ -287,8 +307,10 @@ func TestAsyncRelayKilled(t *testing.T) {
 	assert.Zero(t, lost, "events never delivered")
 	assert.Len(t, seen, killEvents+1, "nothing but these events")
 	assert.LessOrEqual(t, duplicated, killRounds*killBatch, "duplicates: at most one batch per kill")
-	assert.Equal(t, held, duplicated, "each kill interrupted a batch in the queue, unconfirmed: its events, and only those, are there twice")
-	t.Logf("KILL-RESULT events=%d kills=%d batch=%d lost=%d messages=%d duplicates=%d claims_in_flight_at_kills=%d per_kill=%v",
+	// A kill can still come just after a batch was marked sent, when the
+	// machine stalled the mark past the two looks; most interrupt one.
+	assert.Positive(t, duplicated, "no kill interrupted a batch in the queue, unconfirmed: the test proves nothing")
+	t.Logf("KILL-RESULT events=%d kills=%d batch=%d lost=%d messages=%d duplicates=%d claims_in_flight_at_kills=%d duplicates_per_kill=%v",
 		killEvents, killRounds, killBatch, lost, messages, duplicated, held, perKill)
 }
 
