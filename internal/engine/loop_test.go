@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -57,7 +58,7 @@ func TestLoopGrowsThroughABacklog(t *testing.T) {
 func TestLoopClaimsAhead(t *testing.T) {
 	type result struct {
 		claimed, delivered []*fakeBatch
-		ahead              []bool // per claim: a delivery was in progress
+		ahead              []bool // per claim: the batch before was still out
 	}
 	// drive runs a loop through backlog events in batches of 10; deliver
 	// decides the k-th delivery's error (and may stop the loop); shared
@@ -69,6 +70,7 @@ func TestLoopClaimsAhead(t *testing.T) {
 			mu         sync.Mutex
 			r          result
 			delivering bool
+			done       = map[*fakeBatch]bool{} // Deliver returned
 			seq        int
 			failed     = true // the delivery before, none at first
 		)
@@ -93,8 +95,18 @@ func TestLoopClaimsAhead(t *testing.T) {
 				}
 				b := newFake(ids...)
 				b.shared = shared
+				// Ahead: the batch claimed last is neither delivered (its
+				// Deliver returned) nor handed back (closed). Whether
+				// Deliver has started yet is the scheduler's choice.
+				ahead := false
+				if k := len(r.claimed); k > 0 {
+					last := r.claimed[k-1]
+					last.mu.Lock()
+					ahead = !done[last] && last.closes == 0
+					last.mu.Unlock()
+				}
+				r.ahead = append(r.ahead, ahead)
 				r.claimed = append(r.claimed, b)
-				r.ahead = append(r.ahead, delivering)
 				return b, nil
 			},
 			Deliver: func(_ context.Context, b Batch) (int, error) {
@@ -105,7 +117,7 @@ func TestLoopClaimsAhead(t *testing.T) {
 				delivering = true
 				k := len(r.delivered)
 				r.delivered = append(r.delivered, b.(*fakeBatch))
-				want := len(r.claimed) + 1
+				want := slices.Index(r.claimed, b.(*fakeBatch)) + 2 // the next claimed too
 				// Give a claim ahead the time to start: up to 10 s where
 				// one is expected (after a quick full batch delivered),
 				// 20 ms where none is.
@@ -126,12 +138,14 @@ func TestLoopClaimsAhead(t *testing.T) {
 					select {
 					case <-claims:
 					case <-timeout:
+						t.Logf("delivery %d: no claim ahead within %v (quick %v, shared %v)", k, wait, quick, shared)
 						break claimed
 					}
 				}
 				err := deliver(k, cancel)
 				mu.Lock()
 				delivering, failed = false, err != nil
+				done[b.(*fakeBatch)] = true
 				mu.Unlock()
 				if err != nil {
 					return 0, err
