@@ -43,6 +43,7 @@ var correctnessTests = map[string]func(*testing.T, backend){
 	"DestinationUnavailableBurnsNothing": testUnavailableProcessOnce,
 	"DestinationOutageUnderRun":          testUnavailableRun,
 	"OutcomesWrittenAsWorkersFinish":     testOutcomesAsWorkersFinish,
+	"RelayClaimsAheadAndHandsItBack":     testClaimsAhead,
 	"MemoryModeIdempotencyKey":           testMemoryIdempotency,
 	"EventIDReusedByAnotherEvent":        testIDReused,
 	"FinishedTransaction":                testFinishedTransaction,
@@ -350,6 +351,65 @@ func testUnavailableRun(t *testing.T, b backend) {
 	assert.Equal(t, 1, strings.Count(out, "delivery paused"), "logged once per outage:\n%s", out)
 	assert.Equal(t, 1, strings.Count(out, "delivery resumed"), out)
 	assert.Equal(t, 1, strings.Count(out, "will retry"), "a warning for the ordinary failure only")
+}
+
+// Through a backlog a relay whose store keeps a watermark (PostgreSQL,
+// SQLite: store.Walker) claims the next batch while it delivers one; one
+// whose store does not (MySQL) claims one batch at a time. Stopped mid-batch,
+// it hands back the rest of the batch and the batch it claimed ahead,
+// counting no attempt for either.
+func testClaimsAhead(t *testing.T, b backend) {
+	if b.logical {
+		t.Skip("the table's loop; Logical mode streams new events")
+	}
+	e := b.setup(t)
+	const batch = 10
+	leased := func() int64 { return e.count("status = ? AND locked_until IS NOT NULL", StatusPending) }
+	var delivered atomic.Int32
+	held := make(chan int64, 1)
+	release := make(chan struct{})
+	_, walks := e.ob.store.(store.Walker)
+	e.ob.Handle("x", func(context.Context, Event) error {
+		if delivered.Add(1) != 35 {
+			return nil
+		}
+		// In the fourth batch: the fifth is claimed while it is delivered.
+		n := leased()
+		for deadline := time.Now().Add(10 * time.Second); walks && n <= batch && time.Now().Before(deadline); n = leased() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		held <- n
+		<-release
+		return nil
+	})
+	publishN(t, e.db, "x", 100)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	done := make(chan error, 1)
+	r := e.relay(RelayConfig{BatchSize: batch, Workers: 1, PollInterval: time.Hour})
+	go func() { done <- r.Run(ctx) }()
+	var n int64
+	select {
+	case n = <-held:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the relay did not reach the 35th event")
+	}
+	if walks {
+		assert.Greater(t, n, int64(batch), "the next batch claimed while this one is delivered")
+	} else {
+		assert.LessOrEqual(t, n, int64(batch), "one batch claimed at a time")
+	}
+	cancel()
+	close(release)
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("Run did not return after cancel")
+	}
+	assert.EqualValues(t, 35, e.count("status = ?", StatusSent))
+	assert.Zero(t, leased(), "the rest of the batch and the batch claimed ahead handed back")
+	assert.EqualValues(t, 65, e.count("status = ? AND attempts = 0", StatusPending), "no attempt counted for them")
 }
 
 func testOutcomesAsWorkersFinish(t *testing.T, b backend) {
