@@ -29,7 +29,7 @@ type Loop struct {
 	// and the next batch's first delivery still waits for this one's
 	// outcomes, so a relay killed at any point has at most one batch
 	// delivered and not recorded. A batch claimed ahead is handed back
-	// (HandBack) when the delivery before it fails or ctx ends.
+	// when the delivery before it fails or ctx ends.
 	Claim        func(ctx context.Context, limit int) (Batch, error)
 	Deliver      func(ctx context.Context, b Batch) (sent int, err error)
 	BatchSize    int
@@ -162,10 +162,7 @@ func (l *Loop) handBack(a *claimAhead) {
 	if err != nil || b == nil {
 		return
 	}
-	for i := range b.Items() {
-		b.Record(i, Result{Kind: Deferred})
-	}
-	if err := b.Close(context.Background(), nil); err != nil {
+	if err := HandBack(context.Background(), b, nil); err != nil {
 		l.Logger.Warn("outbox: handing back a batch claimed ahead failed; its events are delivered once their lease passes", slog.Int("events", len(b.Items())), slog.Any("error", err))
 	}
 }

@@ -121,9 +121,9 @@ type TableBatch struct {
 // Contiguous reports whether the batch's rows were the new rows from the
 // watermark on, one after the other: no other relay claimed rows among
 // them. Never on a store without a watermark (not a store.Walker: MySQL),
-// which cannot tell. The loop claims ahead only of such a batch (Loop.Claim): relays
-// that share a backlog would each hold two batches, and each claim reads
-// past the batches the others hold.
+// which cannot tell. The loop claims ahead only of such a batch
+// (Loop.Claim): relays that share a backlog would each hold two batches,
+// and each claim reads past the batches the others hold.
 func (b *TableBatch) Contiguous() bool { return b.contiguous }
 
 // Sent is how many of the batch's items were delivered.

@@ -294,6 +294,16 @@ type Batch interface {
 	Close(ctx context.Context, gone error) error
 }
 
+// HandBack records every item of b Deferred (for down, when not nil) and
+// closes b: the batch goes back to its source undelivered, with no attempt
+// counted.
+func HandBack(ctx context.Context, b Batch, down error) error {
+	for i := range b.Items() {
+		b.Record(i, Result{Kind: Deferred, Down: down})
+	}
+	return b.Close(ctx, nil)
+}
+
 // Process delivers a batch and closes it. down is why the batch, or its
 // rest, was handed back undelivered: the first Unavailable error a handler
 // returned, or the gate's; err, that the outcomes are not (all) durable, or
@@ -301,10 +311,7 @@ type Batch interface {
 func (f *Fanout) Process(ctx context.Context, b Batch) (down, err error) {
 	if f.Gate != nil && len(b.Items()) > 0 {
 		if gerr := f.Gate(ctx); gerr != nil {
-			for i := range b.Items() {
-				b.Record(i, Result{Kind: Deferred, Down: gerr})
-			}
-			return gerr, b.Close(ctx, nil)
+			return gerr, HandBack(ctx, b, gerr)
 		}
 	}
 	bctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), b.Deadline())
