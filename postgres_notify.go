@@ -28,7 +28,7 @@ import (
 // BENCHMARKS.md). A NOTIFY that finds nothing waiting resets the gap, so
 // a lone commit wakes the relays at once.
 //
-// A process that runs a relay on the database sends no NOTIFY at all: the
+// A process that runs a relay on the pool that committed sends no NOTIFY: the
 // in-process wake-up reaches that relay at once, and a relay kept busy
 // delivers what the others would (see published).
 const (

@@ -29,7 +29,10 @@ type RelayConfig struct {
 	BatchSize int
 
 	// Workers is how many goroutines deliver a claimed batch concurrently;
-	// handlers must be safe for concurrent use. Defaults to 4.
+	// handlers must be safe for concurrent use. Defaults to 4. With an
+	// [AsyncHandler] registered, a batch goes out in waves (every start,
+	// then every wait) and Workers bounds only the plain Handlers of a
+	// wave.
 	Workers int
 
 	// PollInterval is how long an idle relay waits before looking for due
@@ -149,7 +152,8 @@ type Delivery struct {
 	Status Status
 	// Err is the handlers' error, nil when delivered.
 	Err error
-	// Duration is how long the handlers ran.
+	// Duration is how long the handlers ran; with an [AsyncHandler], how
+	// long the event's whole wave took.
 	Duration time.Duration
 	// Latency is the time from the event's INSERT to the end of this
 	// attempt (by the relay's clock).
@@ -319,7 +323,8 @@ func (r *Relay) check(c RelayConfig) error {
 // When ctx is cancelled, Run stops claiming, lets deliveries in progress
 // finish (they are bounded by their lease deadline), hands the batch's
 // undelivered events back for other relays, records the outcomes and
-// returns nil. It returns an error only for an invalid configuration.
+// returns nil: a configuration error is [Outbox.Relay]'s, which then returns
+// no relay.
 func (r *Relay) Run(ctx context.Context) error {
 	w := r.site.wakers.add()
 	defer r.site.wakers.remove(w)
