@@ -23,11 +23,11 @@ type RelayGroupConfig struct {
 	// group as a whole holds at most MaxActive connections for claiming
 	// and MaxActive × Relay.Workers Handler deliveries in flight however
 	// many databases it serves (with an AsyncHandler, MaxActive batches'
-	// worth, as the adapter's own limit allows: MaxPending, MaxInFlight). Databases take turns in the order they asked,
-	// one batch each: a database with a large backlog goes to the back of
-	// the line after every batch, so one with a few events waits for at
-	// most MaxActive-1 others' batches, not for the backlog. Defaults to
-	// 4.
+	// worth, as the adapter's own limit allows: MaxPending, MaxInFlight).
+	// Databases take turns in the order they asked, one batch each: a
+	// database with a large backlog goes to the back of the line after
+	// every batch, so one with a few events waits for at most MaxActive-1
+	// others' batches, not for the backlog. Defaults to 4.
 	MaxActive int
 }
 
