@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -202,6 +203,10 @@ type brokerResult struct {
 	first   time.Duration // from the relays' start to their first delivery
 	partial bool
 	note    string
+	// cpu is what the machine and the bench process spent on the CPU in
+	// the timed part; elapsed is that part's length.
+	cpu     cpuTimes
+	elapsed time.Duration
 }
 
 func brokerOn(ctx context.Context, pg *pgServer, b brokerClient, opts options, t *table) error {
@@ -224,6 +229,7 @@ func brokerOn(ctx context.Context, pg *pgServer, b brokerClient, opts options, t
 	notes := map[string]string{}
 	busy := map[string]series{}
 	firsts := map[string]series{}
+	cpuMachine, cpuSelf, cpuBusy := map[string]series{}, map[string]series{}, map[string]series{}
 	unavailable := map[string]string{}
 	for round := range opts.rounds {
 		for _, run := range rotate(runs, round) {
@@ -240,6 +246,12 @@ func brokerOn(ctx context.Context, pg *pgServer, b brokerClient, opts options, t
 				return fmt.Errorf("%s round %d: %w", run, round+1, err)
 			}
 			rates[run] = append(rates[run], res.rate)
+			if res.cpu.ok && !res.partial {
+				perEvent := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(n) }
+				cpuMachine[run] = append(cpuMachine[run], perEvent(res.cpu.machine))
+				cpuSelf[run] = append(cpuSelf[run], perEvent(res.cpu.self))
+				cpuBusy[run] = append(cpuBusy[run], float64(res.cpu.machine)/float64(res.elapsed)/float64(runtime.NumCPU()))
+			}
 			if res.busy >= 0 {
 				busy[run] = append(busy[run], res.busy)
 				firsts[run] = append(firsts[run], float64(res.first)/float64(time.Millisecond))
@@ -277,6 +289,7 @@ func brokerOn(ctx context.Context, pg *pgServer, b brokerClient, opts options, t
 		}
 		t.add(&row{scenario: scen, contender: desc[run], metric: "events/s", vals: rates[run], format: fmtRate, note: note})
 	}
+	addBrokerCPURows(t, scen, runs, desc, cpuMachine, cpuSelf, cpuBusy)
 	floor := rates[bFloorAsync]
 	if len(floor) == 0 {
 		return nil
@@ -310,6 +323,38 @@ func brokerOn(ctx context.Context, pg *pgServer, b brokerClient, opts options, t
 	}
 	return nil
 }
+
+// addBrokerCPURows adds, per contender, the machine's CPU per event (every
+// process's: PostgreSQL's, the broker's, the bench's, the kernel's) and the
+// bench process's share of it, with how busy the machine was. They bound
+// what a relay can reach on this machine whatever its adapter does: a relay
+// that delivers costs at least what the no-op relay (f) costs plus what the
+// floor (a) costs for the same messages, and the machine has NumCPU cores
+// to spend, so (c) ≤ NumCPU / ((f) + (a)) events per second of CPU time.
+func addBrokerCPURows(t *table, scen string, runs []string, desc map[string]string, machine, self, busy map[string]series) {
+	for _, run := range runs {
+		m := machine[run]
+		if len(m) == 0 {
+			continue
+		}
+		t.add(&row{scenario: scen, contender: desc[run][:3] + " CPU", metric: "machine CPU µs/event", vals: m, format: fmtMicrosFrac,
+			note: fmt.Sprintf("of which the bench process %s; the machine %.0f%% busy (%d cores)",
+				fmtMicrosFrac(self[run].median()), 100*busy[run].median(), runtime.NumCPU())})
+	}
+	a, f := machine[bFloorAsync], machine[bRelayNoop]
+	if len(a) == 0 || len(f) == 0 {
+		return
+	}
+	// Per round, as the ratios: the two measured minutes apart at most.
+	var bound series
+	for i := range min(len(a), len(f)) {
+		bound = append(bound, float64(runtime.NumCPU())*1e6/(a[i]+f[i]))
+	}
+	t.add(&row{scenario: scen, contender: "CPU bound on (c): cores / ((a) + (f)) CPU per event", metric: "events/s", vals: bound, format: fmtRate,
+		note: "a relay that delivers spends what the no-op relay and the floor spend per event; the machine's cores cap it at this rate, fully busy"})
+}
+
+func fmtMicrosFrac(v float64) string { return fmt.Sprintf("%.1f µs", v) }
 
 func asyncFloorName(b brokerClient) string {
 	switch b.(type) {
@@ -358,9 +403,10 @@ func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClien
 		// The clock and -drain-timeout start together.
 		mctx, cancel := context.WithTimeout(ctx, opts.drainTimeout)
 		defer cancel()
-		start := time.Now()
+		c0, start := readCPU(), time.Now()
 		err = fn(mctx)
 		elapsed = time.Since(start)
+		res.cpu, res.elapsed = readCPU().sub(c0), elapsed
 		done := int64(n)
 		if err != nil && mctx.Err() != nil && ctx.Err() == nil {
 			// Out of time: the rate is of what the destination holds.
@@ -441,7 +487,7 @@ func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClien
 		rctx, stop := context.WithCancel(mctx)
 		defer stop()
 		errc := make(chan error, 1)
-		start := time.Now()
+		c0, start := readCPU(), time.Now()
 		go func() { errc <- runRelays(rctx) }()
 		var runErr error
 		stopped := false
@@ -458,6 +504,7 @@ func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClien
 			stopped = true
 		}
 		elapsed = time.Since(start)
+		res.cpu, res.elapsed = readCPU().sub(c0), elapsed
 		stop()
 		if !stopped {
 			runErr = <-errc
