@@ -132,9 +132,11 @@ func Reserved(name string) bool {
 // syntax than the outbox (which accepts any UTF-8 without NUL) checks them
 // in set.
 func Headers(e outbox.Event, set func(name, value string)) {
-	for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
-		if !Reserved(k) {
-			set(k, e.Headers[k])
+	if len(e.Headers) > 0 { // sorting the keys of none still allocates
+		for _, k := range slices.Sorted(maps.Keys(e.Headers)) {
+			if !Reserved(k) {
+				set(k, e.Headers[k])
+			}
 		}
 	}
 	set(EventID, e.ID)

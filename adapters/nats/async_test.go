@@ -320,6 +320,50 @@ func TestAsyncWaitsForRoom(t *testing.T) {
 	assert.Zero(t, full.calls.Load())
 }
 
+// silentJS is an AsyncJetStream whose acks never come: neither its ack
+// nor its error channel is ever written.
+type silentJS struct{ fakeJS }
+
+func (s *silentJS) PublishMsgAsync(msg *natsgo.Msg, _ ...jetstream.PublishOpt) (jetstream.PubAckFuture, error) {
+	s.calls.Add(1)
+	return newFuture(msg), nil
+}
+
+// TestAsyncAckNeverComes: AsyncHandler's wait keeps to Timeout itself,
+// whatever the AsyncJetStream given to New does about acks that do not
+// come (nats.go's own publisher times them out; another may not), and to
+// the context's end: the event is reported unavailable, not failed, and
+// the relay is not held.
+func TestAsyncAckNeverComes(t *testing.T) {
+	t.Parallel()
+	e := outbox.Event{ID: "s1", Type: "t", Payload: json.RawMessage(`1`)}
+	p := newPublisher(t, &silentJS{}, outboxnats.Config{Timeout: 200 * time.Millisecond})
+	began := time.Now()
+	err := p.AsyncHandler()(t.Context(), e)()
+	took := time.Since(began)
+	require.Error(t, err)
+	assert.True(t, outbox.IsUnavailable(err), "%v", err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.GreaterOrEqual(t, took, 200*time.Millisecond, "bounded by Timeout")
+
+	// The context's end comes first: wait returns with it.
+	p = newPublisher(t, &silentJS{}, outboxnats.Config{Timeout: time.Hour})
+	ctx, cancel := context.WithCancel(t.Context())
+	wait := p.AsyncHandler()(ctx, e)
+	cancel()
+	err = wait()
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.Canceled)
+
+	// A context deadline before Timeout bounds the wait as well.
+	ctx, cancel = context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	err = p.AsyncHandler()(ctx, e)()
+	require.Error(t, err)
+	assert.True(t, outbox.IsUnavailable(err), "%v", err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
 // TestAsyncMaxPending: with MaxPending 1 on a real server, every start of
 // a batch but the first finds the pipeline full and waits for room: the
 // relay still delivers the whole batch, in order, none failed.

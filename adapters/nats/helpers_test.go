@@ -63,7 +63,7 @@ func long(t *testing.T, what string) {
 // brokerURL is the shared server's address. Unset, the test skips at once
 // (the quick command needs nothing installed), except in strict mode,
 // where the default address must answer.
-func brokerURL(t *testing.T) string {
+func brokerURL(t testing.TB) string {
 	t.Helper()
 	if url := os.Getenv(urlEnv); url != "" {
 		return url
@@ -76,7 +76,7 @@ func brokerURL(t *testing.T) string {
 
 // brokerMissing fails the test: the broker was asked for (its variable is
 // set, or the run is strict), so a skip would hide a broken set-up.
-func brokerMissing(t *testing.T, format string, args ...any) {
+func brokerMissing(t testing.TB, format string, args ...any) {
 	t.Helper()
 	t.Fatalf(format+"\nstart it with:\n  %s", append(args, startCmd)...)
 }
@@ -100,7 +100,7 @@ func serverBinary(t *testing.T) string {
 }
 
 // connect returns a JetStream context on the shared server.
-func connect(t *testing.T) (*natsgo.Conn, jetstream.JetStream) {
+func connect(t testing.TB) (*natsgo.Conn, jetstream.JetStream) {
 	t.Helper()
 	url := brokerURL(t)
 	nc, err := natsgo.Connect(url, natsgo.Timeout(2*time.Second), natsgo.Name(t.Name()))
@@ -133,7 +133,7 @@ var keepAliveOnce sync.Once
 
 // newStream creates a stream of its own for one test, bound to
 // "<prefix>.>", and returns it with the prefix.
-func newStream(t *testing.T, js jetstream.JetStream) (jetstream.Stream, string) {
+func newStream(t testing.TB, js jetstream.JetStream) (jetstream.Stream, string) {
 	t.Helper()
 	keepAliveOnce.Do(func() {
 		_, err := js.CreateOrUpdateStream(t.Context(), jetstream.StreamConfig{

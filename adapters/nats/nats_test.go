@@ -29,7 +29,7 @@ func contextTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
 }
 
-func newPublisher(t *testing.T, js outboxnats.JetStream, cfg outboxnats.Config) *outboxnats.Publisher {
+func newPublisher(t testing.TB, js outboxnats.JetStream, cfg outboxnats.Config) *outboxnats.Publisher {
 	t.Helper()
 	p, err := outboxnats.New(js, cfg)
 	require.NoError(t, err)

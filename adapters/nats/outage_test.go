@@ -51,7 +51,7 @@ func streamIDs(t *testing.T, js jetstream.JetStream, name string) map[string]int
 }
 
 // connectWith connects to url with opts and returns its JetStream.
-func connectWith(t *testing.T, url string, opts ...natsgo.Option) (*natsgo.Conn, jetstream.JetStream) {
+func connectWith(t testing.TB, url string, opts ...natsgo.Option) (*natsgo.Conn, jetstream.JetStream) {
 	t.Helper()
 	nc, err := natsgo.Connect(url, opts...)
 	require.NoError(t, err)
