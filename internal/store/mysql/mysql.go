@@ -318,7 +318,7 @@ func (d *Store) claimTx(ctx context.Context, db *sql.DB, c store.ClaimSpec, gate
 	}
 	u := d.Build()
 	u.W("UPDATE ", d.Table, " SET locked_until = ", u.Time(c.Lease),
-		", attempts = attempts + 1, updated_at = ", u.Time(c.Now), " WHERE ", u.Seqs("seq", seqs))
+		", attempts = attempts + 1 WHERE ", u.Seqs("seq", seqs))
 	if _, err := d.Exec(ctx, tx, u.Query()); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"database/sql"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -85,4 +86,64 @@ func TestRelayStatementsKeepAGenericPlan(t *testing.T) {
 	var n sql.NullInt64
 	require.NoError(t, db.QueryRowContext(ctx, "SELECT count(*) FROM pg_prepared_statements").Scan(&n))
 	require.Positive(t, n.Int64, "the driver prepares statements (pgx's statement cache)")
+}
+
+// TestClaimsAreHOT: a claim changes no indexed column and the table keeps
+// room on every page (fillfactor 50), so PostgreSQL makes the claim's
+// update HOT: no new entry in any index. A claim that set updated_at (the
+// failed index's key), or a table filled to 100, made none HOT, and every
+// claimed row cost the primary key an entry that relays' claims then read
+// past (BENCHMARKS.md, "HOT claims").
+func TestClaimsAreHOT(t *testing.T) {
+	dsn := os.Getenv(dsnEnv)
+	if dsn == "" {
+		t.Skipf("%s is not set", dsnEnv)
+	}
+	o := opener(t, dsn)(t)
+	s := o.Store
+	db, err := o.Gorm.DB()
+	require.NoError(t, err)
+	ctx := t.Context()
+	require.NoError(t, s.Migrate(ctx, db))
+	// One connection: its statistics are the ones flushed below.
+	db.SetMaxOpenConns(1)
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	const n = 400
+	rows := make([]store.Event, n)
+	for i := range rows {
+		id := uuid.Must(uuid.NewV7()).String()
+		rows[i] = store.Event{ID: id, Type: "order.created", AggregateType: "order", AggregateID: strconv.Itoa(i), Key: id,
+			Payload: []byte(`{"order_id": 1, "total": 42}`), OccurredAt: now, Generated: true}
+	}
+	got, err := s.Insert(ctx, db, rows, now, false)
+	require.NoError(t, err)
+	require.Equal(t, n, got.Written)
+
+	// PostgreSQL publishes a session's counts when it next goes idle, at
+	// most once a second unless forced.
+	counts := func() (upd, hot int64) {
+		_, err := db.ExecContext(ctx, `SELECT pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+		require.NoError(t, db.QueryRowContext(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = to_regclass($1)`,
+			`"`+table+`"`).Scan(&upd, &hot))
+		return upd, hot
+	}
+	upd0, hot0 := counts()
+	claimed := 0
+	for claimed < n {
+		b, err := s.Claim(ctx, db, store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 100})
+		require.NoError(t, err)
+		require.NotEmpty(t, b, "claimed %d of %d", claimed, n)
+		claimed += len(b)
+	}
+	var upd, hot int64
+	require.Eventually(t, func() bool {
+		upd, hot = counts()
+		return upd-upd0 >= n
+	}, 30*time.Second, 50*time.Millisecond, "the claims' updates counted")
+	assert.EqualValues(t, n, upd-upd0, "one update per claimed row")
+	// A claim makes the row longer (locked_until was NULL), so the last
+	// rows of a page may not fit its room: nearly all, not all (388 of
+	// 400 here; 0 with updated_at set by the claim, 24 at fillfactor 100).
+	assert.GreaterOrEqual(t, hot-hot0, int64(n*9/10), "HOT claims: %d of %d", hot-hot0, n)
 }
