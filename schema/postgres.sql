@@ -18,7 +18,7 @@ CREATE TYPE "outbox_events_status" AS ENUM ('pending', 'sent', 'failed');
 -- A page is filled half by INSERTs: the other half takes the claim's new
 -- row versions, so a claim, which changes no indexed column, is a HOT
 -- update (no new index entry, the primary key's included). A relay then
--- drains a backlog about a fifth faster, 4 relays about a third
+-- drains a backlog about a fifth faster, 4 relays about a quarter
 -- (BENCHMARKS.md, "HOT claims"). A table created before this line was
 -- added takes it with ALTER TABLE "outbox_events" SET (fillfactor = 50),
 -- for the pages written after it.
