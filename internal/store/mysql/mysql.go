@@ -304,7 +304,7 @@ func (d *Store) claimTx(ctx context.Context, db *sql.DB, c store.ClaimSpec, gate
 	}
 	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
 
-	batch, err := d.QueryClaimed(ctx, tx, d.selectDue(c, gate))
+	batch, err := d.QueryClaimed(ctx, tx, d.selectDue(c, gate), c.Limit)
 	if err == nil && c.Ordered && len(batch) > 0 {
 		batch, err = d.dropOvertaking(ctx, tx, batch)
 	}

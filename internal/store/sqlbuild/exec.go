@@ -106,19 +106,25 @@ func (s *Syntax) PerStatement(cap, per, fixed int) int {
 }
 
 // QueryClaimed runs a statement returning claimed rows (in ClaimColumns'
-// order) and scans them.
-func (s *Syntax) QueryClaimed(ctx context.Context, db store.DB, q Query) ([]store.Claimed, error) {
-	var batch []store.Claimed
+// order) and scans them; limit, the claim's, sizes the batch. The key
+// comes as the column holds it, NULL when it is the ID (a generated
+// event's), so that the driver makes no second copy of the ID per row.
+func (s *Syntax) QueryClaimed(ctx context.Context, db store.DB, q Query, limit int) ([]store.Claimed, error) {
+	batch := make([]store.Claimed, 0, min(max(limit, 0), 1000))
 	err := s.Each(ctx, db, q, func(rows *sql.Rows) error {
 		var (
-			c          store.Claimed
-			headers    sql.NullString
-			occ, added DBTime
-			fresh      int
+			c            store.Claimed
+			key, headers sql.NullString
+			occ, added   DBTime
+			fresh        int
 		)
-		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.AggregateType, &c.AggregateID, &c.Key,
+		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.AggregateType, &c.AggregateID, &key,
 			&c.Payload, &headers, &c.Attempts, &occ, &added, &fresh); err != nil {
 			return err
+		}
+		c.Key = c.ID
+		if key.Valid {
+			c.Key = key.String
 		}
 		if headers.Valid && headers.String != "" {
 			c.Headers = []byte(headers.String)

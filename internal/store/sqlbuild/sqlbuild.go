@@ -385,7 +385,7 @@ func (s *Syntax) insertChunk(ctx context.Context, db store.DB, rows []store.Even
 
 // ClaimColumns are the columns a claim returns, in QueryClaimed's order.
 func (s *Syntax) ClaimColumns() string {
-	return "seq, " + s.IDCol + ", event_type, aggregate_type, aggregate_id, " + s.KeyCol() + ", payload, headers, attempts, " +
+	return "seq, " + s.IDCol + ", event_type, aggregate_type, aggregate_id, idempotency_key, payload, headers, attempts, " +
 		s.TimeCol("occurred_at") + ", " + s.TimeCol(s.CreatedCol()) + ", CASE WHEN available_at IS NULL THEN 1 ELSE 0 END"
 }
 
@@ -445,7 +445,7 @@ func (s *Syntax) Due(b *Builder, c store.ClaimSpec) {
 
 // Claim implements store.Store in one statement (ClaimUpdate).
 func (s *Syntax) Claim(ctx context.Context, db *sql.DB, c store.ClaimSpec) ([]store.Claimed, error) {
-	return s.QueryClaimed(ctx, db, s.ClaimUpdate(c))
+	return s.QueryClaimed(ctx, db, s.ClaimUpdate(c), c.Limit)
 }
 
 // ClaimUpdate is the one-statement claim of databases with UPDATE ...
