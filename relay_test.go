@@ -461,6 +461,36 @@ func TestNotifyGapBacksOffUnderSustainedWrites(t *testing.T) {
 	assert.Equal(t, minNotifyGap, nextNotifyGap(maxNotifyGap, false), "a NOTIFY that finds nothing waiting resets the gap: a lone commit is not delayed")
 }
 
+// TestNotifyCredit: a NOTIFY after a quiet spell skips the gap after it,
+// the next one right behind it does not; and NOTIFYs sent as fast as the
+// notifier lets them, one round trip each, stay at one per minNotifyGap
+// over time, plus the burst.
+func TestNotifyCredit(t *testing.T) {
+	var c notifyCredit
+	t0 := time.Unix(1_000_000, 0)
+	assert.True(t, c.spend(t0), "the first NOTIFY skips the gap")
+	assert.False(t, c.spend(t0.Add(100*time.Microsecond)), "the next, right behind it, waits the gap")
+	assert.True(t, c.spend(t0.Add(time.Second)), "a NOTIFY after a quiet spell skips it again")
+
+	for _, rtt := range []time.Duration{10 * time.Microsecond, 200 * time.Microsecond, 900 * time.Microsecond} {
+		var c notifyCredit
+		now, sent, free := t0, 0, 0
+		end := t0.Add(time.Second)
+		for now.Before(end) {
+			now = now.Add(rtt) // the NOTIFY's round trip
+			sent++
+			if c.spend(now) {
+				free++
+			} else {
+				now = now.Add(minNotifyGap) // the gap
+			}
+		}
+		limit := int(time.Second/minNotifyGap) + notifyBurst
+		assert.LessOrEqual(t, sent, limit, "round trip %v: NOTIFYs in 1 s", rtt)
+		assert.Less(t, free, sent, "round trip %v: most NOTIFYs wait the gap", rtt)
+	}
+}
+
 // countingNotifier is a store.Notifier whose NOTIFY only counts.
 type countingNotifier struct {
 	store.Notifier
