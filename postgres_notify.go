@@ -18,7 +18,7 @@ import (
 // business transaction: PostgreSQL serialises the commits of transactions
 // that notify.
 
-// The gap after a NOTIFY bounds the NOTIFY rate of one process: wake-ups
+// The gap after a NOTIFY bounds the NOTIFY rate of one pool: wake-ups
 // arriving while a NOTIFY is in flight, or within the gap after it, share
 // the next one. It starts at minNotifyGap and doubles, up to maxNotifyGap,
 // while every NOTIFY finds the next wake-up already waiting: writers that
@@ -28,12 +28,13 @@ import (
 // BENCHMARKS.md). A NOTIFY that finds nothing waiting resets the gap, so
 // a lone commit wakes the relays at once.
 //
-// A NOTIFY at the smallest gap may skip the gap after it while the process
-// has credit (notifyCredit): one NOTIFY's worth per minNotifyGap since the
-// last, at most notifyBurst. The rate stays at one per minNotifyGap over
-// time, but a commit that comes soon after another's NOTIFY is not held for
-// the gap: at 500 commits a second that cut the wake-up's p99 by half a
-// millisecond, and the writers' cost did not move (BENCHMARKS.md).
+// A NOTIFY at the smallest gap may skip the gap after it while the pool's
+// notifier has credit (notifyCredit): one NOTIFY's worth per minNotifyGap
+// since the last, at most notifyBurst. The rate stays at one per
+// minNotifyGap over time, but a commit that comes soon after another's
+// NOTIFY is not held for the gap: at 500 commits a second that cut the
+// wake-up's p99 by half a millisecond, and the writers' cost did not move
+// (BENCHMARKS.md).
 //
 // A process that runs a relay on the pool that committed sends no NOTIFY: the
 // in-process wake-up reaches that relay at once, and a relay kept busy
