@@ -20,34 +20,16 @@ import (
 // the planner must not see the watermark's value, the LIMIT must be a
 // literal, and a mark of one row must not be a one-element = ANY.
 func TestRelayStatementsKeepAGenericPlan(t *testing.T) {
-	dsn := os.Getenv(dsnEnv)
-	if dsn == "" {
-		t.Skipf("%s is not set", dsnEnv)
-	}
-	o := opener(t, dsn)(t)
-	s := o.Store
-	db, err := o.Gorm.DB()
-	require.NoError(t, err)
-	ctx := t.Context()
-	require.NoError(t, s.Migrate(ctx, db))
 	// One connection, so that every call below runs on the prepared
 	// statements that pg_prepared_statements then shows.
-	db.SetMaxOpenConns(1)
+	s, db := oneConnection(t)
+	ctx := t.Context()
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	insert := func(n int) {
-		rows := make([]store.Event, n)
-		for i := range rows {
-			id := uuid.Must(uuid.NewV7()).String()
-			rows[i] = store.Event{ID: id, Type: "t", Key: id, Payload: []byte(`{}`), OccurredAt: now, Generated: true}
-		}
-		got, err := s.Insert(ctx, db, rows, now, false)
-		require.NoError(t, err)
-		require.Equal(t, n, got.Written)
-	}
+	insert := func(n int) { insertGenerated(t, s, db, now, n) }
 	for range 5 {
 		insert(1000)
 	}
-	_, err = db.ExecContext(ctx, `UPDATE "`+table+`" SET status = 'sent', sent_at = now()`)
+	_, err := db.ExecContext(ctx, `UPDATE "`+table+`" SET status = 'sent', sent_at = now()`)
 	require.NoError(t, err)
 	_, err = db.ExecContext(ctx, `ANALYZE "`+table+`"`)
 	require.NoError(t, err)
@@ -95,29 +77,12 @@ func TestRelayStatementsKeepAGenericPlan(t *testing.T) {
 // claimed row cost the primary key an entry that relays' claims then read
 // past (BENCHMARKS.md, "HOT claims").
 func TestClaimsAreHOT(t *testing.T) {
-	dsn := os.Getenv(dsnEnv)
-	if dsn == "" {
-		t.Skipf("%s is not set", dsnEnv)
-	}
-	o := opener(t, dsn)(t)
-	s := o.Store
-	db, err := o.Gorm.DB()
-	require.NoError(t, err)
-	ctx := t.Context()
-	require.NoError(t, s.Migrate(ctx, db))
 	// One connection: its statistics are the ones flushed below.
-	db.SetMaxOpenConns(1)
+	s, db := oneConnection(t)
+	ctx := t.Context()
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	const n = 400
-	rows := make([]store.Event, n)
-	for i := range rows {
-		id := uuid.Must(uuid.NewV7()).String()
-		rows[i] = store.Event{ID: id, Type: "order.created", AggregateType: "order", AggregateID: strconv.Itoa(i), Key: id,
-			Payload: []byte(`{"order_id": 1, "total": 42}`), OccurredAt: now, Generated: true}
-	}
-	got, err := s.Insert(ctx, db, rows, now, false)
-	require.NoError(t, err)
-	require.Equal(t, n, got.Written)
+	insertGenerated(t, s, db, now, n)
 
 	// PostgreSQL publishes a session's counts when it next goes idle, at
 	// most once a second unless forced.
@@ -146,4 +111,32 @@ func TestClaimsAreHOT(t *testing.T) {
 	// rows of a page may not fit its room: nearly all, not all (388 of
 	// 400 here; 0 with updated_at set by the claim, 24 at fillfactor 100).
 	assert.GreaterOrEqual(t, hot-hot0, int64(n*9/10), "HOT claims: %d of %d", hot-hot0, n)
+}
+
+// oneConnection is the store on a fresh schema, migrated, and its pool
+// held to one connection; the test skips without a server.
+func oneConnection(t *testing.T) (store.Store, *sql.DB) {
+	dsn := os.Getenv(dsnEnv)
+	if dsn == "" {
+		t.Skipf("%s is not set", dsnEnv)
+	}
+	o := opener(t, dsn)(t)
+	db, err := o.Gorm.DB()
+	require.NoError(t, err)
+	require.NoError(t, o.Store.Migrate(t.Context(), db))
+	db.SetMaxOpenConns(1)
+	return o.Store, db
+}
+
+// insertGenerated writes n events with generated IDs, as Publish does.
+func insertGenerated(t *testing.T, s store.Store, db *sql.DB, now time.Time, n int) {
+	rows := make([]store.Event, n)
+	for i := range rows {
+		id := uuid.Must(uuid.NewV7()).String()
+		rows[i] = store.Event{ID: id, Type: "order.created", AggregateType: "order", AggregateID: strconv.Itoa(i), Key: id,
+			Payload: []byte(`{"order_id": 1, "total": 42}`), OccurredAt: now, Generated: true}
+	}
+	got, err := s.Insert(t.Context(), db, rows, now, false)
+	require.NoError(t, err)
+	require.Equal(t, n, got.Written)
 }
