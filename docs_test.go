@@ -141,6 +141,42 @@ func TestDocsBatchGrowth(t *testing.T) {
 	}
 }
 
+// TestDocsNotifyPace: the NOTIFY's pace as relay.md and DisableNotify's
+// doc give it is the notifier's.
+func TestDocsNotifyPace(t *testing.T) {
+	t.Parallel()
+	assert.Equal(t, time.Millisecond, minNotifyGap)
+	ms := func(d time.Duration) string { return fmt.Sprintf("%d ms", d.Milliseconds()) }
+	for f, phrases := range map[string][]string{
+		"plugin.go": {
+			"at most one a millisecond over time",
+			"one per " + ms(busyGap) + " above " + thousands(busyCommitRate) + " commits a second",
+			"one per " + ms(maxNotifyGap) + " while",
+		},
+		filepath.Join("docs", "relay.md"): {
+			"under one a millisecond",
+			"more than " + thousands(busyCommitRate) + " times a second waits at least " + ms(busyGap) + " after each NOTIFY",
+			"one every " + ms(maxNotifyGap) + " per pool",
+		},
+	} {
+		text, err := os.ReadFile(f)
+		require.NoError(t, err)
+		flat := strings.Join(strings.Fields(strings.ReplaceAll(string(text), "//", "")), " ")
+		for _, p := range phrases {
+			assert.Contains(t, flat, p, f)
+		}
+	}
+}
+
+// thousands is n with a comma between thousands, as the docs write it.
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
 // TestDocsDSNOptions: the SQLite settings the docs show are the
 // constants', and the database page quotes both constants whole.
 func TestDocsDSNOptions(t *testing.T) {

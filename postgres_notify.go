@@ -36,13 +36,24 @@ import (
 // wake-up's p99 by half a millisecond, and the writers' cost did not move
 // (BENCHMARKS.md).
 //
+// A pool that commits faster than busyCommitRate (judged over at least
+// rateWindow) waits at least busyGap after each NOTIFY, credit or not: at
+// that rate a NOTIFY a millisecond cost one writer 7 points of its commits
+// (BENCHMARKS.md, "A busy pool's NOTIFY"), and a relay elsewhere finds
+// several events per wake-up anyway, waiting up to busyGap for it. Below
+// it, where the push latency is judged (500 commits a second), every
+// commit may have its own NOTIFY as before.
+//
 // A process that runs a relay on the pool that committed sends no NOTIFY: the
 // in-process wake-up reaches that relay at once, and a relay kept busy
 // delivers what the others would (see published).
 const (
-	minNotifyGap = time.Millisecond
-	maxNotifyGap = 8 * time.Millisecond
-	notifyBurst  = 2
+	minNotifyGap   = time.Millisecond
+	maxNotifyGap   = 8 * time.Millisecond
+	notifyBurst    = 2
+	busyCommitRate = 1500 // wake-ups a second
+	busyGap        = 4 * time.Millisecond
+	rateWindow     = 10 * time.Millisecond
 )
 
 // notifierIdle is how long the notifier's goroutine, and the connection
@@ -59,6 +70,7 @@ type notifier struct {
 	n       store.Notifier
 	db      *sql.DB
 	poke    chan struct{}
+	signals atomic.Uint64 // wake-ups not yet counted by the loop's commitRate
 	running atomic.Bool
 	failing atomic.Bool
 	notify  func(context.Context, store.DB) error // the NOTIFY; only the running loop touches it
@@ -69,6 +81,7 @@ func newNotifier(o *Outbox, n store.Notifier, db *sql.DB) *notifier {
 }
 
 func (n *notifier) signal() {
+	n.signals.Add(1)
 	select {
 	case n.poke <- struct{}{}:
 	default:
@@ -92,13 +105,20 @@ func (n *notifier) loop() {
 	idle := time.NewTimer(notifierIdle)
 	defer idle.Stop()
 	gap := minNotifyGap
-	var credit notifyCredit
+	var (
+		credit notifyCredit
+		rate   commitRate
+	)
 	for {
 		select {
 		case <-n.poke:
 			conn = n.send(conn)
-			free := credit.spend(time.Now())
+			now := time.Now()
+			free := credit.spend(now)
 			gap = nextNotifyGap(gap, len(n.poke) > 0)
+			if rate.observe(now, n.signals.Swap(0)) {
+				gap, free = max(gap, busyGap), false
+			}
 			if gap > minNotifyGap || !free {
 				time.Sleep(gap) // rate limit, not synchronisation
 			}
@@ -147,6 +167,27 @@ func (c *notifyCredit) spend(now time.Time) (free bool) {
 	c.at = now
 	c.credit--
 	return c.credit >= 1
+}
+
+// commitRate tells whether wake-ups come faster than busyCommitRate.
+type commitRate struct {
+	start time.Time // of the window; zero before the first observation
+	n     uint64    // wake-ups in the window
+	busy  bool      // the verdict on the last whole window
+}
+
+// observe adds n wake-ups counted at now and reports whether the last
+// window of at least rateWindow saw more than busyCommitRate a second.
+func (r *commitRate) observe(now time.Time, n uint64) (busy bool) {
+	if r.start.IsZero() {
+		r.start = now
+	}
+	r.n += n
+	if d := now.Sub(r.start); d >= rateWindow {
+		r.busy = float64(r.n) > busyCommitRate*d.Seconds()
+		r.start, r.n = now, 0
+	}
+	return r.busy
 }
 
 // send sends one NOTIFY on conn (taking a connection when conn is nil) and

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -489,6 +490,84 @@ func TestNotifyCredit(t *testing.T) {
 		assert.LessOrEqual(t, sent, limit, "round trip %v: NOTIFYs in 1 s", rtt)
 		assert.Less(t, free, sent, "round trip %v: most NOTIFYs wait the gap", rtt)
 	}
+}
+
+// TestCommitRate: wake-ups at the push latency's rate (500 a second) never
+// make the pool busy, whatever the NOTIFYs' timing; faster than
+// busyCommitRate they do, from the first whole window on, and a pool that
+// slows down is judged quiet again one window later.
+func TestCommitRate(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	// run feeds wake-ups every interval for dur, observed each notifyEvery
+	// (the NOTIFYs' pace), and returns the verdicts after the first window.
+	run := func(r *commitRate, start time.Time, interval, notifyEvery, dur time.Duration) (busy, quiet int, end time.Time) {
+		var pending uint64
+		next := start
+		for now := start; now.Before(start.Add(dur)); now = now.Add(interval) {
+			pending++
+			if now.Before(next) {
+				continue
+			}
+			next = now.Add(notifyEvery)
+			if b := r.observe(now, pending); now.Sub(start) > 2*rateWindow {
+				if b {
+					busy++
+				} else {
+					quiet++
+				}
+			}
+			pending = 0
+		}
+		return busy, quiet, start.Add(dur)
+	}
+	for _, notifyEvery := range []time.Duration{0, minNotifyGap, 3 * time.Millisecond} {
+		var r commitRate
+		busy, quiet, _ := run(&r, t0, 2*time.Millisecond, notifyEvery, time.Second)
+		assert.Zero(t, busy, "500 wake-ups a second, NOTIFYs every %v: never busy", notifyEvery)
+		assert.NotZero(t, quiet)
+	}
+	var r commitRate
+	busy, quiet, end := run(&r, t0, 400*time.Microsecond, minNotifyGap, time.Second)
+	assert.Zero(t, quiet, "2,500 wake-ups a second: busy from the first window on")
+	assert.NotZero(t, busy)
+	busy, quiet, _ = run(&r, end, 5*time.Millisecond, busyGap, time.Second)
+	assert.Zero(t, busy, "200 a second after the burst: quiet again after a window")
+	assert.NotZero(t, quiet)
+}
+
+// A pool committing faster than busyCommitRate waits busyGap after each
+// NOTIFY: the writers' commits share NOTIFYs instead of sending one a
+// millisecond. The commits here come every 200 µs, each after the NOTIFY
+// before it has returned, so without the rule the gap would stay at
+// minNotifyGap.
+func TestBusyPoolNotifiesLess(t *testing.T) {
+	db := openSQLite(t, cgoSQLite, &gorm.Config{Logger: logger.Discard})
+	sqlDB, err := db.DB()
+	require.NoError(t, err)
+	counter := &countingNotifier{}
+	n := newNotifier(Plugin(Config{}), counter, sqlDB)
+	const dur = 400 * time.Millisecond
+	start := time.Now()
+	signals := 0
+	// time.Sleep's resolution is about a millisecond here: pace by the clock.
+	for next := start; time.Since(start) < dur; next = next.Add(200 * time.Microsecond) {
+		for time.Now().Before(next) {
+			runtime.Gosched()
+		}
+		n.signal()
+		signals++
+	}
+	elapsed := time.Since(start)
+	if rate := float64(signals) / elapsed.Seconds(); rate < 2*busyCommitRate {
+		t.Skipf("the machine paced %.0f commits a second, too few to judge (want %d)", rate, 2*busyCommitRate)
+	}
+	sent := int(counter.sent.Load())
+	// The first window at up to one NOTIFY per minNotifyGap (and the
+	// burst), then one per busyGap at most.
+	limit := int(2*rateWindow/minNotifyGap) + notifyBurst + int(elapsed/busyGap) + 1
+	assert.LessOrEqual(t, sent, limit, "%d commits in %v", signals, elapsed)
+	assert.Positive(t, sent)
+	require.Eventually(t, func() bool { return !n.running.Load() }, 10*time.Second, time.Millisecond)
 }
 
 // countingNotifier is a store.Notifier whose NOTIFY only counts.
