@@ -28,8 +28,13 @@ func main() {
 	if err := db.AutoMigrate(&Order{}); err != nil {
 		log.Fatal(err)
 	}
-	ob.Handle("order.placed", func(ctx context.Context, e outbox.Event) error {
+	// A service runs the relay for its whole life; this one until its
+	// order is delivered (ten seconds at most).
+	ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	ob.Handle("order.placed", func(_ context.Context, e outbox.Event) error {
 		fmt.Printf("delivered %s for order %s: %s\n", e.Type, e.AggregateID, e.Payload)
+		stop()     // this program is done: the relay records the delivery and returns
 		return nil // an error retries the event later, with backoff
 	})
 
@@ -51,9 +56,6 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// A service runs the relay for its whole life; this one for a second.
-	ctx, stop := context.WithTimeout(context.Background(), time.Second)
-	defer stop()
 	if err := relay.Run(ctx); err != nil {
 		log.Fatal(err)
 	}
