@@ -74,18 +74,7 @@ func TestWaitReplicasPhantom(t *testing.T) {
 			// On the standby before its WAL sender stops, with the table:
 			// without WaitReplicas nothing waited for it, and a standby
 			// that lags (CI saw one, under load) is promoted without them.
-			var target string
-			require.NoError(t, cl.queryRow(`SELECT pg_current_wal_lsn()::text`, &target))
-			eventually(t, 30*time.Second, func() error {
-				var flushed bool
-				if err := cl.queryRowArgs(`SELECT COALESCE(bool_and(flush_lsn >= $1::pg_lsn), false) FROM pg_stat_replication`, []any{target}, &flushed); err != nil {
-					return err
-				}
-				if !flushed {
-					return fmt.Errorf("the standby has not flushed %s yet", target)
-				}
-				return nil
-			})
+			cl.caughtUp(t)
 
 			var pid int
 			require.NoError(t, cl.queryRow(`SELECT pid FROM pg_stat_replication`, &pid))

@@ -97,22 +97,37 @@ func (c *pgCluster) addStandby(t *testing.T, slot, port int) {
 		c.exec(t, fmt.Sprintf("ALTER SYSTEM SET synchronous_standby_names TO '%s'", name))
 		c.exec(t, "SELECT pg_reload_conf()")
 	}
-	var target string
-	require.NoError(t, c.queryRow(`SELECT pg_current_wal_lsn()::text`, &target))
 	want := "async"
 	if c.sync {
 		want = "sync"
 	}
 	eventually(t, 30*time.Second, func() error {
 		var state, syncState string
-		var flushed bool
-		err := c.queryRowArgs(`SELECT state, sync_state, COALESCE(flush_lsn >= $2::pg_lsn, false)
-			FROM pg_stat_replication WHERE application_name = $1`, []any{name, target}, &state, &syncState, &flushed)
+		err := c.queryRowArgs(`SELECT state, sync_state FROM pg_stat_replication WHERE application_name = $1`, []any{name}, &state, &syncState)
 		if err != nil {
 			return fmt.Errorf("standby %s: %w", name, err)
 		}
-		if state != "streaming" || syncState != want || !flushed {
-			return fmt.Errorf("standby %s: state %s, sync_state %s (want streaming, %s), caught up: %v", name, state, syncState, want, flushed)
+		if state != "streaming" || syncState != want {
+			return fmt.Errorf("standby %s: state %s, sync_state %s (want streaming, %s)", name, state, syncState, want)
+		}
+		return nil
+	})
+	c.caughtUp(t)
+}
+
+// caughtUp waits until every standby has flushed the WAL the primary has
+// written so far.
+func (c *pgCluster) caughtUp(t *testing.T) {
+	t.Helper()
+	var target string
+	require.NoError(t, c.queryRow(`SELECT pg_current_wal_lsn()::text`, &target))
+	eventually(t, 30*time.Second, func() error {
+		var flushed bool
+		if err := c.queryRowArgs(`SELECT COALESCE(bool_and(flush_lsn >= $1::pg_lsn), false) FROM pg_stat_replication`, []any{target}, &flushed); err != nil {
+			return err
+		}
+		if !flushed {
+			return fmt.Errorf("the standbys have not flushed %s yet", target)
 		}
 		return nil
 	})
