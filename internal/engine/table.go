@@ -102,9 +102,13 @@ func FromRow(sc *store.Claimed) Item {
 		},
 	}
 	if len(sc.Headers) > 0 {
-		if err := json.Unmarshal(sc.Headers, &c.Event.Headers); err != nil {
+		// Into a variable of its own: the address of c's field would move
+		// every item to the heap, headers or not.
+		var h map[string]string
+		if err := json.Unmarshal(sc.Headers, &h); err != nil {
 			c.Bad = fmt.Errorf("outbox: decode headers of event %s: %w", c.Event.ID, err)
 		}
+		c.Event.Headers = h
 	}
 	return c
 }

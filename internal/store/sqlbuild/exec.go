@@ -111,13 +111,17 @@ func (s *Syntax) PerStatement(cap, per, fixed int) int {
 // event's), so that the driver makes no second copy of the ID per row.
 func (s *Syntax) QueryClaimed(ctx context.Context, db store.DB, q Query, limit int) ([]store.Claimed, error) {
 	batch := make([]store.Claimed, 0, min(max(limit, 0), 1000))
+	// Scan's destinations escape to the heap: declared once per statement,
+	// not per row, they cost a relay five allocations a batch instead of
+	// five an event.
+	var (
+		c            store.Claimed
+		key, headers sql.NullString
+		occ, added   DBTime
+		fresh        int
+	)
 	err := s.Each(ctx, db, q, func(rows *sql.Rows) error {
-		var (
-			c            store.Claimed
-			key, headers sql.NullString
-			occ, added   DBTime
-			fresh        int
-		)
+		c = store.Claimed{}
 		if err := rows.Scan(&c.Seq, &c.ID, &c.Type, &c.AggregateType, &c.AggregateID, &key,
 			&c.Payload, &headers, &c.Attempts, &occ, &added, &fresh); err != nil {
 			return err
