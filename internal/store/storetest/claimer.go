@@ -106,6 +106,27 @@ func testClaimer(t *testing.T, su *suite) {
 		sameTimePtr(t, lease2, r.LockedUntil, "locked_until is the new lease")
 	})
 
+	t.Run("RowsApart", func(t *testing.T) {
+		// One statement's rows are scanned into the same variables: a
+		// row with a key and headers must leave nothing in the next.
+		t.Parallel()
+		e := setup(t, su)
+		f, g := full("c-1"), generated()
+		e.insert(now, f, g)
+		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
+		require.Len(t, got, 2)
+		byID := map[string]store.Claimed{got[0].ID: got[0], got[1].ID: got[1]}
+		c, b := byID[f.ID], byID[g.ID]
+		assert.Equal(t, f.Key, c.Key)
+		assert.JSONEq(t, string(f.Headers), string(c.Headers))
+		assert.JSONEq(t, string(f.Payload), string(c.Payload))
+		assert.Equal(t, g.ID, b.Key, "a generated event's key is its ID")
+		assert.Nil(t, b.Headers, "no headers")
+		assert.Empty(t, b.AggregateType)
+		assert.JSONEq(t, string(g.Payload), string(b.Payload))
+		sameTime(t, g.OccurredAt, b.OccurredAt, "occurred_at")
+	})
+
 	t.Run("Seqs", func(t *testing.T) {
 		t.Parallel()
 		e := setup(t, su)
