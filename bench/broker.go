@@ -72,9 +72,10 @@ const (
 	bRelayHandler = "relay-handler"
 	bRelayNoop    = "relay-noop"
 	bRelayBig     = "relay-async-b1000"
+	bFloorDB      = "floor-db"
 )
 
-var brokerRuns = []string{bFloorAsync, bFloorSync, bRelayAsync, bRelayAsync4, bRelayHandler, bRelayNoop, bRelayBig}
+var brokerRuns = []string{bFloorAsync, bFloorSync, bRelayAsync, bRelayAsync4, bRelayHandler, bRelayNoop, bRelayBig, bFloorDB}
 
 var brokerNames = []string{"nats", "kafka", "rabbitmq", "redis"}
 
@@ -276,6 +277,7 @@ func brokerOn(ctx context.Context, pg *pgServer, b brokerClient, opts options, t
 		bRelayHandler: "(e) relay at defaults, Handler, 1 relay",
 		bRelayNoop:    "(f) relay at defaults, no-op AsyncHandler (sends nothing), 1 relay",
 		bRelayBig:     "(g) relay with BatchSize 1000, AsyncHandler, 1 relay",
+		bFloorDB:      fmt.Sprintf("(h) the database's part alone: the hand-written claim and mark (the relay scenario's floor a, batch %d), nothing sent", defaultBatchSize),
 	}
 	for _, run := range runs {
 		note := notes[run]
@@ -342,16 +344,28 @@ func addBrokerCPURows(t *table, scen string, runs []string, desc map[string]stri
 				fmtMicrosFrac(self[run].median()), 100*busy[run].median(), runtime.NumCPU())})
 	}
 	a, f := machine[bFloorAsync], machine[bRelayNoop]
-	if len(a) == 0 || len(f) == 0 {
+	if len(a) == 0 {
 		return
 	}
-	// Per round, as the ratios: the two measured minutes apart at most.
-	var bound series
-	for i := range min(len(a), len(f)) {
-		bound = append(bound, float64(runtime.NumCPU())*1e6/(a[i]+f[i]))
+	if len(f) > 0 {
+		// Per round, as the ratios: the two measured minutes apart at most.
+		var bound series
+		for i := range min(len(a), len(f)) {
+			bound = append(bound, float64(runtime.NumCPU())*1e6/(a[i]+f[i]))
+		}
+		t.add(&row{scenario: scen, contender: "CPU bound on (c): cores / ((a) + (f)) CPU per event", metric: "events/s", vals: bound, format: fmtRate,
+			note: "a relay that delivers spends what the no-op relay and the floor spend per event; the machine's cores cap it at this rate, fully busy"})
 	}
-	t.add(&row{scenario: scen, contender: "CPU bound on (c): cores / ((a) + (f)) CPU per event", metric: "events/s", vals: bound, format: fmtRate,
-		note: "a relay that delivers spends what the no-op relay and the floor spend per event; the machine's cores cap it at this rate, fully busy"})
+	if h, hs := machine[bFloorDB], self[bFloorDB]; len(h) > 0 {
+		// What (h) cost beyond its own client is the database's (and the
+		// kernel's) part of any leased claim and mark.
+		var bound series
+		for i := range min(len(a), len(h)) {
+			bound = append(bound, float64(runtime.NumCPU())*1e6/(a[i]+h[i]-hs[i]))
+		}
+		t.add(&row{scenario: scen, contender: "CPU bound on any relay: cores / ((a) + (h) less the bench process)", metric: "events/s", vals: bound, format: fmtRate,
+			note: "a relay whose own process cost nothing and that leases each row in PostgreSQL as (h) does: no adapter or relay code gets past this on this machine"})
+	}
 }
 
 func fmtMicrosFrac(v float64) string { return fmt.Sprintf("%.1f µs", v) }
@@ -390,6 +404,19 @@ func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClien
 	}()
 	var elapsed time.Duration
 	switch run {
+	case bFloorDB:
+		// What any relay that leases rows in PostgreSQL costs the
+		// database: the same backlog claimed and marked by the least a
+		// relay can send, from a client that does nothing else.
+		r, err := drain(ctx, floorRelay(pg, adb, brokerTable, defaultBatchSize, false), n, 1, opts.drainTimeout, true)
+		if err != nil {
+			return res, err
+		}
+		res.rate, res.cpu, res.elapsed, res.partial = r.rate, r.cpu, r.elapsed, r.partial
+		if r.partial {
+			res.note = fmt.Sprintf("partial: %d of %d in %s", r.unique, n, r.elapsed.Round(time.Second))
+		}
+		return res, nil
 	case bFloorAsync, bFloorSync:
 		var fn func(context.Context) error
 		if run == bFloorAsync {

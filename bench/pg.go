@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -185,8 +187,9 @@ const pgIDCol = "COALESCE(named_id, id::text)"
 // the sources the floor has no use for (the seqs of a watermark's gaps:
 // floorWM has none): the rows waiting for a retry that are due (the retry
 // index), then the new rows from the watermark on (the primary key), at
-// most batch of both together. $1 lease end, $2 now, $3 batch size, $4
-// the watermark.
+// most batch of both together. $1 lease end, $2 now, $3 the watermark;
+// the batch size is a literal. Like the library's, the claim sets only the
+// lease and the attempt, no indexed column, so that it can be a HOT update.
 const (
 	// The row count is a literal (%[3]d) and the watermark ($3) sits behind
 	// a scalar subquery, as the library writes them, so that PostgreSQL
@@ -198,7 +201,7 @@ const (
 		f AS (SELECT c.seq FROM "%[1]s" c WHERE c.seq >= (SELECT $3::bigint) AND c.available_at IS NULL
 			AND c.status = 'pending' AND (c.locked_until IS NULL OR c.locked_until <= $2)
 			ORDER BY c.seq LIMIT %[3]d FOR UPDATE SKIP LOCKED)
-		UPDATE "%[1]s" SET locked_until = $1, attempts = attempts + 1, updated_at = $2
+		UPDATE "%[1]s" SET locked_until = $1, attempts = attempts + 1
 		WHERE seq IN (SELECT seq FROM (SELECT seq FROM r UNION ALL SELECT seq FROM f) u LIMIT %[3]d)
 		RETURNING ` + "%[2]s"
 	// %[2]s is "= ANY($3)", or "= $3" for one row (a generic plan of
@@ -342,5 +345,108 @@ func planIndexes(node any, out *[]string) {
 		for _, v := range n {
 			planIndexes(v, out)
 		}
+	}
+}
+
+// The range floor's SQL: a lease per batch instead of per row, for a schema
+// this release does not have (BENCHMARKS.md, "The database's part"). A
+// counter row hands each claim the next range of batch seqs, and a row of
+// the leases table holds the range while it is delivered; the events' rows
+// are read, not updated, and updated once, by the mark, which drops the
+// lease in the same statement. It assumes what a benchmark's backlog gives:
+// every seq below the counter committed. A real design would also have to
+// find the seqs of transactions that commit late, and ranges whose lease
+// expired. %[1]s is the events' table, %[2]d the batch size.
+const (
+	pgRangeCursor = `CREATE TABLE IF NOT EXISTS "%[1]s_cursor" (one int PRIMARY KEY, next bigint NOT NULL)`
+	pgRangeLeases = `CREATE TABLE IF NOT EXISTS "%[1]s_leases" (lo bigint PRIMARY KEY, until timestamptz NOT NULL)`
+	// $1 the first seq.
+	pgRangeStart = `INSERT INTO "%[1]s_cursor" VALUES (1, $1) ON CONFLICT (one) DO UPDATE SET next = $1`
+	// $1 the lease's end.
+	pgRangeLease = `WITH k AS (UPDATE "%[1]s_cursor" SET next = next + %[2]d WHERE one = 1 RETURNING next - %[2]d AS lo)
+		INSERT INTO "%[1]s_leases" SELECT lo, $1 FROM k RETURNING lo`
+	// $1 the range's first seq; %[3]s the columns.
+	pgRangeRead = `SELECT %[3]s FROM "%[1]s" WHERE seq BETWEEN $1 AND $1 + %[2]d - 1 AND status = 'pending' ORDER BY seq`
+	// $1 now, $2 the range's first seq.
+	pgRangeMark = `WITH m AS (UPDATE "%[1]s" SET status = 'sent', sent_at = $1, updated_at = $1, attempts = attempts + 1, last_error = NULL
+		WHERE seq BETWEEN $2 AND $2 + %[2]d - 1 AND status = 'pending' RETURNING 1)
+		DELETE FROM "%[1]s_leases" WHERE lo = $2`
+)
+
+// rangeFloorRelay is floor c: each relay leases the next range of batch
+// seqs, reads its pending rows, delivers them and marks them sent, until a
+// range has no pending row (the backlog's seqs are 1..n). PostgreSQL only.
+func rangeFloorRelay(p *pgServer, admin *sql.DB, table string, batch int) relayContender {
+	deliver := func(t *tally, rs []floorRow) {
+		for _, r := range rs {
+			i, _ := strconv.Atoi(r.aggID)
+			t.mark(i)
+		}
+	}
+	loop := func(ctx context.Context, db *sql.DB, t *tally) error {
+		lease := fmt.Sprintf(pgRangeLease, table, batch)
+		read := fmt.Sprintf(pgRangeRead, table, batch, floorColumns(pgIDCol))
+		mark := fmt.Sprintf(pgRangeMark, table, batch)
+		for ctx.Err() == nil {
+			var lo int64
+			if err := db.QueryRowContext(ctx, lease, time.Now().UTC().Add(time.Minute)).Scan(&lo); err != nil {
+				return err
+			}
+			rows, err := db.QueryContext(ctx, read, lo)
+			if err != nil {
+				return err
+			}
+			rs, err := scanFloor(rows)
+			if err != nil || len(rs) == 0 {
+				return err
+			}
+			deliver(t, rs)
+			if _, err := db.ExecContext(ctx, mark, time.Now().UTC(), lo); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return relayContender{
+		name:  fmt.Sprintf("floor c, another schema: a lease per batch's seq range, deliver, mark (batch %d)", batch),
+		batch: batch,
+		kind:  "floor-range",
+		fill: func(ctx context.Context, n int) error {
+			for _, q := range []string{pgRangeCursor, pgRangeLeases} {
+				if _, err := admin.ExecContext(ctx, fmt.Sprintf(q, table)); err != nil {
+					return fmt.Errorf("range floor tables: %w", err)
+				}
+			}
+			if err := p.clear(ctx, admin, table, table+"_leases"); err != nil {
+				return err
+			}
+			return p.fill(ctx, admin, table, n, fillPending)
+		},
+		run: func(ctx context.Context, relays int, t *tally) error {
+			db, err := p.openSQL()
+			if err != nil {
+				return fmt.Errorf("open: %w", err)
+			}
+			defer db.Close()
+			wm, err := p.floorStart(ctx, db, table)
+			if err != nil {
+				return err
+			}
+			if _, err := db.ExecContext(ctx, fmt.Sprintf(pgRangeStart, table), wm.low()); err != nil {
+				return fmt.Errorf("range floor start: %w", err)
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, relays)
+			for i := range relays {
+				wg.Go(func() {
+					if err := loop(ctx, db, t); err != nil && ctx.Err() == nil {
+						errs[i] = err
+					}
+				})
+			}
+			wg.Wait()
+			return errors.Join(errs...)
+		},
+		notes: p.floorNotes,
 	}
 }

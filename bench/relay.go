@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -73,6 +74,9 @@ type drainResult struct {
 	total   int64
 	partial bool
 	note    string // the contender's notes, taken when the drain ended
+	// cpu is what the machine and the bench process spent on the CPU from
+	// the start of run to the last event's arrival.
+	cpu cpuTimes
 }
 
 // drain fills the contender's backlog, then times run until every event has
@@ -85,7 +89,7 @@ func drain(ctx context.Context, c relayContender, n, relays int, timeout time.Du
 	dctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 1)
-	start := time.Now()
+	c0, start := readCPU(), time.Now()
 	go func() { errc <- c.run(dctx, relays, t) }()
 	timer := time.NewTimer(timeout)
 	defer timer.Stop()
@@ -103,7 +107,7 @@ func drain(ctx context.Context, c relayContender, n, relays int, timeout time.Du
 	case <-ctx.Done():
 		return res, ctx.Err()
 	}
-	res.elapsed = time.Since(start)
+	res.elapsed, res.cpu = time.Since(start), readCPU().sub(c0)
 	// Before cancelling: what a contender logs while being stopped (a
 	// cancelled query) is not part of the drain.
 	if c.notes != nil {
@@ -163,6 +167,9 @@ func relayOn(ctx context.Context, s server, opts options, t *table) error {
 		if !containsInt(batches, sh.batch) {
 			batches = append(batches, sh.batch)
 			cs = append(cs, floorRelay(s, adb, "relay_floor", sh.batch, false), floorRelay(s, adb, "relay_floor", sh.batch, true))
+			if pg, ok := s.(*pgServer); ok {
+				cs = append(cs, rangeFloorRelay(pg, adb, "relay_floor", sh.batch))
+			}
 		}
 	}
 	if _, ok := s.(*pgServer); ok && opts.fillfactor > 0 {
@@ -190,6 +197,9 @@ func relayOn(ctx context.Context, s server, opts options, t *table) error {
 	}
 	rates := map[key]series{}
 	notes := map[key]string{}
+	// The CPU per event, the machine's and the bench process's, and how
+	// busy the machine was, of the drains that delivered every event.
+	cpuMachine, cpuSelf, cpuBusy := map[key]series{}, map[key]series{}, map[key]series{}
 	for _, relays := range opts.relays {
 		for round := range opts.rounds {
 			for _, c := range rotate(cs, round) {
@@ -199,6 +209,12 @@ func relayOn(ctx context.Context, s server, opts options, t *table) error {
 				}
 				k := key{c.name, relays}
 				rates[k] = append(rates[k], res.rate)
+				if res.cpu.ok && !res.partial {
+					perEvent := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(opts.backlog) }
+					cpuMachine[k] = append(cpuMachine[k], perEvent(res.cpu.machine))
+					cpuSelf[k] = append(cpuSelf[k], perEvent(res.cpu.self))
+					cpuBusy[k] = append(cpuBusy[k], float64(res.cpu.machine)/float64(res.elapsed)/float64(runtime.NumCPU()))
+				}
 				var note string
 				if res.partial {
 					note = fmt.Sprintf("partial: %d of %d in %s", res.unique, opts.backlog, res.elapsed.Round(time.Second))
@@ -221,6 +237,15 @@ func relayOn(ctx context.Context, s server, opts options, t *table) error {
 		for _, c := range cs {
 			k := key{c.name, relays}
 			rowOf[c.name] = t.add(&row{scenario: scen, contender: c.name, metric: "events/s", vals: rates[k], format: fmtRate, note: notes[k]})
+		}
+		for _, c := range cs {
+			k := key{c.name, relays}
+			if len(cpuMachine[k]) == 0 {
+				continue
+			}
+			t.add(&row{scenario: scen, contender: c.name, metric: "machine CPU µs/event", vals: cpuMachine[k], format: fmtMicrosFrac,
+				note: fmt.Sprintf("of which the bench process %s; the machine %.0f%% busy (%d cores)",
+					fmtMicrosFrac(cpuSelf[k].median()), 100*cpuBusy[k].median(), runtime.NumCPU())})
 		}
 		// ratio is the median over rounds of a/b measured in the same round.
 		ratio := func(a, b string) float64 {
