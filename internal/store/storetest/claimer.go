@@ -112,7 +112,9 @@ func testClaimer(t *testing.T, su *suite) {
 		t.Parallel()
 		e := setup(t, su)
 		f, g := full("c-1"), generated()
-		e.insert(now, f, g)
+		// Written a second apart, so that each row's created_at is its own.
+		e.insert(now.Add(-time.Second), f)
+		e.insert(now, g)
 		got := e.claim(store.ClaimSpec{Now: now, Lease: now.Add(time.Minute), Limit: 10})
 		require.Len(t, got, 2)
 		byID := map[string]store.Claimed{got[0].ID: got[0], got[1].ID: got[1]}
@@ -120,11 +122,14 @@ func testClaimer(t *testing.T, su *suite) {
 		assert.Equal(t, f.Key, c.Key)
 		assert.JSONEq(t, string(f.Headers), string(c.Headers))
 		assert.JSONEq(t, string(f.Payload), string(c.Payload))
+		sameTime(t, f.OccurredAt, c.OccurredAt, "occurred_at of the full row")
+		sameTime(t, now.Add(-time.Second), c.CreatedAt, "created_at of the full row")
 		assert.Equal(t, g.ID, b.Key, "a generated event's key is its ID")
 		assert.Nil(t, b.Headers, "no headers")
 		assert.Empty(t, b.AggregateType)
 		assert.JSONEq(t, string(g.Payload), string(b.Payload))
 		sameTime(t, g.OccurredAt, b.OccurredAt, "occurred_at")
+		sameTime(t, now, b.CreatedAt, "created_at")
 	})
 
 	t.Run("Seqs", func(t *testing.T) {
