@@ -386,10 +386,25 @@ func asyncFloorName(b brokerClient) string {
 
 var errNoAsyncHandler = errors.New("the adapter has no AsyncHandler")
 
-// brokerMeasure runs one contender once on a fresh destination.
+// brokerMeasure runs one contender once on a fresh destination (none for
+// floor-db, which sends nothing).
 func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClient, run string, evs []outbox.Event, opts options) (res brokerResult, err error) {
 	n := len(evs)
 	res.busy = -1
+	if run == bFloorDB {
+		// What any relay that leases rows in PostgreSQL costs the
+		// database: the same backlog claimed and marked by the least a
+		// relay can send, from a client that does nothing else.
+		r, err := drain(ctx, floorRelay(pg, adb, brokerTable, defaultBatchSize, false), n, 1, opts.drainTimeout, true)
+		if err != nil {
+			return res, err
+		}
+		res.rate, res.cpu, res.elapsed, res.partial = r.rate, r.cpu, r.elapsed, r.partial
+		if r.partial {
+			res.note = fmt.Sprintf("partial: %d of %d in %s", r.unique, n, r.elapsed.Round(time.Second))
+		}
+		return res, nil
+	}
 	d, err := b.fresh(ctx)
 	if err != nil {
 		return res, fmt.Errorf("destination: %w", err)
@@ -404,19 +419,6 @@ func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClien
 	}()
 	var elapsed time.Duration
 	switch run {
-	case bFloorDB:
-		// What any relay that leases rows in PostgreSQL costs the
-		// database: the same backlog claimed and marked by the least a
-		// relay can send, from a client that does nothing else.
-		r, err := drain(ctx, floorRelay(pg, adb, brokerTable, defaultBatchSize, false), n, 1, opts.drainTimeout, true)
-		if err != nil {
-			return res, err
-		}
-		res.rate, res.cpu, res.elapsed, res.partial = r.rate, r.cpu, r.elapsed, r.partial
-		if r.partial {
-			res.note = fmt.Sprintf("partial: %d of %d in %s", r.unique, n, r.elapsed.Round(time.Second))
-		}
-		return res, nil
 	case bFloorAsync, bFloorSync:
 		var fn func(context.Context) error
 		if run == bFloorAsync {

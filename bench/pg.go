@@ -10,9 +10,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -377,12 +375,6 @@ const (
 // seqs, reads its pending rows, delivers them and marks them sent, until a
 // range has no pending row (the backlog's seqs are 1..n). PostgreSQL only.
 func rangeFloorRelay(p *pgServer, admin *sql.DB, table string, batch int) relayContender {
-	deliver := func(t *tally, rs []floorRow) {
-		for _, r := range rs {
-			i, _ := strconv.Atoi(r.aggID)
-			t.mark(i)
-		}
-	}
 	loop := func(ctx context.Context, db *sql.DB, t *tally) error {
 		lease := fmt.Sprintf(pgRangeLease, table, batch)
 		read := fmt.Sprintf(pgRangeRead, table, batch, floorColumns(pgIDCol))
@@ -400,7 +392,7 @@ func rangeFloorRelay(p *pgServer, admin *sql.DB, table string, batch int) relayC
 			if err != nil || len(rs) == 0 {
 				return err
 			}
-			deliver(t, rs)
+			floorDeliver(t, rs)
 			if _, err := db.ExecContext(ctx, mark, time.Now().UTC(), lo); err != nil {
 				return err
 			}
@@ -423,29 +415,15 @@ func rangeFloorRelay(p *pgServer, admin *sql.DB, table string, batch int) relayC
 			return p.fill(ctx, admin, table, n, fillPending)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
-			db, err := p.openSQL()
-			if err != nil {
-				return fmt.Errorf("open: %w", err)
+			start := func(ctx context.Context, db *sql.DB, wm *floorWM) error {
+				if _, err := db.ExecContext(ctx, fmt.Sprintf(pgRangeStart, table), wm.low()); err != nil {
+					return fmt.Errorf("range floor start: %w", err)
+				}
+				return nil
 			}
-			defer db.Close()
-			wm, err := p.floorStart(ctx, db, table)
-			if err != nil {
-				return err
-			}
-			if _, err := db.ExecContext(ctx, fmt.Sprintf(pgRangeStart, table), wm.low()); err != nil {
-				return fmt.Errorf("range floor start: %w", err)
-			}
-			var wg sync.WaitGroup
-			errs := make([]error, relays)
-			for i := range relays {
-				wg.Go(func() {
-					if err := loop(ctx, db, t); err != nil && ctx.Err() == nil {
-						errs[i] = err
-					}
-				})
-			}
-			wg.Wait()
-			return errors.Join(errs...)
+			return runFloor(ctx, p, table, relays, start, func(ctx context.Context, db *sql.DB, _ *floorWM) error {
+				return loop(ctx, db, t)
+			})
 		},
 		notes: p.floorNotes,
 	}

@@ -514,12 +514,7 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 		name = fmt.Sprintf("floor b, unsafe: %s (batch %d)", s.oneStepName(), batch)
 		kind = "floor-unsafe"
 	}
-	deliver := func(t *tally, rs []floorRow) {
-		for _, r := range rs {
-			i, _ := strconv.Atoi(r.aggID)
-			t.mark(i)
-		}
-	}
+	deliver := floorDeliver
 	safeLoop := func(ctx context.Context, db *sql.DB, wm *floorWM, t *tally) error {
 		for ctx.Err() == nil {
 			now := time.Now().UTC().Truncate(time.Microsecond)
@@ -559,31 +554,50 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 			return s.fill(ctx, admin, table, n, fillPending)
 		},
 		run: func(ctx context.Context, relays int, t *tally) error {
-			db, err := s.openSQL()
-			if err != nil {
-				return fmt.Errorf("open: %w", err)
-			}
-			defer db.Close()
-			// Where the relays start, as ours do: timed, like ours' first
-			// sweep.
-			wm, err := s.floorStart(ctx, db, table)
-			if err != nil {
-				return err
-			}
-			var wg sync.WaitGroup
-			errs := make([]error, relays)
-			for i := range relays {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					if err := loop(ctx, db, wm, t); err != nil && ctx.Err() == nil {
-						errs[i] = err
-					}
-				}()
-			}
-			wg.Wait()
-			return errors.Join(errs...)
+			return runFloor(ctx, s, table, relays, nil, func(ctx context.Context, db *sql.DB, wm *floorWM) error {
+				return loop(ctx, db, wm, t)
+			})
 		},
 		notes: s.floorNotes,
 	}
+}
+
+// floorDeliver hands a floor's rows to the tally, as a no-op handler would
+// receive them.
+func floorDeliver(t *tally, rs []floorRow) {
+	for _, r := range rs {
+		i, _ := strconv.Atoi(r.aggID)
+		t.mark(i)
+	}
+}
+
+// runFloor runs a floor's relays: relays loops on one fresh pool, until
+// each returns, from where ours would start (floorStart: timed, like
+// ours' first sweep). prepare, when set, runs once before the loops.
+func runFloor(ctx context.Context, s server, table string, relays int, prepare, loop func(context.Context, *sql.DB, *floorWM) error) error {
+	db, err := s.openSQL()
+	if err != nil {
+		return fmt.Errorf("open: %w", err)
+	}
+	defer db.Close()
+	wm, err := s.floorStart(ctx, db, table)
+	if err != nil {
+		return err
+	}
+	if prepare != nil {
+		if err := prepare(ctx, db, wm); err != nil {
+			return err
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, relays)
+	for i := range relays {
+		wg.Go(func() {
+			if err := loop(ctx, db, wm); err != nil && ctx.Err() == nil {
+				errs[i] = err
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
