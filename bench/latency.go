@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -11,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/gorm-outbox/outbox"
 	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/gorm"
@@ -341,21 +339,8 @@ func watermillLatency(pg *pgServer, plain *gorm.DB, truncate func(context.Contex
 				if err := tx.Create(&o).Error; err != nil {
 					return fmt.Errorf("insert order: %w", err)
 				}
-				pub, err := wmsql.NewPublisher(wmExecutor{tx.Statement.ConnPool},
-					wmsql.PublisherConfig{SchemaAdapter: wmsql.DefaultPostgreSQLSchema{}}, nil)
-				if err != nil {
-					return fmt.Errorf("watermill publisher: %w", err)
-				}
-				payload, err := json.Marshal(orderCreated{OrderID: o.ID, Total: o.Total})
-				if err != nil {
-					return fmt.Errorf("encode payload: %w", err)
-				}
-				msg := message.NewMessage("wm"+strconv.Itoa(i), payload)
-				msg.SetContext(tx.Statement.Context)
-				if err := pub.Publish(wmLatencyTopic, msg); err != nil {
-					return fmt.Errorf("watermill publish: %w", err)
-				}
-				return nil
+				// The UUID carries i to the subscriber.
+				return watermillPublish(tx, &o, wmLatencyTopic, "wm"+strconv.Itoa(i))
 			})
 		},
 		run: func(ctx context.Context, handled func(int), ready func()) error {

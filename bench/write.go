@@ -301,6 +301,11 @@ func publishOurs(tx *gorm.DB, o *BenchOrder) error {
 // Publisher built on the transaction itself (without AutoInitializeSchema,
 // which it forbids on a transaction).
 func publishWatermill(tx *gorm.DB, o *BenchOrder) error {
+	return watermillPublish(tx, o, wmWriteTopic, watermill.NewUUID())
+}
+
+// watermillPublish is publishWatermill's message with the given UUID on topic.
+func watermillPublish(tx *gorm.DB, o *BenchOrder, topic, uuid string) error {
 	pub, err := wmsql.NewPublisher(wmExecutor{tx.Statement.ConnPool},
 		wmsql.PublisherConfig{SchemaAdapter: wmsql.DefaultPostgreSQLSchema{}}, nil)
 	if err != nil {
@@ -310,9 +315,9 @@ func publishWatermill(tx *gorm.DB, o *BenchOrder) error {
 	if err != nil {
 		return fmt.Errorf("encode payload: %w", err)
 	}
-	msg := message.NewMessage(watermill.NewUUID(), payload)
+	msg := message.NewMessage(uuid, payload)
 	msg.SetContext(tx.Statement.Context)
-	if err := pub.Publish(wmWriteTopic, msg); err != nil {
+	if err := pub.Publish(topic, msg); err != nil {
 		return fmt.Errorf("watermill publish: %w", err)
 	}
 	return nil
