@@ -333,6 +333,9 @@ func brokerOn(ctx context.Context, pg *pgServer, b brokerClient, opts options, t
 // that delivers costs at least what the no-op relay (f) costs plus what the
 // floor (a) costs for the same messages, and the machine has NumCPU cores
 // to spend, so (c) ≤ NumCPU / ((f) + (a)) events per second of CPU time.
+// With floor-db's (h), the hand-written claim and mark, less the bench
+// process's share of it, the same bound holds for any relay that leases
+// each row in PostgreSQL, however little its own process costs.
 func addBrokerCPURows(t *table, scen string, runs []string, desc map[string]string, machine, self, busy map[string]series) {
 	for _, run := range runs {
 		m := machine[run]
@@ -343,27 +346,29 @@ func addBrokerCPURows(t *table, scen string, runs []string, desc map[string]stri
 			note: fmt.Sprintf("of which the bench process %s; the machine %.0f%% busy (%d cores)",
 				fmtMicrosFrac(self[run].median()), 100*busy[run].median(), runtime.NumCPU())})
 	}
-	a, f := machine[bFloorAsync], machine[bRelayNoop]
+	a := machine[bFloorAsync]
 	if len(a) == 0 {
 		return
 	}
-	if len(f) > 0 {
-		// Per round, as the ratios: the two measured minutes apart at most.
-		var bound series
-		for i := range min(len(a), len(f)) {
-			bound = append(bound, float64(runtime.NumCPU())*1e6/(a[i]+f[i]))
+	// bound is NumCPU / ((a) + cost) per round, as the ratios: the two
+	// measured minutes apart at most.
+	bound := func(n int, cost func(i int) float64) series {
+		var b series
+		for i := range min(len(a), n) {
+			b = append(b, float64(runtime.NumCPU())*1e6/(a[i]+cost(i)))
 		}
-		t.add(&row{scenario: scen, contender: "CPU bound on (c): cores / ((a) + (f)) CPU per event", metric: "events/s", vals: bound, format: fmtRate,
+		return b
+	}
+	if f := machine[bRelayNoop]; len(f) > 0 {
+		t.add(&row{scenario: scen, contender: "CPU bound on (c): cores / ((a) + (f)) CPU per event", metric: "events/s",
+			vals: bound(len(f), func(i int) float64 { return f[i] }), format: fmtRate,
 			note: "a relay that delivers spends what the no-op relay and the floor spend per event; the machine's cores cap it at this rate, fully busy"})
 	}
 	if h, hs := machine[bFloorDB], self[bFloorDB]; len(h) > 0 {
 		// What (h) cost beyond its own client is the database's (and the
 		// kernel's) part of any leased claim and mark.
-		var bound series
-		for i := range min(len(a), len(h)) {
-			bound = append(bound, float64(runtime.NumCPU())*1e6/(a[i]+h[i]-hs[i]))
-		}
-		t.add(&row{scenario: scen, contender: "CPU bound on any relay: cores / ((a) + (h) less the bench process)", metric: "events/s", vals: bound, format: fmtRate,
+		t.add(&row{scenario: scen, contender: "CPU bound on any relay: cores / ((a) + (h) less the bench process)", metric: "events/s",
+			vals: bound(min(len(h), len(hs)), func(i int) float64 { return h[i] - hs[i] }), format: fmtRate,
 			note: "a relay whose own process cost nothing and that leases each row in PostgreSQL as (h) does: no adapter or relay code gets past this on this machine"})
 	}
 }
@@ -401,7 +406,7 @@ func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClien
 		}
 		res.rate, res.cpu, res.elapsed, res.partial = r.rate, r.cpu, r.elapsed, r.partial
 		if r.partial {
-			res.note = fmt.Sprintf("partial: %d of %d in %s", r.unique, n, r.elapsed.Round(time.Second))
+			res.note = partialNote(r.unique, n, r.elapsed)
 		}
 		return res, nil
 	}
@@ -443,7 +448,7 @@ func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClien
 			if done, err = d.stored(ctx); err != nil {
 				return res, fmt.Errorf("count stored: %w", err)
 			}
-			res.note = fmt.Sprintf("partial: %d of %d in %s", done, n, elapsed.Round(time.Second))
+			res.note = partialNote(done, n, elapsed)
 		}
 		if err != nil {
 			return res, err
@@ -544,7 +549,7 @@ func brokerMeasure(ctx context.Context, pg *pgServer, adb *sql.DB, b brokerClien
 		u := tl.unique.Load()
 		if u < int64(n) {
 			res.partial = true
-			res.note = fmt.Sprintf("partial: %d of %d in %s", u, n, elapsed.Round(time.Second))
+			res.note = partialNote(u, n, elapsed)
 		}
 		if dup := tl.total.Load() - u; dup > 0 {
 			res.note = joinNote(res.note, fmt.Sprintf("%d duplicate deliveries", dup))

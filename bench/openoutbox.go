@@ -236,7 +236,7 @@ func runOpenOutbox(ctx context.Context, e *env, opts options, t *table) error {
 			rates[c.name] = append(rates[c.name], res.rate)
 			note := res.note
 			if res.partial {
-				note = joinNote(fmt.Sprintf("partial: %d of %d in %s", res.unique, opts.ooBacklog, res.elapsed.Round(time.Second)), note)
+				note = joinNote(partialNote(res.unique, opts.ooBacklog, res.elapsed), note)
 			}
 			if d := res.total - res.unique; d > 0 {
 				note = joinNote(note, fmt.Sprintf("%d duplicate deliveries", d))

@@ -217,7 +217,7 @@ func relayOn(ctx context.Context, s server, opts options, t *table) error {
 				}
 				var note string
 				if res.partial {
-					note = fmt.Sprintf("partial: %d of %d in %s", res.unique, opts.backlog, res.elapsed.Round(time.Second))
+					note = partialNote(res.unique, opts.backlog, res.elapsed)
 				}
 				if d := res.total - res.unique; d > 0 {
 					note = joinNote(note, fmt.Sprintf("%d duplicate deliveries", d))
@@ -514,7 +514,6 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 		name = fmt.Sprintf("floor b, unsafe: %s (batch %d)", s.oneStepName(), batch)
 		kind = "floor-unsafe"
 	}
-	deliver := floorDeliver
 	safeLoop := func(ctx context.Context, db *sql.DB, wm *floorWM, t *tally) error {
 		for ctx.Err() == nil {
 			now := time.Now().UTC().Truncate(time.Microsecond)
@@ -523,7 +522,7 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 			if err != nil || len(rs) == 0 {
 				return err
 			}
-			deliver(t, rs)
+			floorDeliver(t, rs)
 			if err := s.floorMark(ctx, db, table, rowSeqs(rs), lease); err != nil {
 				return err
 			}
@@ -532,7 +531,7 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 	}
 	oneStepLoop := func(ctx context.Context, db *sql.DB, wm *floorWM, t *tally) error {
 		for ctx.Err() == nil {
-			n, err := s.floorOneStep(ctx, db, table, wm, batch, func(rs []floorRow) { deliver(t, rs) })
+			n, err := s.floorOneStep(ctx, db, table, wm, batch, func(rs []floorRow) { floorDeliver(t, rs) })
 			if err != nil || n == 0 {
 				return err
 			}
@@ -560,6 +559,12 @@ func floorRelay(s server, admin *sql.DB, table string, batch int, oneStep bool) 
 		},
 		notes: s.floorNotes,
 	}
+}
+
+// partialNote says how much of a drain of n events arrived before it ran
+// out of time.
+func partialNote(done int64, n int, elapsed time.Duration) string {
+	return fmt.Sprintf("partial: %d of %d in %s", done, n, elapsed.Round(time.Second))
 }
 
 // floorDeliver hands a floor's rows to the tally, as a no-op handler would
